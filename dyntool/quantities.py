@@ -1,0 +1,128 @@
+"""The first-order quantities of attention training, as pure tensor functions.
+
+Notation (spec ``gradient-dynamics-paper.md`` §2, row-major): per head, queries ``q_i``, keys
+``k_j``, values ``v_j``, scale ``τ = 1/sqrt(d_k)``, allowed set ``M(i)`` (the mask).
+
+=====================  =========================================================  ==============
+name                   formula                                                    spec
+=====================  =========================================================  ==============
+``scores``    S        ``s_ij = τ q_i·k_j`` on M(i) (masked entries: NaN on disk)   §1
+``attn``      α        ``softmax_j(s_ij)`` over M(i)                               §1
+``upstream``  U        ``u_i = ∂L/∂g_i``, g_i = Σ_j α_ij v_j (the per-head output)  §2.1
+``compat``    B        ``b_ij = u_i·v_j`` (= ∂L/∂α_ij), 0 off M(i)                  §2.2
+``expected_compat``    ``E_α[b]_i = Σ_j α_ij b_ij = u_i·g_i``                       §2.2
+``advantage`` A        ``A_ij = E_α[b]_i − b_ij``  (positive = value j is better than  §2.3
+                       query i's current mix; gradient descent moves s_ij up)
+``score_grad`` dS      ``∂L/∂s_ij = α_ij (b_ij − E_α[b]_i) = −α_ij A_ij``           §2.3
+``value_grad`` dV      ``∂L/∂v_j = Σ_i α_ij u_i``                                    §2.4
+``query_grad`` dQ      ``∂L/∂q_i = τ Σ_j dS_ij k_j``                                 §2.5
+``key_grad``   dK      ``∂L/∂k_j = τ Σ_i dS_ij q_i``                                 §2.5
+``attn_entropy``       ``H_i = −Σ_j α_ij log α_ij`` (nats)                           §6 D5
+``attn_entropy_norm``  ``H_i / log|M(i)|`` (0 where |M(i)| = 1)                     §6 D5
+``column_usage``       ``c_j = Σ_i α_ij``                                           §2.4, D3
+``value_norm``         ``‖v_j‖``                                                     D4
+``logit_max``          ``max |s_ij|`` over allowed entries (per head)                LS paper
+``logit_norm``         RMS of ``s_ij`` over allowed entries (per head)
+=====================  =========================================================  ==============
+
+Every function takes batched tensors ``(..., T, d)`` and a boolean ``allowed`` mask broadcastable
+to ``(..., T, T)``; they are checked against autograd in ``tests/unit/test_quantities.py``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """``τ q kᵀ`` with disallowed entries set to −inf.  # (..., T, T)"""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    return s.masked_fill(~allowed, float("-inf"))
+
+
+def attention_weights(scores: torch.Tensor) -> torch.Tensor:
+    """Row softmax; a fully-masked row (never produced by our masks) would give NaN."""
+    return torch.softmax(scores, dim=-1)
+
+
+def compatibility(u: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``B = U Vᵀ`` restricted to the allowed entries.  # (..., T, T)"""
+    return (torch.matmul(u, v.transpose(-1, -2))).masked_fill(~allowed, 0.0)
+
+
+def expected_compat(attn: torch.Tensor, compat: torch.Tensor) -> torch.Tensor:
+    """``E_α[b]`` per query row.  # (..., T)"""
+    return (attn * compat).sum(-1)
+
+
+def advantage(attn: torch.Tensor, compat: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``A = E_α[b] − B`` on the allowed entries (0 elsewhere).  # (..., T, T)"""
+    return (expected_compat(attn, compat).unsqueeze(-1) - compat).masked_fill(~allowed, 0.0)
+
+
+def score_grad(attn: torch.Tensor, compat: torch.Tensor) -> torch.Tensor:
+    """The routing law ``∂L/∂S = α ⊙ (B − E_α[b])``; each row sums to 0.  # (..., T, T)"""
+    return attn * (compat - expected_compat(attn, compat).unsqueeze(-1))
+
+
+def entropy(attn: torch.Tensor) -> torch.Tensor:
+    """Per-query attention entropy in nats, with 0·log 0 = 0.  # (..., T)"""
+    return -(attn * torch.log(attn.clamp_min(torch.finfo(attn.dtype).tiny))).sum(-1)
+
+
+def normalised_entropy(ent: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``H_i / log|M(i)|`` so that rows with different causal support compare; 0 if |M(i)| = 1."""
+    support = allowed.sum(-1).to(ent.dtype).expand_as(ent)
+    log_support = torch.log(support.clamp_min(1.0))
+    return torch.where(support > 1, ent / log_support.clamp_min(1e-30), torch.zeros_like(ent))
+
+
+def logit_stats(scores: torch.Tensor, allowed: torch.Tensor, reduce_dims: tuple[int, ...]):
+    """``(max |s|, RMS s)`` over allowed entries, reduced over ``reduce_dims``."""
+    finite = torch.where(allowed, scores, torch.zeros_like(scores))
+    mx = finite.abs().amax(dim=reduce_dims)
+    n = allowed.expand_as(scores).sum(dim=reduce_dims).clamp_min(1)
+    rms = torch.sqrt((finite * finite).sum(dim=reduce_dims) / n)
+    return mx, rms
+
+
+def head_quantities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor,
+                    allowed: torch.Tensor, scale: float | None = None) -> dict[str, torch.Tensor]:
+    """All per-head quantities from saved ``q, k, v`` and the captured ``u``.
+
+    Shapes: ``q, k`` (..., T, d_k); ``v, u`` (..., T, d_v); ``allowed`` broadcastable to
+    (..., T, T).  Matrices come back as (..., T, T), per-query/per-key vectors as (..., T),
+    and ``logit_max``/``logit_norm`` reduced over the last three axes of (..., seq, T, T)
+    when ``q`` is 4-D or more (i.e. per head), else over (T, T).
+    """
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = masked_scores(q, k, allowed, scale)
+    a = attention_weights(s)
+    b = compatibility(u, v, allowed)
+    eb = expected_compat(a, b)
+    ds = a * (b - eb.unsqueeze(-1))
+    ent = entropy(a)
+    red = (-3, -2, -1) if q.dim() >= 4 else (-2, -1)
+    lmax, lrms = logit_stats(s, allowed, red)
+    return {
+        "scores": s.masked_fill(~allowed, float("nan")),
+        "attn": a,
+        "compat": b,
+        "expected_compat": eb,
+        "advantage": (eb.unsqueeze(-1) - b).masked_fill(~allowed, 0.0),
+        "score_grad": ds,
+        "upstream": u,
+        "values": v,
+        "queries": q,
+        "keys": k,
+        "value_grad": torch.matmul(a.transpose(-1, -2), u),
+        "query_grad": torch.matmul(ds, k) * scale,
+        "key_grad": torch.matmul(ds.transpose(-1, -2), q) * scale,
+        "attn_entropy": ent,
+        "attn_entropy_norm": normalised_entropy(ent, allowed),
+        "column_usage": a.sum(-2),
+        "value_norm": v.norm(dim=-1),
+        "logit_max": lmax,
+        "logit_norm": lrms,
+    }

@@ -1,0 +1,131 @@
+"""What to record, when, and how big it gets (checked against a disk budget before a run).
+
+``RecordConfig`` is the ``[record]`` section of every run config.
+"""
+from __future__ import annotations
+
+import math
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from . import names
+
+DEFAULT_ARRAYS = [n for n in names.DIMS if not n.endswith("_pooled")]
+
+
+@dataclass
+class RecordConfig:
+    enabled: bool = True
+    every: int = 50                   # record every N steps (0: off) ...
+    steps: list[int] = field(default_factory=list)   # ... and/or these explicit steps ...
+    log_spaced: int = 0               # ... and/or this many log-spaced steps over the run
+    batch: str = "probe"              # "probe": a fixed probe batch; "train": the training batch
+    seqs: int = 1                     # sequences of the batch to record
+    arrays: list[str] = field(default_factory=lambda: list(DEFAULT_ARRAYS))
+    query_window: list[int] = field(default_factory=list)   # [start, stop) of queries; [] = all
+    key_window: list[int] = field(default_factory=list)     # [start, stop) of keys; [] = all
+    pool: int = 0                     # block size of the pooled overview of full matrices (0: off)
+    dtype: str = "float16"            # storage dtype: float16 | float32
+    disk_budget_gb: float = 4.0       # refuse to start if the estimate exceeds this
+    chunk_steps: int = 16             # steps per writer flush / chunk along step
+    flush_seconds: float = 30.0       # also flush at least this often (bounds loss on kill -9)
+
+    def validate(self, prefix: str = "") -> None:
+        p = prefix
+        if self.every < 0:
+            raise ConfigError(p + "every", f"must be >= 0, got {self.every}")
+        if self.batch not in ("probe", "train"):
+            raise ConfigError(p + "batch", f"must be 'probe' or 'train', got {self.batch!r}")
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(p + "dtype", f"must be float16 or float32, got {self.dtype!r}")
+        unknown = [a for a in self.arrays if a not in names.DIMS or a.endswith("_pooled")]
+        if unknown:
+            raise ConfigError(p + "arrays", f"unknown array(s) {unknown} (known: {', '.join(DEFAULT_ARRAYS)})")
+        for key in ("query_window", "key_window"):
+            w = getattr(self, key)
+            if w and (len(w) != 2 or w[0] < 0 or w[1] <= w[0]):
+                raise ConfigError(p + key, f"must be [start, stop) with 0 <= start < stop, got {w}")
+        if self.pool < 0 or self.seqs < 1 or self.chunk_steps < 1:
+            raise ConfigError(p + "pool/seqs/chunk_steps", "pool >= 0, seqs >= 1, chunk_steps >= 1")
+        if any(s < 0 for s in self.steps):
+            raise ConfigError(p + "steps", "steps must be >= 0")
+        if self.log_spaced < 0 or self.disk_budget_gb <= 0:
+            raise ConfigError(p + "log_spaced/disk_budget_gb", "log_spaced >= 0 and disk_budget_gb > 0")
+
+
+def schedule(cfg: RecordConfig, max_steps: int) -> np.ndarray:
+    """Sorted unique steps in [0, max_steps) to record (always includes the last when any)."""
+    if not cfg.enabled:
+        return np.zeros(0, dtype=np.int64)
+    s: set[int] = set(int(x) for x in cfg.steps if x < max_steps)
+    if cfg.every > 0:
+        s.update(range(0, max_steps, cfg.every))
+        s.add(max_steps - 1)
+    if cfg.log_spaced > 0 and max_steps > 0:
+        s.update(int(x) for x in np.unique(np.round(np.geomspace(1, max_steps, cfg.log_spaced)) - 1))
+    return np.array(sorted(x for x in s if 0 <= x < max_steps), dtype=np.int64)
+
+
+def _window(w: list[int], T: int) -> tuple[int, int]:
+    return (min(w[0], T), min(w[1], T)) if w else (0, T)
+
+
+def windows(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    q0, q1 = _window(cfg.query_window, T)
+    k0, k1 = _window(cfg.key_window, T)
+    if q1 <= q0 or k1 <= k0:
+        raise ConfigError("record.query_window/key_window", f"window is empty for T={T}")
+    return (q0, q1), (k0, k1)
+
+
+def per_step_shapes(cfg: RecordConfig, L: int, H: int, T: int, d_k: int, d_v: int) -> dict[str, tuple]:
+    """Shapes (without the step axis) of every array this config records."""
+    S = cfg.seqs
+    (q0, q1), (k0, k1) = windows(cfg, T)
+    nq, nk = q1 - q0, k1 - k0
+    dim = {"query": T, "key": T, "d_k": d_k, "d_v": d_v, "layer": L, "head": H, "seq": S}
+    out = {}
+    for name in cfg.arrays:
+        d = names.DIMS[name]
+        if name in names.MATRICES:
+            out[name] = (L, H, S, nq, nk)
+        else:
+            out[name] = tuple(dim[x] for x in d)
+    if cfg.pool > 0:
+        nb = math.ceil(T / cfg.pool)
+        for m, pooled in names.POOLED.items():
+            if m in cfg.arrays:
+                out[pooled] = (L, H, S, nb, nb)
+    out["grad_scale"] = ()
+    return out
+
+
+def estimate_bytes(cfg: RecordConfig, n_steps: int, L: int, H: int, T: int, d_k: int, d_v: int) -> int:
+    item = 2 if cfg.dtype == "float16" else 4
+    per = sum(math.prod(s) * (4 if n in names.FLOAT32_ALWAYS else item)
+              for n, s in per_step_shapes(cfg, L, H, T, d_k, d_v).items())
+    return (per + 8) * n_steps
+
+
+def check_budget(cfg: RecordConfig, n_steps: int, out_dir: Path, **dims) -> int:
+    """Raise ConfigError if the (uncompressed) estimate exceeds the budget or the free disk."""
+    est = estimate_bytes(cfg, n_steps, **dims)
+    gb = est / 1e9
+    if gb > cfg.disk_budget_gb:
+        raise ConfigError("record.disk_budget_gb",
+                          f"recording would need ~{gb:.2f} GB uncompressed ({n_steps} steps × "
+                          f"{est / max(n_steps, 1) / 1e6:.1f} MB/step), over the budget of "
+                          f"{cfg.disk_budget_gb} GB; record fewer steps (record.every), a window "
+                          f"(record.query_window), pooling (record.pool), or raise the budget")
+    probe = out_dir if out_dir.exists() else out_dir.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free
+    if est > free:
+        raise ConfigError("record.disk_budget_gb",
+                          f"recording would need ~{gb:.2f} GB but only {free / 1e9:.2f} GB is free at {probe}")
+    return est

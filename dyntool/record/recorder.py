@@ -1,0 +1,108 @@
+"""Glue between a captured step and the store: schedule, windows, pooling, dtype.
+
+The training loop never sees this module: trainers call a callback, and the callback calls
+``Recorder.wants(step)`` / ``Recorder.capture(...)`` / ``Recorder.record(step, quantities)``.
+Simulations that compute the quantities in closed form call ``record`` directly with the same
+names and (layer, head, seq, ...) layout.
+"""
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..capture import Capture
+from . import names
+from .policy import RecordConfig, schedule, windows
+from .store import StoreWriter
+
+
+def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Mean over ``block × block`` tiles of the last two axes; edge tiles average what they hold."""
+    T, Tk = x.shape[-2:]
+    nq, nk = math.ceil(T / block), math.ceil(Tk / block)
+    pad = (0, nk * block - Tk, 0, nq * block - T)
+    xs = torch.nn.functional.pad(x, pad)
+    ones = torch.nn.functional.pad(torch.ones(T, Tk, dtype=x.dtype, device=x.device), pad)
+    lead = x.shape[:-2]
+    tiles = xs.reshape(*lead, nq, block, nk, block).sum(dim=(-3, -1))
+    counts = ones.reshape(nq, block, nk, block).sum(dim=(-3, -1))
+    return tiles / counts
+
+
+class Recorder:
+    def __init__(self, store: StoreWriter, cfg: RecordConfig, max_steps: int, T: int):
+        self.store, self.cfg = store, cfg
+        self.steps = schedule(cfg, max_steps)
+        self._wanted = set(int(s) for s in self.steps)
+        (self.q0, self.q1), (self.k0, self.k1) = windows(cfg, T)
+        self.T = T
+        self.n_recorded = 0
+        self.dtype = np.float16 if cfg.dtype == "float16" else np.float32
+        for m in names.MATRICES:
+            store.declare(m, attrs={"query_offset": self.q0, "key_offset": self.k0, "T": T})
+        for m, pooled in names.POOLED.items():
+            store.declare(pooled, attrs={"block": cfg.pool, "T": T})
+
+    def wants(self, step: int) -> bool:
+        return step in self._wanted
+
+    def capture(self, model: torch.nn.Module, grad_scale: float = 1.0) -> Capture:
+        """A Capture for a training-batch step (use around one micro-step's forward+backward)."""
+        return Capture(model, seqs=self.cfg.seqs, grad_scale=grad_scale)
+
+    def record_probe(self, model: torch.nn.Module, loss_fn: Callable[[torch.nn.Module], torch.Tensor],
+                     step: int, extra: dict | None = None) -> None:
+        """One extra forward/backward on the probe batch, no optimizer step, grads cleared.
+
+        Call it *before* the step's own forward so the recorded parameters are the ones the
+        step's loss is evaluated at.
+        """
+        was_training = model.training
+        try:
+            with self.capture(model) as cap:
+                loss_fn(model).backward()
+            self.record(step, cap.compute(), extra)
+        finally:
+            model.zero_grad(set_to_none=True)
+            model.train(was_training)
+
+    def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
+        """Store one step.  ``quantities``: name -> (L, H, S, ...) tensors/arrays (full T)."""
+        out: dict[str, np.ndarray] = {}
+        q = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)))
+             for k, v in quantities.items()}
+        for name in self.cfg.arrays:
+            if name not in q:
+                continue
+            x = q[name].detach()
+            if name in names.MATRICES:
+                if self.cfg.pool > 0 and name in names.POOLED:
+                    out[names.POOLED[name]] = self._to_np(pool_blocks(x.float(), self.cfg.pool), name)
+                x = x[..., self.q0:self.q1, self.k0:self.k1]
+            out[name] = self._to_np(x, name)
+        out["grad_scale"] = np.asarray(grad_scale, dtype=np.float32)
+        for k, v in (extra or {}).items():
+            out[k] = np.asarray(v, dtype=np.float32)
+        self.store.append(int(step), out)
+        self.n_recorded += 1
+
+    def _to_np(self, x: torch.Tensor, name: str) -> np.ndarray:
+        dt = np.float32 if name in names.FLOAT32_ALWAYS else self.dtype
+        return x.cpu().numpy().astype(dt, copy=False)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+@contextmanager
+def maybe_capture(recorder: Recorder | None, model, step: int, grad_scale: float = 1.0):
+    """Yield a Capture when ``recorder`` wants this step (training-batch recording), else None."""
+    if recorder is None or not recorder.wants(step):
+        yield None
+        return
+    with recorder.capture(model, grad_scale) as cap:
+        yield cap

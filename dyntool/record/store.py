@@ -1,0 +1,252 @@
+"""Zarr v3 I/O for recordings: a buffered background writer and a marker-bounded reader.
+
+Layout: one zarr v3 group ``record.zarr`` per run.  Every array has a leading ``step`` axis and
+``dimension_names``; the array ``step`` holds the training step of each recorded index.
+
+Concurrency contract (anchors.md §4): zarr's ``append``/``resize`` updates an array's shape
+*before* its data lands, so a reader trusting ``shape[0]`` can see fill values.  The writer
+therefore writes data for all arrays first and only then bumps the group attribute
+``steps_written``; readers never read past it.  Floats use NaN as the fill value so a bug shows.
+Writes happen on one background thread in whole chunks along ``step``; a ``kill -9`` leaves
+everything up to the last bumped marker readable (zarr ≥ 3.1.3 writes chunks atomically).
+"""
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from . import names
+
+FORMAT = "dyntool-record"
+FORMAT_VERSION = 1
+TARGET_CHUNK_BYTES = 4 << 20
+
+
+def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
+                target: int = TARGET_CHUNK_BYTES) -> tuple[int, ...]:
+    """Chunks of ~``target`` bytes: split the leading (layer, head, seq) axes to 1 while a
+    single step is too big, so reading one head's T×T slice touches one small chunk; then put
+    up to ``chunk_steps`` steps in a chunk."""
+    inner = list(per_step)
+    n_lead = max(0, len(inner) - 2)
+    for ax in range(n_lead):
+        if math.prod(inner) * itemsize <= target:
+            break
+        inner[ax] = 1
+    per = max(1, math.prod(inner) * itemsize)
+    steps = int(max(1, min(chunk_steps, target // per)))
+    return (steps, *inner)
+
+
+class StoreWriter:
+    def __init__(self, path: str | Path, chunk_steps: int = 16, flush_seconds: float = 30.0,
+                 attrs: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self.chunk_steps, self.flush_seconds = int(chunk_steps), float(flush_seconds)
+        self.group = zarr.open_group(str(self.path), mode="w-")
+        self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION,
+                                 "steps_written": 0, **(attrs or {})})
+        self._arrays: dict[str, Any] = {}
+        self._specs: dict[str, tuple] | None = None      # name -> (per-step shape, dtype)
+        self._array_attrs: dict[str, dict] = {}
+        self._dims: dict[str, tuple[str, ...]] = {}
+        self._buffer: list[dict[str, np.ndarray]] = []
+        self._n_submitted = 0
+        self._last_step: int | None = None
+        self._last_flush = time.monotonic()
+        self._queue: queue.Queue = queue.Queue(maxsize=4)   # bounded: backpressure on slow disks
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._worker, name="dyntool-writer", daemon=True)
+        self._thread.start()
+
+    # -- public API ---------------------------------------------------------------------
+    def declare(self, name: str, dims: tuple[str, ...] | None = None, attrs: dict | None = None):
+        """Optionally set dimension names / attributes of an array before its first append."""
+        if dims is not None:
+            self._dims[name] = tuple(dims)
+        if attrs:
+            self._array_attrs.setdefault(name, {}).update(attrs)
+
+    def append(self, step: int, arrays: dict[str, np.ndarray]) -> None:
+        self._raise_if_failed()
+        if self._last_step is not None and step <= self._last_step:
+            raise ValueError(f"recorded steps must increase: {step} after {self._last_step}")
+        arrays = {k: np.asarray(v) for k, v in arrays.items()}
+        spec = {k: (v.shape, v.dtype) for k, v in arrays.items()}
+        if self._specs is None:
+            self._specs = spec
+        elif spec != self._specs:
+            diff = sorted(set(spec.items()) ^ set(self._specs.items()))
+            raise ValueError(f"step {step}: recorded arrays differ from the first step's: {diff[:3]}")
+        self._buffer.append({names.STEP: np.asarray(step, dtype=np.int64), **arrays})
+        self._last_step = step
+        if len(self._buffer) >= self.chunk_steps or time.monotonic() - self._last_flush > self.flush_seconds:
+            self._submit()
+
+    def flush(self) -> None:
+        """Hand buffered steps to the writer thread and wait until they are committed."""
+        self._submit()
+        self._queue.join()
+        self._raise_if_failed()
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+
+    @property
+    def steps_buffered(self) -> int:
+        return self._n_submitted + len(self._buffer)
+
+    # -- internals ----------------------------------------------------------------------
+    def _raise_if_failed(self):
+        if self._error is not None:
+            raise RuntimeError(f"recording writer failed: {self._error}") from self._error
+
+    def _submit(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._buffer:
+            return
+        n0, rows = self._n_submitted, self._buffer
+        self._buffer = []
+        self._n_submitted += len(rows)
+        stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        self._queue.put((n0, stacked))
+
+    def _worker(self) -> None:
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    self._write(*job)
+            except BaseException as e:    # surfaced on the next append/flush
+                self._error = e
+            finally:
+                self._queue.task_done()
+
+    def _create(self, name: str, data: np.ndarray) -> Any:
+        per_step, dtype = data.shape[1:], data.dtype
+        dims = self._dims.get(name) or names.dims(name)
+        if len(dims) != data.ndim:
+            dims = (names.STEP,) + tuple(f"dim_{i}" for i in range(1, data.ndim))
+        fill = np.nan if np.issubdtype(dtype, np.floating) else 0
+        arr = self.group.create_array(
+            name, shape=(0, *per_step), dtype=dtype,
+            chunks=chunk_shape(per_step, dtype.itemsize, self.chunk_steps),
+            fill_value=fill, dimension_names=list(dims),
+            attributes=self._array_attrs.get(name, {}))
+        return arr
+
+    def _write(self, n0: int, stacked: dict[str, np.ndarray]) -> None:
+        n1 = n0 + len(stacked[names.STEP])
+        for name, data in stacked.items():
+            arr = self._arrays.get(name)
+            if arr is None:
+                arr = self._arrays[name] = self._create(name, data)
+            if arr.shape[0] < n1:
+                arr.resize((n1, *arr.shape[1:]))
+            arr[n0:n1] = data
+        # the commit marker goes last: readers never look past it
+        self.group.attrs.update({"steps_written": n1, "updated": time.time()})
+
+
+class RecordedArray:
+    """A lazy, read-only view of one recorded array, bounded by the commit marker."""
+
+    def __init__(self, name: str, z: Any, n: int):
+        self.name, self._z, self.n = name, z, n
+        self.dims: tuple[str, ...] = tuple(z.metadata.dimension_names or ())
+        self.attrs: dict = dict(z.attrs)
+        self.dtype = z.dtype
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.n, *self._z.shape[1:])
+
+    @property
+    def ndim(self) -> int:
+        return len(self._z.shape)
+
+    @property
+    def nbytes_on_disk(self) -> int:
+        return _dir_size(Path(self._z.store.root) / self.name) if hasattr(self._z.store, "root") else 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key):
+        if not isinstance(key, tuple):
+            key = (key,)
+        if key and key[0] is Ellipsis:
+            key = (slice(None),) + key
+        first, rest = (key[0], key[1:]) if key else (slice(None), ())
+        if isinstance(first, (int, np.integer)):
+            i = int(first) + (self.n if first < 0 else 0)
+            if not 0 <= i < self.n:
+                raise IndexError(f"{self.name}: index {first} out of range for {self.n} recorded steps")
+            first = i
+        elif isinstance(first, slice):
+            first = slice(*first.indices(self.n))
+        else:
+            idx = np.asarray(first).astype(np.int64)
+            idx = np.where(idx < 0, idx + self.n, idx)
+            if idx.size and (idx.min() < 0 or idx.max() >= self.n):
+                raise IndexError(f"{self.name}: indices out of range for {self.n} recorded steps")
+            return np.stack([self._z[(int(i),) + rest] for i in idx]) if idx.size else \
+                np.empty((0,) + self._z[(slice(0, 0),) + rest].shape[1:], dtype=self.dtype)
+        return self._z[(first,) + rest]
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:]
+        return out.astype(dtype) if dtype is not None else out
+
+    def __repr__(self) -> str:
+        dims = ", ".join(f"{d}={s}" for d, s in zip(self.dims, self.shape))
+        return f"RecordedArray({self.name}: {dims}; {self.dtype})"
+
+
+class StoreReader:
+    """Opens ``record.zarr`` read-only; ``refresh()`` re-reads the marker of a live run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.group = zarr.open_group(str(self.path), mode="r")
+        self.attrs = dict(self.group.attrs)
+        self.steps_written = int(self.attrs.get("steps_written", 0))
+        self._cache: dict[str, RecordedArray] = {}
+
+    def names(self) -> list[str]:
+        return sorted(k for k in self.group.array_keys() if not k.endswith(".partial"))
+
+    def __getitem__(self, name: str) -> RecordedArray:
+        if name not in self._cache:
+            self._cache[name] = RecordedArray(name, self.group[name], self.steps_written)
+        return self._cache[name]
+
+    def arrays(self) -> dict[str, RecordedArray]:
+        return {n: self[n] for n in self.names()}
+
+
+def _dir_size(path: Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total

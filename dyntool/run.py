@@ -1,0 +1,316 @@
+"""One directory per run: config.json, meta.json, metrics.jsonl, record.zarr (docs/FORMAT.md).
+
+Writing: ``RunWriter.create(...)`` as a context manager.  It never deletes or overwrites an
+existing run; SIGTERM is turned into :class:`Interrupted` (SIGINT already raises
+KeyboardInterrupt); on the way out the recorder is flushed and ``meta.status`` becomes
+``finished``, ``interrupted`` or ``failed``.
+
+Reading: :func:`open_run` and :func:`list_runs` (re-exported as ``dyntool.open_run`` etc.).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import NonFiniteLossError, RunError
+
+STATUSES = ("running", "finished", "failed", "interrupted")
+RECORD_DIR = "record.zarr"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM so runs close cleanly."""
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _git_commit() -> dict[str, Any]:
+    src = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+        return {"git_commit": sha or None, "git_dirty": dirty if sha else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def environment() -> dict[str, Any]:
+    """Library versions and machine facts saved with every run."""
+    import numpy
+    import torch
+    import zarr
+    from . import __version__
+    return {"dyntool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "zarr": zarr.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), **_git_commit()}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None                      # JSON has no NaN/inf; null marks a non-finite value
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return _jsonable(x.item())
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_jsonable(obj), indent=2))
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        self.path, self.meta = path, meta
+        self._metrics = open(path / "metrics.jsonl", "a", buffering=1)   # line-buffered: one flush per row
+        self.store = None
+        self._old_handlers: dict = {}
+
+    @classmethod
+    def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
+               seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
+               extra_meta: dict | None = None) -> "RunWriter":
+        out = Path(out_dir)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
+        if not os.access(out, os.W_OK):
+            raise RunError(f"output directory {out} is not writable")
+        run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        path = out / run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise RunError(f"run {path} already exists; choose another name (existing runs are never overwritten)") from None
+        except OSError as e:
+            raise RunError(f"run directory {path} can't be created: {e.strerror or e}") from None
+        _write_json_atomic(path / "config.json", config)
+        meta = {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
+                "seeds": list(seeds or []), "tags": list(tags or []), "device": device,
+                "argv": sys.argv, **environment(), **(extra_meta or {})}
+        _write_json_atomic(path / "meta.json", meta)
+        return cls(path, meta)
+
+    # -- recording ----------------------------------------------------------------------
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
+        from .record.store import StoreWriter
+        self.store = StoreWriter(self.path / RECORD_DIR, chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Append one row to metrics.jsonl (``step`` first)."""
+        self._metrics.write(json.dumps(_jsonable({"step": int(step), **metrics})) + "\n")
+
+    def update_meta(self, **kv: Any) -> None:
+        self.meta.update(kv, updated=_now())
+        _write_json_atomic(self.path / "meta.json", self.meta)
+
+    def finish(self, status: str = "finished", **kv: Any) -> None:
+        assert status in STATUSES
+        try:
+            if self.store is not None:
+                self.store.close()
+        finally:
+            self._metrics.close()
+            self.update_meta(status=status, **kv)
+
+    # -- context manager: signals and final status ----------------------------------------
+    def __enter__(self) -> "RunWriter":
+        def on_term(signum, frame):
+            raise Interrupted(f"signal {signum}")
+        try:
+            self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
+        except ValueError:     # not the main thread (e.g. inside a test runner thread)
+            pass
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for sig, h in self._old_handlers.items():
+            signal.signal(sig, h)
+        if exc_type is None:
+            self.finish("finished")
+        elif issubclass(exc_type, KeyboardInterrupt):
+            self.finish("interrupted", error=str(exc) or "interrupted")
+        elif issubclass(exc_type, NonFiniteLossError):
+            self.finish("failed", error=str(exc), failed_step=exc.step)
+        else:
+            self.finish("failed", error=f"{exc_type.__name__}: {exc}")
+        return False
+
+
+# ---------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------
+
+def _read_json(path: Path, problems: list[str]) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        problems.append(f"{path.name} is missing")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        problems.append(f"{path.name} is corrupted ({e})")
+    return {}
+
+
+def _read_metrics(path: Path, problems: list[str]) -> list[dict]:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    rows, bad = [], []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            bad.append(i)
+    # a run killed mid-write may leave a partial last line: skip it quietly; report anything else
+    if bad and bad != [len(lines) - 1]:
+        problems.append(f"metrics.jsonl has {len(bad)} corrupted line(s), first at line {bad[0] + 1}; skipped")
+    return rows
+
+
+@dataclass
+class Run:
+    """A recorded run, read-only.  Arrays are lazy and bounded by the commit marker."""
+
+    path: Path
+    config: dict
+    meta: dict
+    problems: list[str] = field(default_factory=list)
+    _store: Any = None
+    _metrics: Any = None
+
+    @property
+    def id(self) -> str:
+        return self.meta.get("id", self.path.name)
+
+    @property
+    def kind(self) -> str:
+        return self.meta.get("kind", "?")
+
+    @property
+    def status(self) -> str:
+        return self.meta.get("status", "unknown")
+
+    @property
+    def store(self):
+        if self._store is None and (self.path / RECORD_DIR).exists():
+            from .record.store import StoreReader
+            try:
+                self._store = StoreReader(self.path / RECORD_DIR)
+            except Exception as e:   # corrupted zarr metadata: report, don't crash
+                self.problems.append(f"record.zarr can't be read ({type(e).__name__}: {e})")
+                self._store = False
+        return self._store or None
+
+    @property
+    def arrays(self) -> dict:
+        st = self.store
+        if st is None:
+            return {}
+        out = {}
+        for n in st.names():
+            try:
+                out[n] = st[n]
+            except Exception as e:
+                self.problems.append(f"array {n} can't be read ({type(e).__name__})")
+        return out
+
+    @property
+    def steps(self):
+        import numpy as np
+        arrs = self.arrays
+        return arrs["step"][:] if "step" in arrs else np.zeros(0, dtype=np.int64)
+
+    @property
+    def steps_written(self) -> int:
+        st = self.store
+        return st.steps_written if st is not None else 0
+
+    @property
+    def metrics(self):
+        import pandas as pd
+        if self._metrics is None:
+            self._metrics = pd.DataFrame(_read_metrics(self.path / "metrics.jsonl", self.problems))
+        return self._metrics
+
+    def refresh(self) -> "Run":
+        """Re-read meta, metrics and the commit marker (for a run still being written)."""
+        fresh = open_run(self.path)
+        self.meta, self.config, self.problems = fresh.meta, fresh.config, fresh.problems
+        self._store, self._metrics = None, None
+        return self
+
+    def size_bytes(self) -> int:
+        from .record.store import _dir_size
+        return _dir_size(self.path)
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, kind={self.kind}, status={self.status}, steps={self.steps_written})"
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and ((path / "meta.json").exists() or (path / "config.json").exists())
+
+
+def open_run(path: str | Path) -> Run:
+    p = Path(path)
+    if not p.is_dir():
+        raise RunError(f"no run at {p} (not a directory)")
+    if not is_run_dir(p):
+        raise RunError(f"{p} is not a dyntool run (no meta.json or config.json)")
+    problems: list[str] = []
+    meta = _read_json(p / "meta.json", problems)
+    config = _read_json(p / "config.json", problems)
+    if meta.get("status") == "running" and _stale(p):
+        problems.append("status is 'running' but nothing was written for 10 minutes (killed?)")
+    return Run(p, config, meta, problems)
+
+
+def _stale(p: Path, seconds: float = 600) -> bool:
+    newest = max((f.stat().st_mtime for f in (p / "metrics.jsonl", p / "meta.json") if f.exists()), default=0)
+    return time.time() - newest > seconds
+
+
+def list_runs(runs_dir: str | Path, max_depth: int = 3) -> list[Run]:
+    """Every run below ``runs_dir`` (runs inside study directories included), newest first."""
+    root = Path(runs_dir)
+    if not root.is_dir():
+        raise RunError(f"runs directory {root} does not exist")
+    found: list[Run] = []
+
+    def walk(d: Path, depth: int):
+        if is_run_dir(d):
+            found.append(open_run(d))
+            return
+        if depth >= max_depth:
+            return
+        for child in sorted(d.iterdir()):
+            if child.is_dir() and not child.name.startswith(".") and not child.name.endswith(".zarr"):
+                walk(child, depth + 1)
+
+    walk(root, 0)
+    found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
+    return found

@@ -1,0 +1,118 @@
+"""``dyntool sim toy``: the T = 5 toy head of spec §4.1, trained by autograd and recorded through
+the generic seam (``Capture`` on ``SingleHeadAttention``) every step.
+
+Default (spec §4.1, reconstructed): one-hot inputs x_j = e_j, labels (0, 0, 1, 1, 2), 3 classes,
+d_k = d_v = 2, full attention (``--model.causal=true`` for causal), init N(0, 0.5²) under seed 0,
+full-batch plain gradient descent with lr 0.5.  Because x_j is one-hot, the rows of W_V *are* the
+value vectors v_j, so ``values`` traces the 2-D trajectories of F2.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from .. import masks
+from ..attention import SingleHeadAttention
+from ..errors import ConfigError, NonFiniteLossError
+from ..record.policy import RecordConfig, check_budget
+from ..record.recorder import Recorder
+from ..run import RunWriter
+from ..progress import progress
+
+
+@dataclass
+class ToyModel:
+    T: int = 5
+    labels: list[int] = field(default_factory=lambda: [0, 0, 1, 1, 2])
+    n_classes: int = 3
+    d_k: int = 2
+    d_v: int = 2
+    causal: bool = False
+    init_std: float = 0.5
+    backend: str = "manual"
+
+    def validate(self, prefix: str = "") -> None:
+        if self.T < 2:
+            raise ConfigError(prefix + "T", f"must be >= 2, got {self.T}")
+        if len(self.labels) != self.T:
+            raise ConfigError(prefix + "labels", f"needs T={self.T} labels, got {len(self.labels)}")
+        if any(not 0 <= y < self.n_classes for y in self.labels):
+            raise ConfigError(prefix + "labels", f"labels must lie in [0, {self.n_classes})")
+        if self.backend not in ("manual", "sdpa"):
+            raise ConfigError(prefix + "backend", "manual or sdpa (flex needs CUDA)")
+
+
+@dataclass
+class ToyConfig:
+    seed: int = 0
+    steps: int = 500
+    lr: float = 0.5
+    model: ToyModel = field(default_factory=ToyModel)
+    record: RecordConfig = field(default_factory=lambda: RecordConfig(every=1, dtype="float32"))
+
+    def validate(self, prefix: str = "") -> None:
+        if self.steps < 1:
+            raise ConfigError(prefix + "steps", f"must be >= 1, got {self.steps}")
+        if not self.lr > 0:
+            raise ConfigError(prefix + "lr", f"must be > 0, got {self.lr}")
+
+
+def build(cfg: ToyConfig):
+    m = cfg.model
+    torch.manual_seed(cfg.seed)
+    mask = masks.causal() if m.causal else masks.full()
+    model = SingleHeadAttention(m.T, m.d_k, m.d_v, m.n_classes, mask=mask, backend=m.backend,
+                                init_std=m.init_std)
+    x = torch.eye(m.T).unsqueeze(0)                       # (1, T, T): x_j = e_j
+    y = torch.tensor(m.labels).unsqueeze(0)               # (1, T)
+    return model, x, y
+
+
+def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
+            quiet: bool = False) -> RunWriter:
+    model, x, y = build(cfg)
+    m = cfg.model
+    check_budget(cfg.record, cfg.steps, __import__("pathlib").Path(out_dir),
+                 L=1, H=1, T=m.T, d_k=m.d_k, d_v=m.d_v)
+    from ..config import to_dict
+    run = RunWriter.create(out_dir, "toy", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                           extra_meta={"record_batch": "train (full batch)"})
+    with run:
+        store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
+                               attrs={"task": "toy", "labels": list(m.labels)})
+        rec = Recorder(store, cfg.record, cfg.steps, m.T)
+        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+        for step in progress(range(cfg.steps), desc="toy", disable=quiet):
+            cap = rec.capture(model) if rec.wants(step) else None
+            with cap if cap is not None else _null():
+                logits = model(x)                                           # (1, T, C)
+                loss = F.cross_entropy(logits.view(-1, m.n_classes), y.view(-1))
+                if not torch.isfinite(loss):
+                    raise NonFiniteLossError(step)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+            norms = {f"grad_norm/{n}": p.grad.norm().item() for n, p in model.named_parameters()}
+            with torch.no_grad():
+                p = logits.softmax(-1)
+                acc = (logits.argmax(-1) == y).float().mean().item()
+            metrics = {"loss": loss.item(), "accuracy": acc, **norms}
+            if cap is not None:
+                qs = cap.compute()
+                rec.record(step, qs)
+                metrics["attn_entropy"] = qs["attn_entropy"].mean().item()
+            run.log(step, **metrics)
+            opt.step()
+        with torch.no_grad():
+            final = F.cross_entropy(model(x).view(-1, m.n_classes), y.view(-1)).item()
+        run.update_meta(final={"loss": final})
+    return run
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
