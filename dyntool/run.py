@@ -78,6 +78,18 @@ def _write_json_atomic(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def ensure_out_dir(out_dir: str | Path) -> Path:
+    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK):
+        raise RunError(f"output directory {out} is not writable")
+    return out
+
+
 class RunWriter:
     def __init__(self, path: Path, meta: dict[str, Any]):
         self.path, self.meta = path, meta
@@ -89,13 +101,7 @@ class RunWriter:
     def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
                seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
                extra_meta: dict | None = None) -> "RunWriter":
-        out = Path(out_dir)
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
-        if not os.access(out, os.W_OK):
-            raise RunError(f"output directory {out} is not writable")
+        out = ensure_out_dir(out_dir)
         run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         path = out / run_id
         try:
@@ -255,6 +261,16 @@ class Run:
         if self._metrics is None:
             self._metrics = pd.DataFrame(_read_metrics(self.path / "metrics.jsonl", self.problems))
         return self._metrics
+
+    @property
+    def static_names(self) -> list[str]:
+        st = self.store
+        return st.static_names() if st is not None else []
+
+    def static(self, name: str):
+        """A per-run array without a step axis (``record.zarr/static/NAME``), or None."""
+        st = self.store
+        return st.static(name) if st is not None and name in st.static_names() else None
 
     def refresh(self) -> "Run":
         """Re-read meta, metrics and the commit marker (for a run still being written)."""

@@ -103,6 +103,16 @@ class StoreWriter:
             self._queue.put(None)
             self._thread.join(timeout=60)
 
+    def write_static(self, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
+        """A per-run array with no step axis (e.g. targets, Bayes entropy per position),
+        stored under ``static/``.  Written synchronously: call it before training starts."""
+        data = np.asarray(data)
+        if len(dims) != data.ndim:
+            raise ValueError(f"static/{name}: {len(dims)} dimension names for {data.ndim} axes")
+        grp = self.group.require_group("static")
+        arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, dimension_names=list(dims))
+        arr[...] = data
+
     @property
     def steps_buffered(self) -> int:
         return self._n_submitted + len(self._buffer)
@@ -117,10 +127,12 @@ class StoreWriter:
         if not self._buffer:
             return
         n0, rows = self._n_submitted, self._buffer
+        stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        # clear the buffer only once the job is queued: a KeyboardInterrupt arriving while
+        # put() blocks must not drop rows (re-submitting the same rows at n0 is idempotent)
+        self._queue.put((n0, stacked))
         self._buffer = []
         self._n_submitted += len(rows)
-        stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
-        self._queue.put((n0, stacked))
 
     def _worker(self) -> None:
         while True:
@@ -230,7 +242,10 @@ class StoreReader:
         self._cache: dict[str, RecordedArray] = {}
 
     def names(self) -> list[str]:
-        return sorted(k for k in self.group.array_keys() if not k.endswith(".partial"))
+        """Array names, listed from the directory so one corrupted array can't hide the rest."""
+        return sorted(p.name for p in self.path.iterdir()
+                      if p.is_dir() and p.name != "static" and not p.name.endswith(".partial")
+                      and (p / "zarr.json").exists())
 
     def __getitem__(self, name: str) -> RecordedArray:
         if name not in self._cache:
@@ -239,6 +254,14 @@ class StoreReader:
 
     def arrays(self) -> dict[str, RecordedArray]:
         return {n: self[n] for n in self.names()}
+
+    def static_names(self) -> list[str]:
+        d = self.path / "static"
+        return sorted(p.name for p in d.iterdir() if (p / "zarr.json").exists()) if d.is_dir() else []
+
+    def static(self, name: str) -> np.ndarray:
+        """A per-run array without a step axis (``static/NAME``), read whole."""
+        return self.group["static"][name][...]
 
 
 def _dir_size(path: Path) -> int:

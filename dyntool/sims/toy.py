@@ -18,7 +18,7 @@ from ..attention import SingleHeadAttention
 from ..errors import ConfigError, NonFiniteLossError
 from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
-from ..run import RunWriter
+from ..run import RunWriter, ensure_out_dir
 from ..progress import progress
 
 
@@ -74,7 +74,7 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
             quiet: bool = False) -> RunWriter:
     model, x, y = build(cfg)
     m = cfg.model
-    check_budget(cfg.record, cfg.steps, __import__("pathlib").Path(out_dir),
+    check_budget(cfg.record, cfg.steps, ensure_out_dir(out_dir),
                  L=1, H=1, T=m.T, d_k=m.d_k, d_v=m.d_v)
     from ..config import to_dict
     run = RunWriter.create(out_dir, "toy", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
