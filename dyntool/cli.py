@@ -140,8 +140,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    overrides = [u for u in unknown if u.startswith("--") and "=" in u]
-    stray = [u for u in unknown if u not in overrides]
+    overrides, stray, i = [], [], 0
+    while i < len(unknown):              # accept --key=value and --key value
+        u = unknown[i]
+        if u.startswith("--") and "=" in u:
+            overrides.append(u)
+        elif u.startswith("--") and i + 1 < len(unknown) and not unknown[i + 1].startswith("--"):
+            overrides.append(f"{u}={unknown[i + 1]}")
+            i += 1
+        else:
+            stray.append(u)
+        i += 1
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = overrides

@@ -20,16 +20,19 @@ from .policy import RecordConfig, schedule, windows
 from .store import StoreWriter
 
 
-def pool_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
-    """Mean over ``block × block`` tiles of the last two axes; edge tiles average what they hold."""
+def pool_blocks(x: torch.Tensor, block: int, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over ``block × block`` tiles of the last two axes, over the *visible* entries
+    (``visible`` broadcastable to x, 1 = unmasked; default all).  Edge tiles average what they
+    hold; a fully masked tile is NaN."""
     T, Tk = x.shape[-2:]
     nq, nk = math.ceil(T / block), math.ceil(Tk / block)
     pad = (0, nk * block - Tk, 0, nq * block - T)
-    xs = torch.nn.functional.pad(x, pad)
-    ones = torch.nn.functional.pad(torch.ones(T, Tk, dtype=x.dtype, device=x.device), pad)
-    lead = x.shape[:-2]
-    tiles = xs.reshape(*lead, nq, block, nk, block).sum(dim=(-3, -1))
-    counts = ones.reshape(nq, block, nk, block).sum(dim=(-3, -1))
+    vis = torch.ones(T, Tk, dtype=x.dtype, device=x.device) if visible is None else visible.to(x.dtype)
+    vis = vis.expand_as(x) if vis.dim() == x.dim() else vis
+    xs = torch.nn.functional.pad(torch.nan_to_num(x) * vis, pad)
+    vs = torch.nn.functional.pad(vis, pad)
+    tiles = xs.reshape(*xs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))
+    counts = vs.reshape(*vs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))
     return tiles / counts
 
 
@@ -70,19 +73,32 @@ class Recorder:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
 
-    def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
-        """Store one step.  ``quantities``: name -> (L, H, S, ...) tensors/arrays (full T)."""
+    def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0,
+               reduced: bool = False) -> None:
+        """Store one step.  ``quantities``: name -> (L, H, S, ...) tensors/arrays over full T.
+
+        With ``reduced=True`` the producer has already cut the matrices to the window and put
+        the pooled overviews under their ``*_pooled`` names (closed-form simulations do this
+        chunk by chunk, never holding a T×T matrix).
+        """
         out: dict[str, np.ndarray] = {}
         q = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)))
              for k, v in quantities.items()}
+        visible = None
+        if not reduced and self.cfg.pool > 0 and "scores" in q:
+            visible = torch.isfinite(q["scores"]).float()       # masked scores are NaN
         for name in self.cfg.arrays:
             if name not in q:
                 continue
             x = q[name].detach()
             if name in names.MATRICES:
                 if self.cfg.pool > 0 and name in names.POOLED:
-                    out[names.POOLED[name]] = self._to_np(pool_blocks(x.float(), self.cfg.pool), name)
-                x = x[..., self.q0:self.q1, self.k0:self.k1]
+                    pooled = q.get(names.POOLED[name]) if reduced else \
+                        pool_blocks(x.float(), self.cfg.pool, visible)
+                    if pooled is not None:
+                        out[names.POOLED[name]] = self._to_np(pooled, name)
+                if not reduced:
+                    x = x[..., self.q0:self.q1, self.k0:self.k1]
             out[name] = self._to_np(x, name)
         out["grad_scale"] = np.asarray(grad_scale, dtype=np.float32)
         for k, v in (extra or {}).items():

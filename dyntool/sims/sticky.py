@@ -1,0 +1,192 @@
+"""``dyntool sim sticky-markov``: the sticky Markov-chain study of spec §4.2 (EM-like vs SGD).
+
+All (seed, arm) runs train together in one batched closed-form engine
+(:mod:`dyntool.sims.single_head`); each still gets its own run directory and recording.  The
+study directory holds ``summary.json`` (spec §4.2 metrics, the t-test, entropy gaps, optional
+value-LR sweep) next to the runs ``seed{S}-{arm}``.
+
+Arms: ``sgd`` (all learning rates ``lr``), ``em`` (the paper's EM-like schedule: W_V at
+``lr × value_lr_mult``), ``em_closed_form`` (our extension: an explicit least-squares M-step on
+W_V given fixed responsibilities; not the paper's method).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import to_dict
+from ..errors import ConfigError, RunError
+from ..progress import progress
+from ..record.policy import RecordConfig, check_budget
+from ..record.recorder import Recorder
+from ..run import RunWriter, _write_json_atomic, ensure_out_dir
+from . import single_head as engine
+from .diagnostics import step_record
+from .summary import summarise
+from .sticky_data import generate, h_min, posterior_predictive_entropy, transition_matrix
+
+ARMS = ("sgd", "em", "em_closed_form")
+_ENGINE_ARM = {"sgd": "sgd", "em": "em_like", "em_closed_form": "em_closed_form"}
+
+
+def _default_record() -> RecordConfig:
+    # everything on a 200 × 200 window of the last positions + a 50-block pooled overview
+    # float32: U ~ W_Oᵀ(p − e)/N is ~1e-4 at N = 1999, where float16 is subnormal and loses digits
+    return RecordConfig(every=50, pool=50, dtype="float32", disk_budget_gb=4.0)
+
+
+@dataclass
+class StickyConfig:
+    seeds: list[int] = field(default_factory=lambda: [42, 2024, 1337, 7777, 9999])
+    arms: list[str] = field(default_factory=lambda: ["sgd", "em"])
+    steps: int = 1000
+    T: int = 2000                       # sequence length; N = T − 1 (input, target) pairs
+    n_symbols: int = 8
+    rho: float = 0.3                    # nominal self-transition
+    construction: str = "script"        # "script" (authors' normalisation, ≈0.3498) | "nominal"
+    embed_seed: int = 0                 # μ is drawn under this seed, the same for every run
+    d_x: int = 20
+    d_k: int = 10
+    d_v: int = 15
+    init_std: float = 0.1
+    lr: float = 0.01
+    value_lr_mult: float = 10.0         # EM-like: W_V learning rate = lr × this
+    kappa: float = 0.1                  # em_closed_form step size (extension)
+    ridge: float = 1e-3                 # em_closed_form ridge (extension)
+    sweep: list[float] = field(default_factory=list)   # value-LR multipliers to sweep (EM-like arm)
+    window: int = 200                   # recorded query/key window: the last `window` positions
+    dtype: str = "float32"
+    record: RecordConfig = field(default_factory=_default_record)
+
+    def validate(self, prefix: str = "") -> None:
+        p = prefix
+        if self.T < 2:
+            raise ConfigError(p + "T", f"must be >= 2 (one (input, target) pair needs 2 symbols), got {self.T}")
+        if not self.seeds:
+            raise ConfigError(p + "seeds", "needs at least one seed")
+        bad = [a for a in self.arms if a not in ARMS]
+        if bad or not self.arms:
+            raise ConfigError(p + "arms", f"unknown arm(s) {bad} (known: {', '.join(ARMS)})")
+        if self.steps < 1:
+            raise ConfigError(p + "steps", f"must be >= 1, got {self.steps}")
+        if self.construction not in ("script", "nominal"):
+            raise ConfigError(p + "construction", "must be 'script' or 'nominal'")
+        for key in ("lr", "value_lr_mult", "init_std"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(p + key, f"must be > 0, got {getattr(self, key)}")
+        if any(not m > 0 for m in self.sweep):
+            raise ConfigError(p + "sweep", "multipliers must be > 0")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(p + "dtype", "float32 or float64")
+        if self.window < 1:
+            raise ConfigError(p + "window", "must be >= 1")
+
+
+@dataclass
+class _Arm:
+    name: str          # run-directory suffix: sgd, em, em_closed_form, em-x5
+    arm: str           # sgd | em | em_closed_form
+    mult: float
+
+
+def _arms(cfg: StickyConfig) -> list[_Arm]:
+    out = [_Arm(a, a, cfg.value_lr_mult if a != "sgd" else 1.0) for a in cfg.arms]
+    out += [_Arm(f"em-x{m:g}", "em", m) for m in cfg.sweep]
+    return out
+
+
+def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
+              quiet: bool = False) -> Path:
+    out = ensure_out_dir(out_dir)
+    study = out / (name or f"study-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+    if study.exists():
+        raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
+    N = cfg.T - 1
+    rec_cfg = cfg.record
+    if not rec_cfg.query_window:
+        rec_cfg.query_window = [max(0, N - cfg.window), N]
+    if not rec_cfg.key_window:
+        rec_cfg.key_window = list(rec_cfg.query_window)
+    arms = _arms(cfg)
+    runs = [(seed, a) for seed in cfg.seeds for a in arms]
+    recorded = [a.name in cfg.arms for _, a in runs]            # sweep runs log losses only
+    est = check_budget(rec_cfg, (len(range(0, cfg.steps + 1, max(rec_cfg.every, 1))) + 1) * sum(recorded),
+                       out, L=1, H=1, T=N, d_k=cfg.d_k, d_v=cfg.d_v) if rec_cfg.enabled else 0
+    study.mkdir()
+    _write_json_atomic(study / "study.json", {"kind": "sticky-markov-study", "config": to_dict(cfg),
+                                              "runs": [f"seed{s}-{a.name}" for s, a in runs],
+                                              "record_estimate_bytes": est})
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    P = transition_matrix(cfg.n_symbols, cfg.rho, cfg.construction)
+    hmin = h_min(P)
+    data = {s: generate(s, cfg.T, cfg.n_symbols, cfg.d_x, P, cfg.embed_seed) for s in cfg.seeds}
+    H_bayes = {s: posterior_predictive_entropy(d.x, d.mu, P).float() for s, d in data.items()}
+    x = torch.stack([data[s].x for s, _ in runs]).to(dtype)
+    y = torch.stack([data[s].y for s, _ in runs])
+    prev = torch.stack([data[s].prev for s, _ in runs])
+    Hb = torch.stack([H_bayes[s] for s, _ in runs])
+    W = engine.init_weights([s for s, _ in runs], cfg.d_x, cfg.d_k, cfg.d_v, cfg.n_symbols, cfg.init_std)
+    lrs = torch.tensor([engine.arm_lrs(_ENGINE_ARM[a.arm], cfg.lr, a.mult) for _, a in runs])
+    modes = ["em_closed_form" if a.arm == "em_closed_form" else "gd" for _, a in runs]
+
+    with ExitStack() as stack:
+        writers, recorders = [], []
+        for (seed, a), rec_on in zip(runs, recorded):
+            run_cfg = {**to_dict(cfg), "seed": seed, "arm": a.arm, "value_lr_mult": a.mult,
+                       "lrs": dict(zip(("W_Q", "W_K", "W_V", "W_O"), engine.arm_lrs(_ENGINE_ARM[a.arm], cfg.lr, a.mult)))}
+            w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=f"seed{seed}-{a.name}",
+                                                     seeds=[seed], tags=tags,
+                                                     extra_meta={"record_batch": "train (full batch)",
+                                                                 "study": study.name, "h_min": hmin}))
+            writers.append(w)
+            rec = None
+            if rec_on and rec_cfg.enabled:
+                st = w.open_store(rec_cfg.chunk_steps, rec_cfg.flush_seconds, attrs={"task": "sticky-markov"})
+                st.write_static("targets", data[seed].y.numpy(), ("query",))
+                st.write_static("prev_symbol", data[seed].prev.numpy(), ("query",))
+                st.write_static("bayes_entropy", H_bayes[seed].numpy(), ("query",))
+                rec = Recorder(st, rec_cfg, cfg.steps + 1, N)
+            recorders.append(rec)
+        bar = progress(total=cfg.steps + 1, desc=f"sticky-markov ({len(runs)} runs)", disable=quiet)
+        prev_alpha = {"a": None}
+
+        def on_step(step, state):
+            bar.update(1)
+            with torch.no_grad():
+                Pp = state.P.double()
+                ent = -(Pp * torch.log(Pp + 1e-10)).sum(-1).mean(-1)
+                acc = (state.P.argmax(-1) == state.y).double().mean(-1)
+            want = [r is not None and r.wants(step) for r in recorders]
+            diag = {}
+            if any(want):
+                per_run, diag, alpha_w = step_record(state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window),
+                                                     rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
+                prev_alpha["a"] = alpha_w
+                for i, r in enumerate(recorders):
+                    if want[i]:
+                        r.record(step, per_run[i], extra={k: v[i].item() for k, v in diag.items()}, reduced=True)
+            for i, w in enumerate(writers):
+                row = {"loss": state.loss[i].item(), "entropy": ent[i].item(), "accuracy": acc[i].item()}
+                if want[i]:
+                    row.update({k: v[i].item() for k, v in diag.items()})
+                w.log(step, **row)
+
+        try:
+            result = engine.train(x, y, W, lrs, cfg.steps, causal=True, modes=modes, kappa=cfg.kappa,
+                                  ridge=cfg.ridge, on_step=on_step, record_steps=lambda s: True)
+        finally:
+            bar.close()
+        for i, w in enumerate(writers):
+            final = {k: float(v[i]) for k, v in result.final.items()}
+            w.update_meta(final={"final_loss": final["loss"], "entropy": final["entropy"],
+                                 "accuracy": final["accuracy"]})
+    summary = summarise(cfg, runs, result, hmin)
+    _write_json_atomic(study / "summary.json", summary)
+    return study
