@@ -1,0 +1,125 @@
+"""Sticky Markov-chain data (spec §4.2) and its Bayes reference quantities (§4.5, D7).
+
+The generator follows the authors' RNG protocol literally, so that a given ``seed`` gives the
+same sequence, noise and therefore the same per-seed numbers as their script under the same
+torch version:
+
+1. ``torch.manual_seed(seed)`` (done by :func:`generate`);
+2. save the global RNG state, ``torch.manual_seed(embed_seed)``, draw ``mu = randn(n, d_x)``,
+   restore the state (so μ is fixed across seeds and does not consume the seed's stream);
+3. start symbol ``randint(n, (1,))``, then ``T-1`` calls ``multinomial(P[prev], 1)``;
+4. noise ``randn(T-1, d_x)``; ``x_t = mu[y_{t-1}] + noise_t``, target ``y_t``.
+
+Everything is in nats.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["StickyData", "transition_matrix", "h_min", "generate", "posterior_predictive_entropy"]
+
+
+def _circular_distance(i: int, j: int, n: int) -> int:
+    return min(abs(i - j), n - abs(i - j))
+
+
+def transition_matrix(n: int = 8, rho: float = 0.3, construction: str = "script") -> torch.Tensor:
+    """Row-stochastic (n, n) float32 transition matrix with off-diagonal weights ∝ 1/circular distance.
+
+    ``"script"`` reproduces the authors' normalisation quirk: the row is first filled with ``rho``
+    on the diagonal and ``1/d`` off it, then ``row/row.sum()*(1-rho) + onehot*rho`` and renormalised.
+    Because the diagonal ``rho`` is inside the first sum, the effective self-transition is
+    ≈ 0.3498 for rho = 0.3, not 0.3.  ``"nominal"`` gives a diagonal of exactly ``rho``.
+    Both are circulant, hence doubly stochastic (uniform stationary distribution).
+    """
+    if construction not in ("script", "nominal"):
+        raise ValueError(f"construction must be 'script' or 'nominal', got {construction!r}")
+    P = torch.zeros(n, n, dtype=torch.float32)
+    for i in range(n):
+        for j in range(n):
+            if i != j:
+                P[i, j] = 1.0 / _circular_distance(i, j, n)
+            elif construction == "script":
+                P[i, j] = rho
+        onehot = (torch.arange(n) == i).float()
+        # float32 row ops in this order, as in the script, so P is bit-identical to theirs
+        P[i, :] = P[i, :] / P[i, :].sum() * (1 - rho) + onehot * rho
+        P[i, :] = P[i, :] / P[i, :].sum()
+    return P
+
+
+def h_min(P: torch.Tensor) -> float:
+    """H(Y_t | Y_{t-1}) under a uniform stationary law: ``-(1/n) Σ_ij P_ij log(P_ij + 1e-10)`` (nats)."""
+    P = P.double()
+    return float(-(P * torch.log(P + 1e-10)).sum(dim=1).mean())
+
+
+@dataclass
+class StickyData:
+    """One sticky-chain sequence as N = T-1 (input, target) pairs."""
+
+    x: torch.Tensor     # (N, d_x) float32 inputs, x_t = mu[y_{t-1}] + eps_t
+    y: torch.Tensor     # (N,) int64 targets y_t
+    prev: torch.Tensor  # (N,) int64 previous symbols y_{t-1} (the latent that x_t encodes)
+    mu: torch.Tensor    # (n, d_x) float32 symbol means (fixed by embed_seed)
+    P: torch.Tensor     # (n, n) float32 transition matrix
+
+
+def _draw_mu(n: int, d_x: int, embed_seed: int) -> torch.Tensor:
+    """Draw μ under ``embed_seed`` without disturbing the caller's global RNG stream."""
+    state = torch.get_rng_state()
+    torch.manual_seed(embed_seed)
+    mu = torch.randn(n, d_x)
+    torch.set_rng_state(state)
+    return mu
+
+
+def _markov_sequence(P: torch.Tensor, T: int) -> torch.Tensor:
+    """Sample y_1..y_T: uniform start, then one ``multinomial`` call per step (RNG-order exact)."""
+    n = P.shape[0]
+    seq = [int(torch.randint(n, (1,)).item())]
+    for _ in range(T - 1):
+        seq.append(int(torch.multinomial(P[seq[-1]], 1).item()))
+    return torch.tensor(seq, dtype=torch.int64)
+
+
+def generate(seed: int, T: int = 2000, n: int = 8, d_x: int = 20, P: torch.Tensor | None = None,
+             embed_seed: int = 0) -> StickyData:
+    """Generate one sequence with the authors' RNG order (see module docstring).
+
+    Leaves the global torch RNG in the state right after the noise draw, as the script does.
+    """
+    if T < 2:
+        raise ValueError(f"T must be >= 2, got {T}")
+    if P is None:
+        P = transition_matrix(n)
+    P = P.to(torch.float32)
+    torch.manual_seed(seed)
+    mu = _draw_mu(P.shape[0], d_x, embed_seed)
+    seq = _markov_sequence(P, T)
+    noise = torch.randn(T - 1, d_x)
+    x = mu[seq[:-1]] + noise
+    return StickyData(x=x, y=seq[1:].clone(), prev=seq[:-1].clone(), mu=mu, P=P)
+
+
+def posterior_predictive_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the exact Bayes predictive p(y_t | x_t) per position, shape (N,).
+
+    Posterior over the latent y_{t-1} given x_t alone: ∝ N(x_t; mu_{y'}, I) with a uniform prior
+    (the stationary law), computed in log space; predictive = posterior @ P.  This is the
+    per-position reference entropy H_Bayes of diagnostic D7 (float64 throughout).
+    """
+    x, mu, P = x.double(), mu.double(), P.double()
+    # log N(x; mu, I) up to a constant shared by all y': -|x - mu|^2 / 2
+    sq = (x[:, None, :] - mu[None, :, :]).pow(2).sum(-1)  # (N, n); exact, unlike cdist's mm path
+    log_post = torch.log_softmax(-0.5 * sq, dim=1)       # (N, n), uniform prior cancels
+    pred = log_post.exp() @ P                            # (N, n)
+    return -(pred * torch.log(pred.clamp_min(1e-300))).sum(dim=1)
+
+
+def log_uniform(n: int = 8) -> float:
+    """Entropy of the uniform predictor, log n (2.0794 nats for n = 8)."""
+    return math.log(n)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The test command (README "Run the tests"; CI calls this): unit + integration + acceptance tiers,
+# long tests (-m slow) excluded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+exec ${PYTHON:-python3} -m pytest tests "$@"
