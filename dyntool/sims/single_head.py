@@ -269,14 +269,17 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
           causal: bool = True, modes: str | Iterable[str] = "gd", kappa: float = 0.1,
           ridge: float = 1e-3, on_step: Callable | None = None,
           record_steps: set[int] | Callable[[int], bool] | None = None, tile: int = 32,
-          check_finite: bool = True, workers: int | None = None) -> TrainResult:
+          check_finite: bool = True, workers: int | None = None,
+          on_metrics: Callable | None = None) -> TrainResult:
     """Full-batch training of R runs at once.
 
     x (R, N, d_x) float, y (R, N) int64, ``weights`` R-batched (copied, not mutated), ``lrs``
     (R, 4) as (lr_q, lr_k, lr_v, lr_o).  ``modes``: "gd" or "em_closed_form", one for all runs
     or one per run.  ``on_step(step, StepState)`` is called for steps chosen by ``record_steps``
     (a set or a predicate), with the state BEFORE that step's update; step == n_steps gives the
-    final state.  Raises :class:`NonFiniteLoss` on the first NaN/inf loss.  ``workers``: tile
+    final state.  ``on_metrics(step, {loss, entropy, accuracy})`` ((R,) each, before the update)
+    is called on every step and costs nothing extra (live logging without collecting state).
+    Raises :class:`NonFiniteLoss` on the first NaN/inf loss.  ``workers``: tile
     sweeps in parallel Python threads (default: torch's thread count, 1 for small problems);
     torch's intra-op threads are 1 while training (restored for ``on_step`` and at the end).
     """
@@ -292,11 +295,11 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
         raise ValueError(f"modes must be 'gd' or 'em_closed_form', got {modes}")
     with _workers(workers, R * N * N < _SMALL_PROBLEM) as (pool, threads):
         return _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile,
-                     check_finite, pool, threads)
+                     check_finite, pool, threads, on_metrics)
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
-          pool, threads):
+          pool, threads, on_metrics=None):
     R, N, _ = x.shape
     X1 = torch.cat([x, torch.ones(R, N, 1, dtype=x.dtype)], dim=-1)
     losses = torch.empty(R, n_steps, dtype=torch.float64)
@@ -313,6 +316,8 @@ def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps
                 on_step(step, StepState(step, ctx, acc, loss))
             finally:
                 torch.set_num_threads(1)
+        if on_metrics is not None:      # after on_step, so a logger can merge what it computed
+            on_metrics(step, _final_metrics(acc, N))
         if step == n_steps:
             return TrainResult(losses, W, _final_metrics(acc, N))
         losses[:, step] = loss

@@ -157,30 +157,34 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         bar = progress(total=cfg.steps + 1, desc=f"sticky-markov ({len(runs)} runs)", disable=quiet)
         prev_alpha = {"a": None}
 
-        def on_step(step, state):
-            bar.update(1)
-            with torch.no_grad():
-                Pp = state.P.double()
-                ent = -(Pp * torch.log(Pp + 1e-10)).sum(-1).mean(-1)
-                acc = (state.P.argmax(-1) == state.y).double().mean(-1)
-            want = [r is not None and r.wants(step) for r in recorders]
-            diag = {}
-            if any(want):
-                per_run, diag, alpha_w = step_record(state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window),
-                                                     rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
-                prev_alpha["a"] = alpha_w
-                for i, r in enumerate(recorders):
-                    if want[i]:
-                        r.record(step, per_run[i], extra={k: v[i].item() for k, v in diag.items()}, reduced=True)
-            for i, w in enumerate(writers):
-                row = {"loss": state.loss[i].item(), "entropy": ent[i].item(), "accuracy": acc[i].item()}
-                if want[i]:
-                    row.update({k: v[i].item() for k, v in diag.items()})
-                w.log(step, **row)
+        diag_rows: dict[int, list[dict]] = {}
 
+        def on_step(step, state):
+            """Recorded steps only: one chunked pass gives every recorded array and D1–D11."""
+            want = [r is not None and r.wants(step) for r in recorders]
+            per_run, diag, alpha_w = step_record(state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window),
+                                                 rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
+            prev_alpha["a"] = alpha_w
+            rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
+            diag_rows[step] = rows
+            for i, r in enumerate(recorders):
+                if want[i]:
+                    r.record(step, per_run[i], extra=rows[i], reduced=True)
+
+        def on_metrics(step, m):
+            """Every step: one metrics row per run (loss before the update), diagnostics merged in."""
+            bar.update(1)
+            diag = diag_rows.pop(step, None)
+            for i, w in enumerate(writers):
+                row = {"loss": m["loss"][i].item(), "entropy": m["entropy"][i].item(),
+                       "accuracy": m["accuracy"][i].item()}
+                w.log(step, **row, **(diag[i] if diag else {}))
+
+        rec_steps = set().union(*(set(int(s) for s in r.steps) for r in recorders if r is not None))
         try:
             result = engine.train(x, y, W, lrs, cfg.steps, causal=True, modes=modes, kappa=cfg.kappa,
-                                  ridge=cfg.ridge, on_step=on_step, record_steps=lambda s: True)
+                                  ridge=cfg.ridge, on_step=on_step, record_steps=rec_steps,
+                                  on_metrics=on_metrics)
         finally:
             bar.close()
         for i, w in enumerate(writers):
