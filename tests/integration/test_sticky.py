@@ -116,3 +116,20 @@ def test_non_finite_loss_fails_cleanly_and_keeps_records(tmp_path, capsys):
         n = run.steps_written
         assert n >= 1 and not np.isnan(run.arrays["attn"][:n]).any()
         assert math.isfinite(run.metrics["loss"].iloc[0])
+
+
+def test_value_lr_sweep_and_closed_form_arm(tmp_path):
+    assert main(["sim", "sticky-markov", "--T", "50", "--steps", "30", "--seeds", "1,2", "--window", "10",
+                 "--arms", "sgd,em,em_closed_form", "--value-lr-mult", "1,10", "--record.every=15",
+                 "--out", str(tmp_path), "--name", "w", "--quiet"]) == 0
+    s = json.loads((tmp_path / "w" / "summary.json").read_text())
+    sweep = {e["mult"]: e for e in s["value_lr_sweep"]}
+    assert set(sweep) == {1.0, 10.0}
+    # the ×10 sweep arm is the EM-like arm itself (same seeds, same schedule)
+    assert sweep[10.0]["per_seed"] == s["em_steps_to_sgd_final"]["per_seed"]
+    # ×1 is plain SGD: it reaches SGD's mean final loss no earlier than the last step of some seed
+    assert max(sweep[1.0]["per_seed"]) >= 29
+    assert "em_closed_form_steps_to_sgd_final" in s
+    ids = {r.id for r in dyntool.list_runs(tmp_path / "w")}
+    assert {"seed1-em-x1", "seed1-em_closed_form"} <= ids
+    assert dyntool.open_run(tmp_path / "w" / "seed1-em-x1").steps_written == 0     # sweep runs log losses only
