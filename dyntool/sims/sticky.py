@@ -39,7 +39,7 @@ _ENGINE_ARM = {"sgd": "sgd", "em": "em_like", "em_closed_form": "em_closed_form"
 def _default_record() -> RecordConfig:
     # everything on a 200 × 200 window of the last positions + a 50-block pooled overview
     # float32: U ~ W_Oᵀ(p − e)/N is ~1e-4 at N = 1999, where float16 is subnormal and loses digits
-    return RecordConfig(every=50, pool=50, dtype="float32", disk_budget_gb=4.0)
+    return RecordConfig(every=50, pool=50, dtype="float32", disk_budget_gb=4.0, batch="train")
 
 
 @dataclass

@@ -50,7 +50,8 @@ class ToyConfig:
     steps: int = 500
     lr: float = 0.5
     model: ToyModel = field(default_factory=ToyModel)
-    record: RecordConfig = field(default_factory=lambda: RecordConfig(every=1, dtype="float32"))
+    # full-batch training: the training batch is the whole (fixed) sequence, so it is also the probe
+    record: RecordConfig = field(default_factory=lambda: RecordConfig(every=1, dtype="float32", batch="train"))
 
     def validate(self, prefix: str = "") -> None:
         if self.steps < 1:
