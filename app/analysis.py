@@ -1,0 +1,124 @@
+"""Derived numbers the pages show: block pooling, PCA bases, head outputs, seed bands.
+
+Pure numpy/scikit-learn, no Streamlit, so the benchmark and tests can call them directly.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+
+def block_mean(x: np.ndarray, block: int) -> np.ndarray:
+    """Mean over ``block × block`` tiles of a 2-D array (NaN-aware; edge tiles average what they hold)."""
+    if block <= 1:
+        return x
+    T, K = x.shape
+    nq, nk = math.ceil(T / block), math.ceil(K / block)
+    pad = np.full((nq * block, nk * block), np.nan, dtype=np.float32)
+    pad[:T, :K] = x
+    tiles = pad.reshape(nq, block, nk, block)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # all-NaN tiles (masked) stay NaN
+        return np.nanmean(tiles, axis=(1, 3))
+
+
+def display_block(n: int, max_cells: int) -> int:
+    """Smallest block so that ``n`` entries pool into at most ``max_cells``."""
+    return max(1, math.ceil(n / max_cells))
+
+
+@dataclass
+class Basis:
+    """A PCA basis fitted once per run (never per step)."""
+    mean: np.ndarray          # (d,)
+    components: np.ndarray    # (k, d)
+    explained: np.ndarray     # (k,) explained-variance ratios
+    fitted_on: str
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        return (x - self.mean) @ self.components.T
+
+
+def fit_basis(x: np.ndarray, k: int = 3, fitted_on: str = "") -> Basis:
+    """PCA (scikit-learn) of the rows of ``x`` (n, d); components are sign-fixed (largest |loading|
+    positive) so the picture does not flip between runs."""
+    from sklearn.decomposition import PCA
+    x = x[np.isfinite(x).all(axis=1)]
+    d = x.shape[1]
+    k = max(1, min(k, d, len(x)))
+    p = PCA(n_components=k).fit(x.astype(np.float64))
+    comps = p.components_.copy()
+    flip = np.sign(comps[np.arange(k), np.abs(comps).argmax(1)])
+    comps *= np.where(flip == 0, 1, flip)[:, None]
+    return Basis(p.mean_, comps, p.explained_variance_ratio_, fitted_on)
+
+
+def head_outputs(attn: np.ndarray, values: np.ndarray, key_offset: int = 0) -> np.ndarray:
+    """g_i = Σ_j α_ij v_j for the recorded queries: attn (n, q, k) over keys
+    [key_offset, key_offset + k) and values (n, T, d)."""
+    v = values[:, key_offset:key_offset + attn.shape[-1]]
+    return np.einsum("nqk,nkd->nqd", np.nan_to_num(attn), v)
+
+
+def dominant_users(attn: np.ndarray, query_offset: int, key_offset: int, n_keys: int) -> np.ndarray:
+    """For each key j: the query that attends to it most (attn (q, k), window offsets); −1 where the
+    key lies outside the recorded window."""
+    out = np.full(n_keys, -1, dtype=np.int64)
+    top = np.nanargmax(np.nan_to_num(attn, nan=-1.0), axis=0) + query_offset
+    out[key_offset:key_offset + attn.shape[1]] = top
+    return out
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < 3 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
+        return float("nan")
+    return float(np.corrcoef(a[ok], b[ok])[0, 1])
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """Nested config → ``{"model.n_layer": 4, ...}``."""
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def differing_keys(configs: list[dict]) -> list[str]:
+    """Flattened config keys whose values differ across runs (candidates for grouping)."""
+    flats = [flatten(c) for c in configs]
+    keys = sorted(set().union(*flats)) if flats else []
+    skip = ("record.", "seed")
+    out = []
+    for k in keys:
+        vals = {repr(f.get(k)) for f in flats}
+        if len(vals) > 1 and not k.startswith(skip[0]) and k != skip[1]:
+            out.append(k)
+    return out
+
+
+def band(curves: list[pd.Series]) -> pd.DataFrame:
+    """Mean ± std across runs of curves indexed by step; ``n`` = runs with a value at that step
+    (steps where some runs stopped early are averaged over the runs that reached them)."""
+    df = pd.concat(curves, axis=1, join="outer").sort_index()
+    return pd.DataFrame({"mean": df.mean(axis=1), "std": df.std(axis=1, ddof=0).fillna(0.0),
+                         "n": df.count(axis=1)}, index=df.index)
+
+
+def ema(s: pd.Series, weight: float) -> pd.Series:
+    return s if weight <= 0 else s.ewm(alpha=1 - weight).mean()
+
+
+def even_subset(n: int, k: int) -> np.ndarray:
+    """``k`` evenly spaced indices of ``range(n)``, always including the first and last."""
+    if n <= k:
+        return np.arange(n)
+    return np.unique(np.round(np.linspace(0, n - 1, k)).astype(int))

@@ -1,0 +1,311 @@
+"""Cached, marker-bounded reads of runs for the app (anchors.md §2.12, §4).
+
+* Store handles live in ``st.cache_resource`` keyed by ``(run path, steps_written)``: a live run
+  that commits more steps gets a fresh handle, old handles stay valid for the steps they know.
+* Small slices (one head's matrix at one step, a per-head curve, a PCA input) live in
+  ``st.cache_data`` keyed by run path + marker + the slice, so they invalidate naturally.
+* Nothing is read past the commit marker ``steps_written``; no array is loaded whole unless it is
+  per-step scalars; nothing is unpickled (JSON and zarr only).
+* Every path comes from :func:`runs_root` + :func:`resolve_inside`, which refuse anything that
+  resolves outside RUNS_DIR (``..``, absolute paths, symlinks out).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dyntool.run import RECORD_DIR, Run, is_run_dir, open_run
+
+ENV_ROOT = "DYNTOOL_RUNS_DIR"
+MAX_DEPTH = 3
+MAX_STATIC = 1_000_000       # elements: larger static arrays are listed but not loaded
+
+
+class AppInputError(Exception):
+    """Something about the input the user should read, shown as a message (never a traceback)."""
+
+
+# ---------------------------------------------------------------------------------------
+# where runs live
+# ---------------------------------------------------------------------------------------
+
+def runs_root() -> Path:
+    """RUNS_DIR: ``$DYNTOOL_RUNS_DIR`` (set by ``dyntool app``), else ``streamlit run main.py -- DIR``,
+    else ``./runs``; resolved, so every later containment check compares real paths."""
+    raw = os.environ.get(ENV_ROOT)
+    if not raw and len(sys.argv) > 1 and sys.argv[0].endswith("main.py"):
+        raw = sys.argv[1]
+    return Path(raw or "runs").expanduser().resolve()
+
+
+def resolve_inside(root: Path, rel: str | Path) -> Path:
+    """``root / rel`` resolved; raises :class:`AppInputError` if it escapes ``root``."""
+    p = (root / rel).resolve()
+    if not p.is_relative_to(root):
+        raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
+    return p
+
+
+def rel(root: Path, path: Path | str) -> str:
+    p = Path(path)
+    return "." if p == root else str(p.relative_to(root))
+
+
+@st.cache_data(ttl=3, show_spinner=False)
+def discover(root: str, sub: str = "") -> list[str]:
+    """Run directories below ``root/sub`` (study directories included), as paths relative to
+    ``root``; symlinks that leave ``root`` are skipped.  Re-listed at most every 3 s."""
+    base = Path(root)
+    start = resolve_inside(base, sub)
+    if not start.is_dir():
+        raise AppInputError(f"'{sub or start}' is not a directory inside {base}")
+    found: list[str] = []
+
+    def walk(d: Path, depth: int):
+        real = d.resolve()
+        if not real.is_relative_to(base):
+            return
+        if is_run_dir(real):
+            found.append(rel(base, real))
+            return
+        if depth >= MAX_DEPTH:
+            return
+        try:
+            children = sorted(real.iterdir())
+        except OSError:
+            return
+        for c in children:
+            if c.is_dir() and not c.name.startswith(".") and not c.name.endswith(".zarr"):
+                walk(c, depth + 1)
+
+    walk(start, 0)
+    return found
+
+
+# ---------------------------------------------------------------------------------------
+# run handles
+# ---------------------------------------------------------------------------------------
+
+def signature(path: str) -> tuple:
+    """Cheap change detector: (mtime, size) of meta.json, metrics.jsonl and the record's zarr.json."""
+    p = Path(path)
+    out = []
+    for f in (p / "meta.json", p / "metrics.jsonl", p / RECORD_DIR / "zarr.json"):
+        try:
+            s = f.stat()
+            out.append((s.st_mtime_ns, s.st_size))
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+def marker(path: str) -> int:
+    """The commit marker ``steps_written`` read straight from the group's zarr.json (no zarr open)."""
+    try:
+        attrs = json.loads((Path(path) / RECORD_DIR / "zarr.json").read_text()).get("attributes", {})
+        return int(attrs.get("steps_written", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        return 0
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _open_run(path: str, sig: tuple) -> Run:
+    return open_run(path)
+
+
+def get_run(path: str) -> Run:
+    """The :class:`dyntool.run.Run` at ``path``, re-opened when its files change."""
+    return _open_run(path, signature(path))
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _reader(path: str, mark: int):
+    from dyntool.record.store import StoreReader
+    rec = Path(path) / RECORD_DIR
+    if not rec.exists():
+        return None
+    try:
+        return StoreReader(rec)
+    except Exception as e:                           # corrupted zarr metadata
+        raise AppInputError(f"the recording {rec.name} can't be read ({type(e).__name__}: {e})") from None
+
+
+def reader(path: str, mark: int | None = None):
+    return _reader(path, marker(path) if mark is None else mark)
+
+
+def _array(path: str, mark: int, name: str):
+    r = reader(path, mark)
+    if r is None:
+        raise AppInputError("this run has no recording (record.zarr is missing)")
+    if name not in r.names():
+        raise AppInputError(f"this run did not record '{name}' (recorded: {', '.join(r.names()) or 'nothing'})")
+    try:
+        return r[name]
+    except Exception as e:
+        raise AppInputError(f"array '{name}' can't be read ({type(e).__name__}: {e})") from None
+
+
+# ---------------------------------------------------------------------------------------
+# small cached reads
+# ---------------------------------------------------------------------------------------
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def summary(path: str, sig: tuple) -> dict:
+    """One row of the runs table."""
+    run = open_run(path)
+    m = run.meta
+    df = run.metrics
+    final: dict = {}
+    for col in ("loss", "val_loss", "val_ppl", "accuracy", "entropy"):
+        if col in df.columns and df[col].notna().any():
+            final[col] = float(df[col].dropna().iloc[-1])
+    return {"kind": run.kind, "status": run.status, "tags": list(m.get("tags", []) or []),
+            "created": m.get("created", ""), "steps": int(df["step"].max()) + 1 if "step" in df else 0,
+            "recorded": marker(path), "size_mb": run.size_bytes() / 2**20, **{f"final {k}": v for k, v in final.items()},
+            "problems": list(run.problems)}
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def metrics(path: str, sig: tuple) -> pd.DataFrame:
+    df = open_run(path).metrics
+    if "step" in df.columns:
+        df = df.sort_values("step").drop_duplicates("step", keep="last").reset_index(drop=True)
+    return df
+
+
+@st.cache_data(max_entries=128, show_spinner=False)
+def array_info(path: str, mark: int) -> dict:
+    """``{"arrays": {name: {dims, shape, dtype, attrs}}, "attrs": group attrs, "static": {name: shape}}``."""
+    out: dict = {"arrays": {}, "attrs": {}, "static": {}, "problems": []}
+    try:
+        r = reader(path, mark)
+    except AppInputError as e:
+        out["problems"].append(str(e))
+        return out
+    if r is None:
+        return out
+    out["attrs"] = {k: v for k, v in r.attrs.items()}
+    for n in r.names():
+        try:
+            a = r[n]
+            out["arrays"][n] = {"dims": tuple(a.dims), "shape": tuple(a.shape), "dtype": str(a.dtype),
+                                "attrs": dict(a.attrs)}
+        except Exception as e:
+            out["problems"].append(f"array '{n}' can't be read ({type(e).__name__})")
+    try:
+        if "static" in r.group.group_keys():
+            g = r.group["static"]
+            out["static"] = {k: tuple(g[k].shape) for k in g.array_keys()}
+    except Exception as e:
+        out["problems"].append(f"static arrays can't be read ({type(e).__name__})")
+    return out
+
+
+@st.cache_data(max_entries=128, show_spinner=False)
+def steps(path: str, mark: int) -> np.ndarray:
+    """Training step of each recorded index (length = the commit marker)."""
+    return np.asarray(_array(path, mark, "step")[:], dtype=np.int64)
+
+
+@st.cache_data(max_entries=2048, show_spinner=False)
+def matrix(path: str, mark: int, name: str, idx: int, layer: int, head: int, seq: int = 0,
+           rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None) -> np.ndarray:
+    """One head's (query, key) matrix at recorded index ``idx``; ``rows``/``cols`` are [start, stop)
+    in array coordinates (None: all).  Reads only the chunks that hold it."""
+    a = _array(path, mark, name)
+    r = slice(*rows) if rows else slice(None)
+    c = slice(*cols) if cols else slice(None)
+    return np.asarray(a[idx, layer, head, seq, r, c], dtype=np.float32)
+
+
+@st.cache_data(max_entries=512, show_spinner=False)
+def pooled(path: str, mark: int, name: str, idx: int, layer: int, head: int, seq: int, block: int) -> np.ndarray:
+    """Block-mean overview of a recorded matrix (used when no ``*_pooled`` array was recorded)."""
+    from .analysis import block_mean
+    return block_mean(matrix(path, mark, name, idx, layer, head, seq), block)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def head_series(path: str, mark: int, name: str) -> np.ndarray:
+    """(steps, layer, head) curve of a recorded array: the array itself for per-head scalars
+    (``logit_max``), else its mean over the trailing axes, read a few steps at a time."""
+    a = _array(path, mark, name)
+    if len(a.shape) < 3:
+        raise AppInputError(f"'{name}' is not per layer and head (dims {a.dims})")
+    if len(a.shape) == 3:
+        return np.asarray(a[:], dtype=np.float64)
+    per = int(np.prod(a.shape[1:]))
+    chunk = max(1, min(len(a), 2**24 // max(per, 1)))
+    parts = []
+    for i in range(0, len(a), chunk):
+        x = np.asarray(a[i:i + chunk], dtype=np.float32)
+        parts.append(np.nanmean(x.reshape(*x.shape[:3], -1), axis=-1))
+    return np.concatenate(parts) if parts else np.zeros((0, *a.shape[1:3]))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def vectors(path: str, mark: int, name: str, layer: int, head: int, seq: int, idx: tuple[int, ...]) -> np.ndarray:
+    """(len(idx), positions, d) vectors of one head at the given recorded indices."""
+    a = _array(path, mark, name)
+    return np.stack([np.asarray(a[i, layer, head, seq], dtype=np.float32) for i in idx])
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def head_outputs(path: str, mark: int, layer: int, head: int, seq: int, idx: tuple[int, ...]) -> np.ndarray:
+    """(len(idx), recorded queries, d_v) head outputs g_i = Σ_j α_ij v_j, from ``attn`` (over its
+    key window) and ``values``; exact when the key window holds every key the queries can see."""
+    from .analysis import head_outputs as g
+    a, v = _array(path, mark, "attn"), _array(path, mark, "values")
+    k0 = int(a.attrs.get("key_offset", 0))
+    out = [g(np.asarray(a[i, layer, head, seq], dtype=np.float32)[None],
+             np.asarray(v[i, layer, head, seq], dtype=np.float32)[None], k0)[0] for i in idx]
+    return np.stack(out)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def static(path: str, mark: int) -> dict[str, np.ndarray]:
+    """Small arrays of ``record.zarr/static`` (no step axis), e.g. ``bayes_entropy``, ``targets``."""
+    try:
+        r = reader(path, mark)
+    except AppInputError:
+        return {}
+    out: dict[str, np.ndarray] = {}
+    if r is None or "static" not in r.group.group_keys():
+        return out
+    g = r.group["static"]
+    for k in g.array_keys():
+        z = g[k]
+        if np.prod(z.shape) <= MAX_STATIC and z.dtype.kind in "biuf":
+            out[k] = np.asarray(z[...])
+    return out
+
+
+def probe_tokens(info: dict, seq: int = 0) -> list[str] | None:
+    """The probe batch's tokens if the run recorded them (group attr ``probe_tokens``: a list of
+    strings, or one list per recorded sequence)."""
+    toks = info.get("attrs", {}).get("probe_tokens") or info.get("attrs", {}).get("tokens")
+    if not toks:
+        return None
+    if isinstance(toks[0], list):
+        return [str(t) for t in toks[seq]] if seq < len(toks) else None
+    return [str(t) for t in toks]
+
+
+def is_live(run: Run) -> bool:
+    """Still being written (status running and touched in the last 10 minutes)."""
+    return run.status == "running" and not any("killed?" in p for p in run.problems)
+
+
+def clear_caches() -> None:
+    for f in (discover, summary, metrics, array_info, steps, matrix, pooled, head_series, vectors,
+              head_outputs, static):
+        f.clear()
+    _open_run.clear()
+    _reader.clear()

@@ -1,0 +1,228 @@
+"""Plotly figure builders.  One figure = one panel, so :mod:`export` can redraw it in matplotlib.
+
+Colour conventions: α on a fixed [0, 1] sequential scale; signed matrices (B, A, ∂L/∂S) on a
+diverging scale centred at 0 and symmetric in ±max|x|; hover always shows the exact value.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+SEQ_SCALE = "Viridis"
+DIV_SCALE = "RdBu_r"
+CONFIG = {"displaylogo": False, "displayModeBar": "hover"}     # st.plotly_chart(config=...)
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+           "#bcbd22", "#17becf")
+
+# how each recorded matrix is drawn: (label, colour mode, one-line meaning)
+MATRIX_KINDS = {
+    "attn": ("α (attention)", "prob", "α_ij = softmax_j(s_ij): how much query i reads key j; each row sums to 1."),
+    "compat": ("B = U Vᵀ (compatibility)", "signed",
+               "b_ij = u_i·v_j = ∂L/∂α_ij: negative (blue) = moving more weight to key j lowers the loss."),
+    "advantage": ("A (advantage)", "signed",
+                  "A_ij = E_α[b]_i − b_ij: positive (red) = value j is better than query i's current mix, "
+                  "so gradient descent raises s_ij."),
+    "score_grad": ("∂L/∂S (score gradient)", "signed",
+                   "∂L/∂s_ij = α_ij (b_ij − E_α[b]_i) = −α_ij A_ij: the routing law; each row sums to 0."),
+    "scores": ("S (scores)", "plain", "s_ij = q_i·k_j/√d_k; masked entries are blank."),
+}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    fig.update_layout(title=dict(text=title, x=0, xanchor="left", font=dict(size=15)), height=height,
+                      margin=dict(l=10, r=10, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30), template="plotly_white",
+                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
+                      **kw)
+    return fig
+
+
+def _axis_labels(n: int, start: int, step: int, tokens: list[str] | None):
+    """Tick text: tokens when they fit (≤ 64 shown), else plain positions."""
+    pos = start + step * np.arange(n)
+    if tokens is None or step != 1 or n > 64:
+        return pos, None
+    text = [f"{tokens[p]}·{p}" if 0 <= p < len(tokens) else str(p) for p in pos]
+    return pos, text
+
+
+def heatmap(m: np.ndarray, kind: str, title: str, row0: int = 0, col0: int = 0, block: int = 1,
+            tokens: list[str] | None = None, zrange: float | None = None, rect: tuple | None = None,
+            height: int = 460) -> go.Figure:
+    """A (query × key) heatmap.  ``row0``/``col0``: position of the first row/column; ``block``: a
+    pooled view whose cells cover ``block`` positions; ``rect``: (q0, q1, k0, k1) to outline."""
+    mode = MATRIX_KINDS.get(kind, ("", "plain", ""))[1]
+    rows, rtext = _axis_labels(m.shape[0], row0, block, tokens)
+    cols, ctext = _axis_labels(m.shape[1], col0, block, tokens)
+    if block > 1:
+        hover = f"queries %{{y}}…+{block - 1}<br>keys %{{x}}…+{block - 1}<br>block mean = %{{z:.6g}}<extra></extra>"
+    else:
+        hover = "query i = %{y}<br>key j = %{x}<br>value = %{z:.6g}<extra></extra>"
+    kw: dict = {}
+    if mode == "prob":
+        kw = dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=1.0)
+    elif mode == "signed":
+        r = zrange if zrange else float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
+        r = r or 1e-12
+        kw = dict(colorscale=DIV_SCALE, zmid=0.0, zmin=-r, zmax=r)
+    else:
+        kw = dict(colorscale=SEQ_SCALE)
+    fig = go.Figure(go.Heatmap(z=m, x=cols, y=rows, hovertemplate=hover, colorbar=dict(thickness=12), **kw))
+    if rect is not None:
+        q0, q1, k0, k1 = rect
+        fig.add_shape(type="rect", x0=k0 - 0.5, x1=k1 - 0.5, y0=q0 - 0.5, y1=q1 - 0.5,
+                      line=dict(color="#ff7f0e", width=2))
+    fig.update_yaxes(autorange="reversed", title="query i", scaleanchor="x", constrain="domain")
+    fig.update_xaxes(title="key j", constrain="domain")
+    if rtext is not None:
+        fig.update_yaxes(tickvals=rows, ticktext=rtext, tickfont=dict(size=9))
+    if ctext is not None:
+        fig.update_xaxes(tickvals=cols, ticktext=ctext, tickangle=-60, tickfont=dict(size=9))
+    return _layout(fig, title, height=height)
+
+
+def curves(df: pd.DataFrame, ys: list[str], title: str, x: str = "step", log_y: bool = False,
+           names: dict[str, str] | None = None, y_title: str = "", height: int = 320) -> go.Figure:
+    """Line curves of metric columns against ``x`` (NaN rows of each column dropped)."""
+    fig = go.Figure()
+    for i, col in enumerate(ys):
+        s = df[[x, col]].dropna()
+        fig.add_trace(go.Scatter(x=s[x], y=s[col], mode="lines" if len(s) > 1 else "markers",
+                                 name=(names or {}).get(col, col), line=dict(color=PALETTE[i % len(PALETTE)]),
+                                 hovertemplate=f"{(names or {}).get(col, col)}<br>step %{{x}}<br>%{{y:.6g}}<extra></extra>"))
+    fig.update_xaxes(title=x)
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    return _layout(fig, title, height=height, hovermode="x unified")
+
+
+def layer_step_heatmap(values: np.ndarray, steps: np.ndarray, title: str, z_title: str,
+                       row_name: str = "layer", height: int = 320) -> go.Figure:
+    """(steps, rows) as a rows × step heatmap (many layers or heads at once)."""
+    fig = go.Figure(go.Heatmap(z=values.T, x=steps, y=np.arange(values.shape[1]), colorscale=SEQ_SCALE,
+                               colorbar=dict(title=z_title, thickness=12),
+                               hovertemplate=f"{row_name} %{{y}}<br>step %{{x}}<br>{z_title} = %{{z:.6g}}<extra></extra>"))
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title=row_name, dtick=1)
+    return _layout(fig, title, height=height)
+
+
+def bands(groups: dict[str, pd.DataFrame], title: str, y_title: str, log_y: bool = False,
+          height: int = 420, hline: tuple[float, str] | None = None) -> go.Figure:
+    """Mean ± std bands (frames with ``mean``, ``std``, ``n`` indexed by step), one per group."""
+    fig = go.Figure()
+    for i, (label, b) in enumerate(groups.items()):
+        c = PALETTE[i % len(PALETTE)]
+        x = b.index.to_numpy()
+        n = int(b["n"].max()) if len(b) else 0
+        if n > 1:
+            rgba = "rgba({},{},{},0.18)".format(*(int(c[k:k + 2], 16) for k in (1, 3, 5)))
+            fig.add_trace(go.Scatter(x=x, y=b["mean"] + b["std"], mode="lines", line=dict(width=0),
+                                     showlegend=False, hoverinfo="skip", name=f"{label} +std"))
+            fig.add_trace(go.Scatter(x=x, y=b["mean"] - b["std"], mode="lines", line=dict(width=0),
+                                     fill="tonexty", fillcolor=rgba, showlegend=False, hoverinfo="skip",
+                                     name=f"{label} −std"))
+        fig.add_trace(go.Scatter(x=x, y=b["mean"], mode="lines", line=dict(color=c, width=2),
+                                 name=f"{label} (n={n})", customdata=b["std"],
+                                 hovertemplate=f"{label}<br>step %{{x}}<br>mean %{{y:.6g}} ± %{{customdata:.3g}}<extra></extra>"))
+    if hline is not None:
+        fig.add_hline(y=hline[0], line_dash="dash", line_color="#555", annotation_text=hline[1])
+    fig.update_xaxes(title="step")
+    fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    return _layout(fig, title, height=height, hovermode="x unified")
+
+
+def trajectories(xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, color: str,
+                 color_values: np.ndarray | None, title: str, axis_names: list[str],
+                 pos_name: str = "j", height: int = 560, color_title: str = "") -> go.Figure:
+    """Paths of vectors over training: ``xyz`` (n_steps, n_pos, 2|3) in a fixed basis.
+
+    ``color``: "step" (markers coloured by step), "class" (one colour per class, given per
+    position in ``color_values``) or a continuous per-position value ("entropy")."""
+    three = xyz.shape[-1] >= 3
+    S = go.Scatter3d if three else go.Scatter
+    fig = go.Figure()
+    coords = lambda a: dict(x=a[..., 0], y=a[..., 1], **({"z": a[..., 2]} if three else {}))
+    hover = (f"{pos_name} = %{{customdata[0]}}<br>step %{{customdata[1]}}<br>"
+             + "<br>".join(f"{n} = %{{{c}:.4g}}" for n, c in zip(axis_names, "xyz")) + "<extra></extra>")
+    classes = {}
+    for pi, pos in enumerate(positions):
+        path = xyz[:, pi]
+        cd = np.stack([np.full(len(steps), pos), steps], axis=1)
+        if color == "class" and color_values is not None:
+            cls = int(color_values[pi])
+            c = PALETTE[cls % len(PALETTE)] if cls >= 0 else "#999"
+            first = cls not in classes
+            classes[cls] = True
+            fig.add_trace(S(**coords(path), mode="lines", line=dict(color=c, width=2), customdata=cd,
+                            hovertemplate=hover, name=f"class {cls}" if cls >= 0 else "no class",
+                            legendgroup=str(cls), showlegend=first))
+        else:
+            fig.add_trace(S(**coords(path), mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
+                            customdata=cd, hovertemplate=hover, showlegend=False))
+    if color == "step":
+        flat = xyz.reshape(-1, xyz.shape[-1])
+        st = np.repeat(steps[:, None], len(positions), axis=1).reshape(-1)
+        ps = np.repeat(positions[None], len(steps), axis=0).reshape(-1)
+        fig.add_trace(S(**coords(flat), mode="markers", name="step",
+                        marker=dict(color=st, colorscale=SEQ_SCALE, size=3 if three else 5,
+                                    colorbar=dict(title="step", thickness=12)),
+                        customdata=np.stack([ps, st], 1), hovertemplate=hover, showlegend=False))
+    # end markers (final recorded step)
+    end = xyz[-1]
+    cd = np.stack([positions, np.full(len(positions), steps[-1])], axis=1)
+    mk: dict = dict(size=6 if three else 10, symbol="diamond" if three else "star", line=dict(width=1, color="black"))
+    if color == "class" and color_values is not None:
+        mk["color"] = [PALETTE[int(c) % len(PALETTE)] if c >= 0 else "#999" for c in color_values]
+    elif color_values is not None and color not in ("step", "class"):
+        mk.update(color=color_values, colorscale="Plasma", colorbar=dict(title=color_title, thickness=12))
+    else:
+        mk["color"] = "black"
+    start = xyz[0]
+    fig.add_trace(S(**coords(start), mode="markers", name=f"start (step {steps[0]})",
+                    marker=dict(size=3 if three else 6, color="white", line=dict(width=1, color="#444")),
+                    customdata=np.stack([positions, np.full(len(positions), steps[0])], axis=1),
+                    hovertemplate=hover))
+    labels = len(positions) <= 30
+    fig.add_trace(S(**coords(end), mode="markers+text" if labels else "markers", marker=mk,
+                    text=[f"{pos_name}={p}" for p in positions] if labels else None,
+                    textposition="top center", textfont=dict(size=10),
+                    name=f"final (step {steps[-1]})", customdata=cd, hovertemplate=hover))
+    if three:
+        fig.update_layout(scene=dict(xaxis_title=axis_names[0], yaxis_title=axis_names[1],
+                                     zaxis_title=axis_names[2]))
+    else:
+        fig.update_xaxes(title=axis_names[0])
+        fig.update_yaxes(title=axis_names[1], scaleanchor="x")
+    return _layout(fig, title, height=height)
+
+
+def snapshot(xyz: np.ndarray, positions: np.ndarray, color_values: np.ndarray | None, color: str,
+             title: str, axis_names: list[str], pos_name: str, color_title: str, height: int = 560) -> go.Figure:
+    """All positions at one step in the fixed basis (n_pos, 2|3)."""
+    three = xyz.shape[-1] >= 3
+    S = go.Scatter3d if three else go.Scatter
+    coords = dict(x=xyz[:, 0], y=xyz[:, 1], **({"z": xyz[:, 2]} if three else {}))
+    mk: dict = dict(size=3 if three else 6)
+    if color_values is not None and color == "class":
+        mk["color"] = [PALETTE[int(c) % len(PALETTE)] if c >= 0 else "#999" for c in color_values]
+    elif color_values is not None:
+        mk.update(color=color_values, colorscale="Plasma", colorbar=dict(title=color_title, thickness=12))
+    cd = positions if color_values is None else np.stack([positions, color_values], 1)
+    hv = f"{pos_name} = %{{customdata{'[0]' if color_values is not None else ''}}}"
+    if color_values is not None:
+        hv += f"<br>{color_title} = %{{customdata[1]:.4g}}"
+    fig = go.Figure(S(**coords, mode="markers", marker=mk, customdata=cd, hovertemplate=hv + "<extra></extra>"))
+    if three:
+        fig.update_layout(scene=dict(xaxis_title=axis_names[0], yaxis_title=axis_names[1], zaxis_title=axis_names[2]))
+    else:
+        fig.update_xaxes(title=axis_names[0])
+        fig.update_yaxes(title=axis_names[1])
+    return _layout(fig, title, height=height)
+
+
+def explained_bar(ratios: np.ndarray, height: int = 200) -> go.Figure:
+    fig = go.Figure(go.Bar(x=[f"PC{i + 1}" for i in range(len(ratios))], y=ratios * 100,
+                           text=[f"{r * 100:.1f}%" for r in ratios], textposition="auto",
+                           marker_color=PALETTE[0], hovertemplate="%{x}: %{y:.2f}%<extra></extra>"))
+    fig.update_yaxes(title="% variance", range=[0, 100])
+    return _layout(fig, "explained variance", height=height)

@@ -1,0 +1,150 @@
+"""Compare: several runs overlaid, grouped by a config key (e.g. ``arm``: SGD vs EM-like) with
+mean ± std bands across seeds; any logged metric, or recorded max|logit| / attention entropy."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dyntool_app import analysis, data, export, plots, ui
+from dyntool_app.data import AppInputError
+
+REC_LMAX = "max |logit| (recorded, max over layers and heads)"
+REC_ENT = "attention entropy (recorded, mean over layers, heads, queries)"
+NO_GROUP = "(each run on its own)"
+FIGURES_FOR = {"loss": ["f3_em_vs_sgd", "ls_loss_logits"], "entropy": ["f4_entropy"],
+               "val_loss": ["span_val_loss", "ls_loss_logits"], REC_LMAX: ["ls_loss_logits", "ls_logit_heatmap"]}
+
+
+def curve(path: str, metric: str) -> pd.Series | None:
+    """One run's curve of ``metric`` indexed by step, or None if it doesn't have it."""
+    if metric in (REC_LMAX, REC_ENT):
+        mark = data.marker(path)
+        name = "logit_max" if metric == REC_LMAX else "attn_entropy"
+        if name not in data.array_info(path, mark)["arrays"]:
+            return None
+        arr = data.head_series(path, mark, name)
+        v = arr.reshape(len(arr), -1)
+        v = np.nanmax(v, axis=1) if metric == REC_LMAX else np.nanmean(v, axis=1)
+        return pd.Series(v, index=data.steps(path, mark))
+    df = data.metrics(path, data.signature(path))
+    if metric not in df.columns or "step" not in df.columns:
+        return None
+    s = df[["step", metric]].dropna()
+    return pd.Series(s[metric].to_numpy(dtype=float), index=s["step"].to_numpy())
+
+
+def group_label(path: str, key: str) -> str:
+    run = data.get_run(path)
+    if key == NO_GROUP:
+        return run.id
+    if key == "kind":
+        return run.kind
+    flat = analysis.flatten(run.config)
+    return f"{key}={flat[key]}" if key in flat else f"{run.id} (no {key})"
+
+
+def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
+    """H_min from a study's summary.json (inside RUNS_DIR) for entropy/loss curves."""
+    if metric not in ("loss", "entropy", "val_loss"):
+        return None
+    root = ui.root()
+    for p in paths:
+        f = Path(p).parent / "summary.json"
+        if f.resolve().is_relative_to(root) and f.exists():
+            try:
+                h = json.loads(f.read_text()).get("h_min")
+            except (OSError, ValueError):
+                continue
+            if isinstance(h, (int, float)):
+                return float(h), f"H_min = {h:.4f}"
+    return None
+
+
+def body() -> None:
+    st.title("Compare")
+    cands = ui.candidates()
+    if ui.selected():
+        default = cands[:24]
+    else:                              # nothing selected: the newest run's kind, readable runs only
+        kinds = {r: data.get_run(ui.abspath(r)).kind for r in cands}
+        ok = [r for r in cands if not data.get_run(ui.abspath(r)).problems]
+        default = [r for r in ok if kinds[r] == kinds[(ok or cands)[0]]][:24]
+    if not set(st.session_state.get("cmp_runs", [])) <= set(cands):
+        st.session_state.pop("cmp_runs", None)
+    chosen = st.multiselect("Runs to compare", cands, default=default, key="cmp_runs",
+                            help="Preset from the selection on the Runs page.")
+    if not chosen:
+        st.info("Choose at least one run.")
+        return
+    paths = [ui.abspath(r) for r in chosen]
+    metrics_avail: dict[str, int] = {}
+    for p in paths:
+        df = data.metrics(p, data.signature(p))
+        for c in df.columns:
+            if c != "step" and pd.api.types.is_numeric_dtype(df[c]):
+                metrics_avail[c] = metrics_avail.get(c, 0) + 1
+        arrs = data.array_info(p, data.marker(p))["arrays"]
+        for name, label in (("logit_max", REC_LMAX), ("attn_entropy", REC_ENT)):
+            if name in arrs:
+                metrics_avail[label] = metrics_avail.get(label, 0) + 1
+    if not metrics_avail:
+        raise AppInputError("None of these runs has logged metrics or recorded curves yet.")
+    order = sorted(metrics_avail, key=lambda m: (-metrics_avail[m], m))
+    pref = next((m for m in ("loss", "val_loss") if m in metrics_avail), order[0])
+
+    configs = [data.get_run(p).config for p in paths]
+    keys = analysis.differing_keys(configs)
+    groupings = keys + ["kind", NO_GROUP]
+    default_group = "arm" if "arm" in keys else (keys[0] if keys else NO_GROUP)
+
+    c = st.columns([2, 2, 1, 1, 1])
+    if st.session_state.get("cmp_metric") not in metrics_avail:
+        st.session_state["cmp_metric"] = pref
+    metric = c[0].selectbox("Metric", order, key="cmp_metric",
+                            format_func=lambda m: f"{m}  ({metrics_avail[m]}/{len(paths)} runs)")
+    if st.session_state.get("cmp_group") not in groupings:
+        st.session_state["cmp_group"] = default_group
+    group = c[1].selectbox("Group runs by (mean ± std within a group)", groupings, key="cmp_group")
+    smooth = c[2].slider("Smoothing (EMA)", 0.0, 0.99, 0.0, 0.01, key="cmp_ema")
+    log_y = c[3].toggle("log y", key="cmp_log")
+    each = c[4].toggle("each run", key="cmp_each", help="Also draw every run's own curve")
+
+    groups: dict[str, list[pd.Series]] = {}
+    lacking = []
+    for p in paths:
+        s = curve(p, metric)
+        if s is None or s.empty:
+            lacking.append(data.get_run(p).id)
+            continue
+        groups.setdefault(group_label(p, group), []).append(analysis.ema(s, smooth).rename(p))
+    if not groups:
+        raise AppInputError(f"None of the chosen runs has `{metric}`.")
+    bands = {g: analysis.band(v) for g, v in sorted(groups.items())}
+    if each:
+        for g, curves in sorted(groups.items()):
+            for s in curves:
+                bands[f"{g} · {data.get_run(s.name).id}"] = analysis.band([s])
+    fig = plots.bands(bands, f"{metric} by {group}", metric, log_y=log_y, hline=reference(paths, metric))
+    st.plotly_chart(fig, key="cmp-fig", config=plots.CONFIG)
+    export.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
+                    FIGURES_FOR.get(metric, []), paths, {"metric": metric, "group": group})
+    if lacking:
+        st.caption(f"Without `{metric}`: {', '.join(lacking)}.")
+
+    rows = []
+    for g, curves in sorted(groups.items()):
+        finals = np.array([s.iloc[-1] for s in curves])
+        best = np.array([s.min() for s in curves])
+        rows.append({"group": g, "runs": len(curves), "final (mean)": finals.mean(),
+                     "final (std)": finals.std(), "min (mean)": best.mean(),
+                     "last step": int(max(s.index.max() for s in curves))})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
+                 column_config={k: st.column_config.NumberColumn(k, format="%.5g")
+                                for k in ("final (mean)", "final (std)", "min (mean)")})
+
+
+ui.guard(body)

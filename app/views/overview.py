@@ -1,0 +1,167 @@
+"""Overview of one run: facts, curves (loss, perplexity, attention entropy, max|logit| per layer and
+head, gradient norms, other metrics), the resolved config, meta and the recorded arrays."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from dyntool_app import data, export, plots, ui
+
+MAX_LINES = 8          # more (layer, head) curves than this: a layer × step heatmap instead
+
+
+def facts(path: str) -> None:
+    run = data.get_run(path)
+    s = data.summary(path, data.signature(path))
+    tags = ", ".join(s.get("tags") or []) or "none"
+    st.markdown(f"**{run.kind}** run · status **{run.status}** · tags: {tags} · created {s.get('created') or '?'}")
+    c = st.columns(4)
+    c[0].metric("steps logged", s["steps"])
+    c[1].metric("steps recorded", s["recorded"])
+    c[2].metric("size on disk", f"{s['size_mb']:.1f} MB")
+    fin = next((k for k in ("final val_loss", "final loss") if k in s), None)
+    c[3].metric(fin or "final loss", f"{s[fin]:.4g}" if fin else "–")
+
+
+def per_head_figure(arr: np.ndarray, steps: np.ndarray, title: str, z_title: str, key: str):
+    """Lines per (layer, head) when few, else a layer × step heatmap with a head aggregate."""
+    L, H = arr.shape[1:3]
+    if L * H <= MAX_LINES:
+        df = pd.DataFrame({"step": steps})
+        names = {}
+        for l in range(L):
+            for h in range(H):
+                col = f"L{l}H{h}"
+                df[col] = arr[:, l, h]
+                names[col] = f"layer {l} head {h}"
+        return plots.curves(df, list(names), title, names=names, y_title=z_title)
+    opts = ["max over heads", "mean over heads"] + [f"head {h}" for h in range(H)]
+    how = st.selectbox(f"{title}: heads", opts, key=f"agg-{key}")
+    if how.startswith("max"):
+        v = np.nanmax(arr, axis=2)
+    elif how.startswith("mean"):
+        v = np.nanmean(arr, axis=2)
+    else:
+        v = arr[:, :, int(how.split()[1])]
+    return plots.layer_step_heatmap(v, steps, f"{title} ({how})", z_title)
+
+
+def curves(path: str) -> None:
+    mark = data.marker(path)
+    df = data.metrics(path, data.signature(path))
+    info = data.array_info(path, mark)
+    arrays = info["arrays"]
+    if df.empty and not arrays:
+        st.info("Nothing logged yet: metrics.jsonl is empty and nothing is recorded.")
+        return
+    steps = data.steps(path, mark) if "step" in arrays else np.zeros(0, int)
+    cols = [c for c in df.columns if c != "step"]
+    log_y = st.toggle("log scale for loss and gradient norms", value=False, key="ov_log")
+    left, right = st.columns(2)
+
+    with left:
+        ys = [c for c in ("loss", "val_loss") if c in cols]
+        if ys:
+            fig = plots.curves(df, ys, "Loss (train / validation)", log_y=log_y, y_title="cross-entropy (nats)",
+                               names={"loss": "train", "val_loss": "validation"})
+            st.plotly_chart(fig, key="ov-loss", config=plots.CONFIG)
+            export.download(fig, "ov-loss", "loss", ["f3_em_vs_sgd", "ls_loss_logits", "span_val_loss"], [path])
+    with right:
+        if "val_ppl" in cols or "loss" in cols:
+            p = pd.DataFrame({"step": df["step"]})
+            names = {}
+            if "val_ppl" in cols:
+                p["val_ppl"] = df["val_ppl"]
+                names["val_ppl"] = "validation"
+            if "loss" in cols:
+                p["train_ppl"] = np.exp(df["loss"].astype(float).clip(upper=50))
+                names["train_ppl"] = "train = exp(loss)"
+            fig = plots.curves(p, list(names), "Perplexity", names=names, y_title="perplexity", log_y=True)
+            st.plotly_chart(fig, key="ov-ppl", config=plots.CONFIG)
+            export.download(fig, "ov-ppl", "perplexity", [], [path])
+
+    left, right = st.columns(2)
+    with left:
+        if "attn_entropy" in arrays and len(steps):
+            arr = data.head_series(path, mark, "attn_entropy")
+            fig = per_head_figure(arr, steps, "Attention entropy (mean over queries)", "nats", "ent")
+        elif "attn_entropy" in cols:
+            fig = plots.curves(df, ["attn_entropy"], "Attention entropy (mean)", y_title="nats")
+        else:
+            fig = None
+            st.caption("No attention entropy recorded (`attn_entropy`).")
+        if fig is not None:
+            st.plotly_chart(fig, key="ov-ent", config=plots.CONFIG)
+            export.download(fig, "ov-ent", "attention_entropy", ["f5_attention"], [path])
+    with right:
+        lm_cols = sorted(c for c in cols if c.startswith("logit_max"))
+        if "logit_max" in arrays and len(steps):
+            fig = per_head_figure(data.head_series(path, mark, "logit_max"), steps,
+                                  "max |logit| per layer and head", "max |s_ij|", "lmax")
+        elif lm_cols:
+            fig = plots.curves(df, lm_cols, "max |logit| per layer", y_title="max |s_ij|")
+        else:
+            fig = None
+            st.caption("No max|logit| recorded (`logit_max`).")
+        if fig is not None:
+            st.plotly_chart(fig, key="ov-lmax", config=plots.CONFIG)
+            export.download(fig, "ov-lmax", "logit_max", ["ls_logit_heatmap", "ls_loss_logits"], [path])
+
+    left, right = st.columns(2)
+    with left:
+        gn = [c for c in cols if "grad_norm" in c]
+        if gn:
+            fig = plots.curves(df, gn, "Gradient norms", log_y=log_y, y_title="‖∇‖")
+            st.plotly_chart(fig, key="ov-gn", config=plots.CONFIG)
+            export.download(fig, "ov-gn", "grad_norms", [], [path])
+        else:
+            st.caption("No gradient norms logged (`grad_norm*`).")
+    with right:
+        shown = {"loss", "val_loss", "val_ppl", "attn_entropy", *lm_cols, *gn}
+        rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])]
+        if rest:
+            default = [c for c in ("accuracy", "entropy", "lr") if c in rest][:2] or rest[:1]
+            pick = st.multiselect("Other metrics", rest, default=default, key="ov_other")
+            if pick:
+                fig = plots.curves(df, pick, "Other metrics")
+                st.plotly_chart(fig, key="ov-other", config=plots.CONFIG)
+                export.download(fig, "ov-other", "metrics", [], [path])
+
+
+def details(path: str) -> None:
+    run = data.get_run(path)
+    info = data.array_info(path, data.marker(path))
+    t1, t2, t3 = st.tabs(["Resolved config", "Meta", "Recorded arrays"])
+    with t1:
+        st.json(run.config or {"(missing)": "config.json is missing or unreadable"}, expanded=2)
+    with t2:
+        st.json(run.meta or {"(missing)": "meta.json is missing or unreadable"}, expanded=1)
+    with t3:
+        rows = [{"array": n, "dims": " × ".join(f"{d}={s}" for d, s in zip(a["dims"], a["shape"])),
+                 "dtype": a["dtype"], "attrs": ", ".join(f"{k}={v}" for k, v in a["attrs"].items())}
+                for n, a in info["arrays"].items()]
+        rows += [{"array": f"static/{n}", "dims": " × ".join(map(str, s)), "dtype": "", "attrs": "no step axis"}
+                 for n, s in info["static"].items()]
+        if rows:
+            st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        else:
+            st.caption("Nothing recorded (no record.zarr).")
+        for p in info["problems"]:
+            st.warning(p)
+
+
+def body() -> None:
+    st.title("Overview")
+    path = ui.pick_run("Run", key="ov_run")
+    run = data.get_run(path)
+    ui.run_banner(path)
+
+    def panel():
+        ui.guard(lambda: (facts(path), curves(path)))
+    ui.live(panel, data.is_live(run), "ov")
+    with st.expander("Config, meta and recorded arrays", expanded=False):
+        details(path)
+
+
+ui.guard(body)

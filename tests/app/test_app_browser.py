@@ -1,0 +1,212 @@
+"""End to end: ``dyntool app`` serves the app, headless Chromium loads every page, screenshots.
+
+Chromium is driven over the DevTools protocol (``websockets``, a Streamlit dependency) so the
+test waits for Streamlit to *finish* rendering instead of guessing a time budget.  Skips only
+when no Chromium binary exists (Debian: ``apt-get install -y chromium``).
+"""
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from . import fixtures
+
+CHROMIUM = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars", "--remote-debugging-port=0"]
+
+# Streamlit has rendered: a page title exists, nothing is running, no skeletons, visible plots drawn
+READY_JS = """(() => {
+  const h1 = document.querySelector('h1');
+  const running = document.querySelector('[data-testid="stStatusWidget"]');
+  const skel = document.querySelector('[data-testid="stSkeleton"]');
+  const pending = [...document.querySelectorAll('[data-testid="stPlotlyChart"]')]
+      .filter(e => e.getBoundingClientRect().top < window.innerHeight && !e.querySelector('.main-svg')).length;
+  return !!h1 && !running && !skel && pending === 0;
+})()"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0) -> None:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer in {timeout:.0f} s")
+
+
+class Browser:
+    """Minimal DevTools client: open a URL, wait until Streamlit is idle, capture PNG."""
+
+    def __init__(self, width: int = 1400, height: int = 1000):
+        from websockets.sync.client import connect
+        self.profile = tempfile.mkdtemp(prefix="dt-chromium-")
+        self.proc = subprocess.Popen([CHROMIUM, *FLAGS, f"--user-data-dir={self.profile}",
+                                      f"--window-size={width},{height}", "about:blank"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        t0 = time.monotonic()
+        while not port_file.exists() or not port_file.read_text().strip():
+            if time.monotonic() - t0 > 20 or self.proc.poll() is not None:
+                raise RuntimeError("chromium did not start")
+            time.sleep(0.1)
+        port = int(port_file.read_text().split()[0])
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5) as r:
+            page = next(t for t in json.load(r) if t["type"] == "page")
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=64 << 20,
+                                                    open_timeout=10))
+        self._id = 0
+        self.width, self.height = width, height
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                  mobile=False)
+
+    def call(self, method: str, **params):
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def eval(self, js: str):
+        return self.call("Runtime.evaluate", expression=js, returnByValue=True).get("result", {}).get("value")
+
+    def open(self, url: str, timeout: float = 40.0, settle: float = 0.5, charts: int = 0) -> float:
+        """Navigate; wait until Streamlit is idle and the DOM has stopped changing (the status
+        widget only appears after a delay, so "not running" alone is not enough); returns seconds."""
+        t0 = time.monotonic()
+        self.call("Page.navigate", url=url)
+        time.sleep(0.5)
+        stable, last = 0, None
+        while time.monotonic() - t0 < timeout:
+            size = self.eval("document.body.innerHTML.length")
+            drawn = self.eval("document.querySelectorAll('.main-svg').length") if charts else 0
+            stable = stable + 1 if (self.eval(READY_JS) and size == last and drawn >= charts) else 0
+            last = size
+            if stable >= 4:
+                time.sleep(settle)
+                return time.monotonic() - t0
+            time.sleep(0.3)
+        raise TimeoutError(f"{url} did not finish rendering in {timeout:.0f} s")
+
+    def text(self) -> str:
+        return self.eval("document.body.innerText") or ""
+
+    def screenshot(self, out: str | Path, full: bool = True, max_height: int = 3000) -> None:
+        """PNG of the page; ``full``: grow the viewport to the content's height first (Streamlit
+        scrolls inside its own container, so a plain full-page capture would cut it off)."""
+        if full:
+            h = self.eval("(() => { const m = document.querySelector('[data-testid=\"stMainBlockContainer\"]');"
+                          " return m ? Math.ceil(m.getBoundingClientRect().top + m.scrollHeight + 24) : 1000; })()")
+            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=min(max(int(h or 0), 600), max_height),
+                      deviceScaleFactor=1, mobile=False)
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            while not self.eval(READY_JS) and time.monotonic() - t0 < 10:
+                time.sleep(0.2)
+            time.sleep(0.6)                        # plotly re-lays out on resize
+        res = self.call("Page.captureScreenshot", format="png")
+        Path(out).write_bytes(base64.b64decode(res["data"]))
+        if full:
+            self.call("Emulation.setDeviceMetricsOverride", width=self.width, height=self.height,
+                      deviceScaleFactor=1, mobile=False)
+
+    def close(self) -> None:
+        try:
+            self._stack.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+class Server:
+    """``dyntool app RUNS_DIR --headless --port N`` in its own process group."""
+
+    def __init__(self, runs_dir: Path, port: int | None = None):
+        self.port = port or free_port()
+        self.url = f"http://localhost:{self.port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-m", "dyntool", "app", str(runs_dir), "--headless",
+                                      "--port", str(self.port)], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_http(f"{self.url}/_stcore/health")
+        except Exception:
+            self.stop()
+            raise
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install -y chromium)")
+def test_app_serves_and_renders_every_page(tmp_path):
+    runs = tmp_path / "runs"
+    fixtures.make_toy(runs, "toy-a", steps=20)
+    fixtures.make_sticky_study(runs)
+    fixtures.make_corrupted(runs)
+    server = Server(runs)
+    browser = None
+    try:
+        browser = Browser()
+        shots = Path(os.environ.get("DYNTOOL_SCREENSHOTS", tmp_path))
+        shots.mkdir(parents=True, exist_ok=True)
+        expect = {"": ("Runs", "run(s) under"), "overview": ("Overview", "Loss"),
+                  "matrices?run=toy-a": ("Matrices", "α (attention)"),
+                  "trajectories?run=toy-a": ("Trajectories", "Projection"),
+                  "compare": ("Compare", "Group runs by")}
+        for page, words in expect.items():
+            browser.open(f"{server.url}/{page}")
+            text = browser.text()
+            name = page.split("?")[0] or "runs"
+            browser.screenshot(shots / f"browser-{name}.png")
+            for w in words:
+                assert w in text, f"{name}: {w!r} not on the page"
+            assert "Traceback" not in text and "could not be drawn" not in text, text[:2000]
+        assert (shots / "browser-matrices.png").stat().st_size > 20_000
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
+    assert "localhost" in server.output()
