@@ -164,6 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     except DyntoolError as e:
         print(f"dyntool: error: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:              # e.g. `dyntool figures --list | head`
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("dyntool: interrupted; the run was flushed and marked 'interrupted'", file=sys.stderr)
         return 130

@@ -1,0 +1,305 @@
+"""Gradient-dynamics figures from a toy run (spec gradient-dynamics-paper.md §4.1, §5 F1–F2).
+
+* ``f1_feedback_loop`` — the §2.4 loop drawn from one recorded step of a real toy run: routing
+  (advantage signs, α), the value update as the α-weighted sum of error signals (it lands on the
+  recorded next value), and the resulting change in compatibility.
+* ``f2_toy`` — α and B at init / mid / final, 2-D value trajectories, loss and attention entropy.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import style
+from .common import array, metric, need
+from .registry import figure
+
+TOY_NEEDS = ("attn", "compat", "values")
+
+
+def _toy_run(runs):
+    return runs[0]
+
+
+def _labels(run, T: int) -> list[int]:
+    cfg = (run.config or {}).get("model", {})
+    labels = cfg.get("labels") or (run.store.attrs.get("labels") if run.store is not None else None)
+    return list(labels) if labels and len(labels) == T else [0] * T
+
+
+def _head(arr, idx=slice(None)) -> np.ndarray:
+    """Layer 0, head 0, seq 0 of a recorded per-head array (all or some steps)."""
+    return np.asarray(arr[idx, 0, 0, 0], dtype=np.float64)
+
+
+def _check_toy(runs, names=TOY_NEEDS):
+    r = _toy_run(runs)
+    missing = [n for n in names if array(r, n) is None]
+    need(not missing, f"toy run {r.id} lacks recorded {', '.join(missing)}")
+    need(len(metric(r, "loss")[0]) > 0, f"toy run {r.id} has no 'loss' metric")
+    a = array(r, "values")
+    need(a.shape[-1] == 2, f"toy run {r.id}: values are {a.shape[-1]}-D; these panels need d_v = 2")
+    return True, ""
+
+
+def _key_steps(run) -> tuple[np.ndarray, int, int, int]:
+    """Recorded steps and the indices of init, mid (half the loss drop) and final."""
+    steps = run.steps
+    s, loss = metric(run, "loss")
+    i_last = len(steps) - 1
+    mid = i_last // 2
+    if len(s) > 1 and np.isfinite(loss).all():
+        half = 0.5 * (loss[0] + loss[-1])
+        hit = np.nonzero(loss <= half)[0]
+        if len(hit):
+            mid = int(np.clip(np.searchsorted(steps, s[hit[0]]), 1, max(i_last - 1, 1)))
+    return steps, 0, mid, i_last
+
+
+def _dominant_class(attn_final: np.ndarray, labels: list[int]) -> np.ndarray:
+    """Per value j: the class whose queries put the most attention mass on it."""
+    labels = np.asarray(labels)
+    classes = np.unique(labels)
+    mass = np.stack([attn_final[labels == c].sum(0) for c in classes])     # (C, keys)
+    return classes[mass.argmax(0)]
+
+
+def _label_points(ax, pts: np.ndarray, names: list[str], color=None) -> None:
+    """Label 2-D points, pushed away from the centroid; points that (nearly) coincide share a label."""
+    c = pts.mean(0)
+    close = 0.06 * (float(np.ptp(pts, axis=0).max()) or 1.0)
+    done = set()
+    for k in range(len(pts)):
+        if k in done:
+            continue
+        group = [m for m in range(len(pts)) if m not in done and np.linalg.norm(pts[m] - pts[k]) < close]
+        done.update(group)
+        d = pts[k] - c
+        d = d / (np.linalg.norm(d) or 1.0)
+        ax.annotate(",".join(names[m] for m in group), pts[k], textcoords="offset points",
+                    xytext=(7 * d[0] - 3, 7 * d[1] - 3), fontsize=7,
+                    color=color[k] if color is not None else "black")
+
+
+def _ticks(ax, labels):
+    """Integer ticks on both axes, each label coloured by its position's class."""
+    T = len(labels)
+    ax.set_xticks(range(T), [str(j) for j in range(T)])
+    ax.set_yticks(range(T), [str(j) for j in range(T)])
+    for texts in (ax.get_xticklabels(), ax.get_yticklabels()):
+        for j, t in enumerate(texts):
+            t.set_color(style.CLASS_COLORS[labels[j] % len(style.CLASS_COLORS)])
+
+
+# ------------------------------------------------------------------------------------------------
+# F2
+# ------------------------------------------------------------------------------------------------
+
+@figure("f2_toy", "Coupled specialisation in a T = 5 head", "toy",
+        needs="a toy run recording attn, compat, values (d_v = 2) and the loss metric",
+        group="dynamics", check=_check_toy)
+def f2_toy(runs, **opts):
+    run = _toy_run(runs)
+    steps, i0, im, i1 = _key_steps(run)
+    A, B, V = array(run, "attn"), array(run, "compat"), array(run, "values")
+    idx = [i0, im, i1]
+    alpha = _head(A, idx)                                  # (3, T, T)
+    compat = _head(B, idx)
+    vals = _head(V)                                        # (S, T, 2)
+    T = alpha.shape[-1]
+    labels = _labels(run, T)
+    dom = _dominant_class(alpha[-1], labels)
+    s_loss, loss = metric(run, "loss")
+    s_ent, ent = metric(run, "attn_entropy")
+
+    fig = style.figure(style.DOUBLE, 3.5)
+    gs = fig.add_gridspec(2, 6, width_ratios=[1, 1, 1, 0.08, 0.22, 1.45])
+    names = ["init", "mid", "final"]
+    bmax = float(np.nanmax(np.abs(compat))) or 1.0
+    for c in range(3):
+        ax = fig.add_subplot(gs[0, c])
+        im_a = ax.imshow(alpha[c], vmin=0, vmax=1, cmap=style.SEQ_CMAP)
+        ax.set_title(f"α, {names[c]} (step {int(steps[idx[c]])})")
+        ax.set_xlabel("key j")
+        _ticks(ax, labels)
+        ax2 = fig.add_subplot(gs[1, c])
+        im_b = ax2.imshow(compat[c], vmin=-bmax, vmax=bmax, cmap=style.DIV_CMAP)
+        ax2.set_title(f"B = u·v, {names[c]}")
+        ax2.set_xlabel("key j")
+        _ticks(ax2, labels)
+        if c == 0:
+            ax.set_ylabel("query i")
+            ax2.set_ylabel("query i")
+            style.panel_label(ax, "a")
+            style.panel_label(ax2, "b")
+    fig.colorbar(im_a, cax=fig.add_subplot(gs[0, 3]), label="α")
+    fig.colorbar(im_b, cax=fig.add_subplot(gs[1, 3]), label="b [nats per unit α]")
+
+    ax = fig.add_subplot(gs[0, 5])
+    for j in range(T):
+        col = style.CLASS_COLORS[int(dom[j]) % len(style.CLASS_COLORS)]
+        ax.plot(vals[:, j, 0], vals[:, j, 1], color=col, lw=1.0)
+        ax.plot(*vals[0, j], "o", mfc="white", mec=col, ms=3.5)
+        ax.plot(*vals[-1, j], "o", color=col, ms=4.5)
+    ax.set_xlabel("value dim 1")
+    ax.set_ylabel("value dim 2")
+    _label_points(ax, vals[-1], [f"v{j}" for j in range(T)],
+                  [style.CLASS_COLORS[int(dom[j]) % len(style.CLASS_COLORS)] for j in range(T)])
+    ax.set_title("value trajectories v_j(t)")
+    ax.set_aspect("equal", adjustable="datalim")
+    style.panel_label(ax, "c")
+
+    ax = fig.add_subplot(gs[1, 5])
+    ax.plot(s_loss, loss, color=style.OKABE_ITO["black"], label="loss")
+    ax.set_yscale("log")
+    style.plain_log(ax)
+    ax.set_xlabel(f"{style.STEP} [steps]")
+    ax.set_ylabel(style.LOSS)
+    for k in idx:
+        ax.axvline(steps[k], color=style.REF_COLOR, lw=0.5, ls=":")
+    if len(s_ent):
+        tw = ax.twinx()
+        tw.plot(s_ent, ent, color=style.OKABE_ITO["orange"], ls="--", label="mean attention entropy")
+        tw.set_ylabel("attention entropy [nats]", color=style.OKABE_ITO["orange"])
+        tw.spines["right"].set_visible(True)
+        tw.set_ylim(bottom=0)
+        ax.plot([], [], color=style.OKABE_ITO["orange"], ls="--", label="attention entropy")
+    ax.legend(loc="lower left")
+    style.panel_label(ax, "d")
+
+    data = {
+        "run": run.id, "labels": labels,
+        "steps": {n: int(steps[k]) for n, k in zip(names, idx)},
+        "attn": {n: alpha[c].tolist() for c, n in enumerate(names)},
+        "compat": {n: compat[c].tolist() for c, n in enumerate(names)},
+        "dominant_class": [int(x) for x in dom],
+        "values": {"step": steps[: len(vals)].tolist(), "v": vals.tolist()},
+        "loss": {"step": s_loss.tolist(), "loss": loss.tolist()},
+        "attn_entropy": {"step": s_ent.tolist(), "entropy": ent.tolist()},
+    }
+    caption = (f"Toy head (T = {T}, labels {labels}; run {run.id}). (a) attention α and (b) compatibility "
+               f"B = [u_i·v_j] at steps {int(steps[i0])}, {int(steps[im])} (half the loss drop) and "
+               f"{int(steps[i1])}; tick colours give each position's class. (c) value trajectories in R², "
+               f"coloured by the class whose queries use the value most at the end (open: start). "
+               f"(d) loss (log scale, from {loss[0]:.3f} to {loss[-1]:.4f} nats) and mean attention entropy.")
+    return fig, data, caption
+
+
+# ------------------------------------------------------------------------------------------------
+# F1
+# ------------------------------------------------------------------------------------------------
+
+def _check_f1(runs):
+    _check_toy(runs, ("attn", "values", "upstream", "advantage"))
+    need(len(_toy_run(runs).steps) >= 3, "the toy run has fewer than 3 recorded steps")
+    return True, ""
+
+
+@figure("f1_feedback_loop", "The routing–content feedback loop, from a real toy step", "toy",
+        needs="a toy run recording attn, advantage, upstream and values (d_v = 2) at consecutive steps",
+        group="dynamics", check=_check_f1)
+def f1_feedback_loop(runs, **opts):
+    run = _toy_run(runs)
+    steps, _, im, _ = _key_steps(run)
+    t = int(opts.get("step_index", min(im, len(steps) - 2)))
+    lr = float((run.config or {}).get("lr", 0.5))
+    a = _head(array(run, "attn"), t)                      # (T, T)
+    adv = _head(array(run, "advantage"), t)
+    u = _head(array(run, "upstream"), t)                  # (T, 2)
+    V = _head(array(run, "values"), [t, t + 1])           # (2, T, 2)
+    v, v_next = V[0], V[1]
+    T = a.shape[0]
+    labels = _labels(run, T)
+    g = a @ v                                             # contexts g_i
+    drive = (a * np.abs(adv)).sum(1)
+    i_star = int(drive.argmax())                          # the query with the strongest routing drive
+    j_star = int((a[i_star] * adv[i_star]).argmax())      # the value it routes more to
+    contrib = -lr * a[:, j_star, None] * u                # per-query pull on v_j*: −η α_ij u_i
+    dv_pred = contrib.sum(0)
+    dv_rec = v_next[j_star] - v[j_star]
+    db = u @ dv_rec                                       # first-order Δb_i'j* = u_i'·Δv_j*
+    span = float(np.ptp(np.concatenate([v, g]), axis=0).max()) or 1.0
+    k_u = 0.35 * span / (np.linalg.norm(u, axis=1).max() or 1.0)
+    k_v = 1.0 / (np.linalg.norm(dv_pred) or 1.0)           # panel (b) is zoomed on v_j*: unit length
+    ccol = [style.CLASS_COLORS[c % len(style.CLASS_COLORS)] for c in labels]      # queries: own class
+    users = _dominant_class(a, labels)
+    vcol = [style.CLASS_COLORS[int(c) % len(style.CLASS_COLORS)] for c in users]  # values: users' class
+    pos, neg = style.OKABE_ITO["blue"], style.OKABE_ITO["vermillion"]
+
+    fig = style.figure(style.DOUBLE, 2.6)
+    axs = fig.subplots(1, 3, width_ratios=[1.2, 1.2, 0.9])
+    ax = axs[0]
+    for j in range(T):
+        A_ij = adv[i_star, j]
+        ax.plot([g[i_star, 0], v[j, 0]], [g[i_star, 1], v[j, 1]], color=pos if A_ij > 0 else neg,
+                lw=0.5 + 4 * a[i_star, j], alpha=0.8, zorder=1)
+    ax.scatter(v[:, 0], v[:, 1], c=vcol, s=22, zorder=3)
+    _label_points(ax, v, [f"v{j}" for j in range(T)])
+    ax.plot(*g[i_star], marker="*", color="black", ms=8, zorder=4, ls="none", label=f"context g_{i_star}")
+    tip = g[i_star] - k_u * u[i_star]
+    ax.annotate("", tip, g[i_star], arrowprops=dict(arrowstyle="-|>", color="black", lw=1.2), annotation_clip=False)
+    ax.plot(*tip, alpha=0)                               # keep the arrow inside the data limits
+    ax.plot([], [], color="black", label=f"−u_{i_star}, error signal (×{k_u:.2g})")
+    ax.plot([], [], color=pos, lw=2, label="A > 0: route more")
+    ax.plot([], [], color=neg, lw=2, label="A < 0: route less")
+    ax.set_title(f"routing of query {i_star} (width ∝ α)")
+    style.panel_label(ax, "a")
+    ax.set_xlabel("value dim 1")
+    ax.set_ylabel("value dim 2")
+    ax.set_aspect("equal", adjustable="datalim")
+    ax.legend(loc="best", fontsize=6)
+
+    ax = axs[1]
+    p = v[j_star].copy()
+    tips = [p]
+    for i in np.argsort(-a[:, j_star]):
+        q = p + k_v * contrib[i]
+        ax.annotate("", q, p, arrowprops=dict(arrowstyle="-|>", color=ccol[i], lw=0.9, shrinkA=0, shrinkB=0),
+                    annotation_clip=False)
+        if a[i, j_star] > 0.1:
+            ax.annotate(f"q{i}", 0.5 * (p + q), fontsize=6, color=ccol[i], textcoords="offset points",
+                        xytext=(3, -3))
+        p = q
+        tips.append(q)
+    rec_tip = v[j_star] + k_v * dv_rec
+    ax.annotate("", rec_tip, v[j_star], annotation_clip=False,
+                arrowprops=dict(arrowstyle="-|>", color="black", lw=2.0, alpha=0.35, shrinkA=0, shrinkB=0))
+    tips = np.array(tips + [rec_tip])
+    ax.plot(tips[:, 0], tips[:, 1], alpha=0)
+    ax.plot(*v[j_star], "o", color=vcol[j_star], ms=6, zorder=4)
+    ax.annotate(f"v{j_star}", v[j_star], textcoords="offset points", xytext=(-12, 3), fontsize=7)
+    ax.plot([], [], color="black", alpha=0.35, lw=2.0, label=f"recorded Δv_{j_star} (×{k_v:.2g})")
+    ax.plot([], [], color=style.REF_COLOR, lw=0.9, label="−η α_ij u_i, per query i")
+    ax.set_title(f"value {j_star} pulled toward its users")
+    style.panel_label(ax, "b")
+    ax.set_xticks([]), ax.set_yticks([])
+    ax.set_xlabel(f"zoom on v{j_star}; arrows ×{k_v:.2g}")
+    ax.set_aspect("equal", adjustable="datalim")
+    # the arrows run along a diagonal from v_j*: put the legend in a corner off that diagonal
+    ax.legend(loc="upper left" if dv_rec[0] * dv_rec[1] > 0 else "upper right", fontsize=6)
+
+    ax = axs[2]
+    e = int(np.floor(np.log10(np.abs(db).max()))) if np.abs(db).max() > 0 else 0
+    ax.bar(range(T), db / 10.0 ** e, color=ccol)
+    ax.axhline(0, color="black", lw=0.6)
+    ax.set_xticks(range(T))
+    ax.set_xlabel("query i' (colour: its class)")
+    ax.set_ylabel(f"Δb_i'{j_star} = u_i'·Δv_{j_star}" + (rf"  [$\times10^{{{e}}}$]" if e else ""))
+    ax.set_title("compatibility change")
+    style.panel_label(ax, "c")
+
+    err = float(np.linalg.norm(dv_pred - dv_rec) / (np.linalg.norm(dv_rec) or 1.0))
+    data = {"run": run.id, "step": int(steps[t]), "next_step": int(steps[t + 1]), "lr": lr,
+            "query": i_star, "value": j_star, "labels": labels, "values": v.tolist(),
+            "values_next": v_next.tolist(), "contexts": g.tolist(), "upstream": u.tolist(),
+            "attn": a.tolist(), "advantage": adv.tolist(), "contributions": contrib.tolist(),
+            "dv_predicted": dv_pred.tolist(), "dv_recorded": dv_rec.tolist(), "dv_rel_error": err,
+            "delta_compat": db.tolist(), "arrow_scale_u": k_u, "arrow_scale_dv": k_v}
+    caption = (f"The feedback loop at step {int(steps[t])} of toy run {run.id} (real vectors; colours = class). "
+               f"(a) query {i_star}'s context g (star), its error signal −u (arrow) and lines to each value, "
+               f"blue where the advantage A = E_α[b] − b is positive (gradient descent raises those scores), "
+               f"width ∝ α. (b) the per-query pulls −η α_i{j_star} u_i (η = {lr:g}) chained tip to tail; "
+               f"they add up to the recorded update of v{j_star} (grey; relative mismatch {err:.1e}). "
+               f"(c) the resulting first-order change of b_i'{j_star}: negative where value {j_star} became "
+               f"more useful, which raises those queries' advantage and closes the loop. "
+               f"Arrows scaled for visibility.")
+    return fig, data, caption

@@ -1,0 +1,120 @@
+"""The figure registry: ``FIGURES[name] -> FigureSpec``.
+
+A :class:`FigureSpec` knows which runs it can use (``kind_needed``, :meth:`FigureSpec.select`),
+whether they hold what it needs (:meth:`FigureSpec.supports` -> ``(ok, reason)``), and how to draw
+(``draw(runs, **opts) -> (Figure, data, caption)``, data a DataFrame (written as CSV) or a dict
+(JSON)).  ``draw`` may raise :class:`FigureSkip` when it finds out late that something is
+missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
+
+Figures register themselves at import of :mod:`dyntool.figures.dynamics`, ``.sticky``,
+``.geometry``, ``.ls`` and ``.span`` (done by :func:`load`, which ``dyntool.figures`` calls).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import DyntoolError
+
+
+class FigureError(DyntoolError):
+    """A bad figure request (e.g. an unknown name in ``--only``)."""
+
+
+class FigureSkip(FigureError):
+    """The given runs lack something a figure needs; the message says what."""
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    title: str
+    kind_needed: tuple[str, ...]                       # run kinds the figure reads
+    draw: Callable[..., tuple[Any, Any, str]]          # draw(runs, **opts) -> (fig, data, caption)
+    needs: str = ""                                    # what it needs, in words (CLI --list, docs)
+    group: str = ""                                    # "dynamics" | "ls" | "span"
+    check: Callable[[list], tuple[bool, str]] | None = None   # finer check on the selected runs
+    pick: Callable[[list], list] | None = None         # choose among the selected runs (e.g. a study)
+    min_runs: int = 1
+
+    def select(self, runs: list) -> list:
+        """The runs of the kinds this figure reads (in the given order), narrowed by ``pick``."""
+        sel = [r for r in runs if r.kind in self.kind_needed]
+        return self.pick(sel) if (self.pick is not None and sel) else sel
+
+    def supports(self, runs: list) -> tuple[bool, str]:
+        sel = self.select(runs)
+        if len(sel) < self.min_runs:
+            kinds = " or ".join(repr(k) for k in self.kind_needed)
+            have = sorted({r.kind for r in runs})
+            n = "a run" if self.min_runs == 1 else f"{self.min_runs} runs"
+            return False, f"needs {n} of kind {kinds} (given: {', '.join(have) if have else 'no runs'})"
+        if self.check is not None:
+            try:
+                return self.check(sel)
+            except FigureSkip as e:
+                return False, str(e)
+        return True, ""
+
+
+FIGURES: dict[str, FigureSpec] = {}
+
+
+def register(spec: FigureSpec) -> FigureSpec:
+    if spec.name in FIGURES:
+        raise ValueError(f"figure {spec.name!r} registered twice")
+    FIGURES[spec.name] = spec
+    return spec
+
+
+def figure(name: str, title: str, kind_needed, needs: str = "", group: str = "", check=None,
+           pick=None, min_runs: int = 1):
+    """Decorator form of :func:`register` for a draw function."""
+    kinds = (kind_needed,) if isinstance(kind_needed, str) else tuple(kind_needed)
+
+    def deco(fn):
+        register(FigureSpec(name, title, kinds, fn, needs, group, check, pick, min_runs))
+        return fn
+    return deco
+
+
+_loaded = False
+
+
+def load() -> dict[str, FigureSpec]:
+    """Import the figure modules (once) and return :data:`FIGURES`."""
+    global _loaded
+    if not _loaded:
+        from . import dynamics, geometry, ls, span, sticky  # noqa: F401  (registration side effect)
+        groups = ("dynamics", "ls", "span")
+        ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)
+                                                          if kv[1].group in groups else 9, kv[0]))
+        FIGURES.clear()
+        FIGURES.update(ordered)
+        _loaded = True
+    return FIGURES
+
+
+@dataclass
+class Plan:
+    """What :func:`plan` decided for each figure."""
+    ready: dict[str, FigureSpec] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+
+def plan(runs: list, only: list[str] | None = None) -> Plan:
+    figs = load()
+    if only:
+        unknown = [n for n in only if n not in figs]
+        if unknown:
+            raise FigureError(f"unknown figure(s) {', '.join(unknown)}; known: {', '.join(figs)}")
+    out = Plan()
+    for name, spec in figs.items():
+        if only and name not in only:
+            continue
+        ok, why = spec.supports(runs)
+        if ok:
+            out.ready[name] = spec
+        else:
+            out.skipped[name] = why
+    return out

@@ -1,0 +1,266 @@
+"""Sticky-chain study figures, curves (spec gradient-dynamics-paper.md §4.2, §4.5, §5 F3–F4):
+
+* ``f3_em_vs_sgd`` — loss per step, mean ± std over seeds per arm, H_min line, and a marker at the
+  mean step where EM-like first goes below SGD's mean final loss (the authors' metric);
+* ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8;
+* ``value_lr_sweep`` — EM steps to SGD's final loss against the value-LR multiplier.
+
+The figures read one study: the runs of the first study directory among the inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from . import style
+from .common import (align, arms_of, fmt_pm, h_min, is_em, main_study, mean_std, metric, n_symbols, need,
+                     seed_arm, summary_of)
+from .registry import figure
+
+KIND = "sticky-markov"
+
+
+def _check_metric(name):
+    def check(runs):
+        ok = [r for r in runs if len(metric(r, name)[0])]
+        need(ok, f"no run of the study logged the '{name}' metric")
+        return True, ""
+    return check
+
+
+def _curves(runs, name) -> dict[str, list[tuple[int, np.ndarray, np.ndarray]]]:
+    """arm -> [(seed, steps, values)] for the runs that logged ``name``."""
+    out = {}
+    for arm, rs in arms_of(runs).items():
+        cs = []
+        for r in rs:
+            s, v = metric(r, name)
+            if len(s):
+                cs.append((seed_arm(r)[0], s, v))
+        if cs:
+            out[arm] = cs
+    return out
+
+
+def crossing(curves: dict) -> dict | None:
+    """Authors' speed-up metric (spec §4.2): thr = mean over seeds of SGD's final loss; per EM seed
+    the first step whose loss is below thr (else the number of steps); mean ± population std."""
+    sgd = curves.get("sgd")
+    em_arm = next((a for a in curves if is_em(a)), None)
+    if not sgd or em_arm is None:
+        return None
+    thr = float(np.mean([v[np.isfinite(v)][-1] for _, _, v in sgd if np.isfinite(v).any()]))
+    per = {}
+    for seed, s, v in curves[em_arm]:
+        hit = np.nonzero(v < thr)[0]
+        per[seed] = int(s[hit[0]]) if len(hit) else int(s[-1] + 1)
+    vals = np.array(list(per.values()), dtype=float)
+    n = max(int(s[-1]) + 1 for _, s, _ in sgd)
+    return {"threshold": thr, "per_seed": per, "mean": float(vals.mean()), "std": float(vals.std()),
+            "speedup": n / float(vals.mean()) if vals.mean() > 0 else float("nan"), "arm": em_arm,
+            "n_steps": n}
+
+
+def _wide(curves: dict, value: str) -> pd.DataFrame:
+    """step, {arm}_mean, {arm}_std, {arm}_seed{S}... on the union of logged steps."""
+    all_c = [(arm, seed, s, v) for arm, cs in curves.items() for seed, s, v in cs]
+    steps, mat = align([(s, v) for _, _, s, v in all_c])
+    cols = {"step": steps}
+    for arm in curves:
+        rows = [i for i, c in enumerate(all_c) if c[0] == arm]
+        m, sd = mean_std(mat[rows])
+        cols[f"{arm}_{value}_mean"] = m
+        cols[f"{arm}_{value}_std"] = sd
+        for i in rows:
+            cols[f"{arm}_seed{all_c[i][1]}"] = mat[i]
+    return pd.DataFrame(cols)
+
+
+def _bands(ax, df: pd.DataFrame, curves: dict, value: str) -> None:
+    for k, arm in enumerate(curves):
+        n = len(curves[arm])
+        style.band(ax, df["step"], df[f"{arm}_{value}_mean"], df[f"{arm}_{value}_std"],
+                   style.arm_color(arm, k), label=f"{style.arm_label(arm)} (n = {n})")
+
+
+@figure("f3_em_vs_sgd", "EM-like vs SGD convergence on the sticky chain", KIND,
+        needs="a sticky-markov study: runs per (seed, arm) logging 'loss' per step",
+        group="dynamics", pick=main_study, check=_check_metric("loss"))
+def f3_em_vs_sgd(runs, **opts):
+    curves = _curves(runs, "loss")
+    df = _wide(curves, "loss")
+    hm = h_min(runs)
+    cr = crossing(curves)
+    study = summary_of(runs[0])
+    summ = study.get("em_steps_to_sgd_final")
+    if cr is not None and isinstance(summ, dict) and "mean" in summ:      # the study's own numbers win
+        cr.update(mean=float(summ["mean"]), std=float(summ.get("std", cr["std"])), source="summary.json")
+        if isinstance(study.get("sgd_final_threshold"), (int, float)):
+            cr["threshold"] = float(study["sgd_final_threshold"])
+        if isinstance(study.get("steps"), int):
+            cr["n_steps"] = study["steps"]
+
+    fig = style.figure(style.SINGLE, 3.0)
+    ax = fig.add_subplot()
+    _bands(ax, df, curves, "loss")
+    if hm is not None:
+        style.hline(ax, hm, f"H_min = {hm:.4f}", color=style.H_MIN_COLOR)
+    logn = math.log(n_symbols(runs[0]))
+    style.hline(ax, logn, f"log {n_symbols(runs[0])} (uniform)", ls=":")
+    note = ""
+    if cr is not None:
+        ax.axhline(cr["threshold"], color=style.arm_color("sgd"), lw=0.6, ls=":")
+        ax.axvline(cr["mean"], color=style.arm_color(cr["arm"]), lw=0.9, ls="-.")
+        ax.axvspan(cr["mean"] - cr["std"], cr["mean"] + cr["std"], color=style.arm_color(cr["arm"]),
+                   alpha=0.08, lw=0)
+        ax.annotate(f"EM-like reaches SGD's final loss\nat {cr['mean']:.0f} ± {cr['std']:.0f} steps "
+                    f"({cr['n_steps'] / cr['mean']:.1f}× faster)",
+                    (cr["mean"], cr["threshold"]), xytext=(0.04, 0.3), textcoords="axes fraction", fontsize=6.5,
+                    va="center", color=style.arm_color(cr["arm"]),
+                    bbox=dict(boxstyle="square,pad=0.2", fc="white", ec="none", alpha=0.85),
+                    arrowprops=dict(arrowstyle="->", color=style.arm_color(cr["arm"]), lw=0.6))
+        note = (f" Dash-dotted line: mean step at which EM-like first goes below SGD's mean final loss "
+                f"({cr['threshold']:.4f} nats, dotted): {cr['mean']:.0f} ± {cr['std']:.0f} steps "
+                f"(population std over seeds), a {cr['n_steps'] / cr['mean']:.2f}× speed-up.")
+    ax.set_xlabel(f"{style.STEP} [steps]")
+    ax.set_ylabel(style.LOSS)
+    top = max(float(np.nanmax(df.filter(like="_seed").to_numpy())), logn)
+    bottom = min(float(np.nanmin(df.filter(like="_seed").to_numpy())), hm if hm is not None else np.inf)
+    pad = 0.05 * (top - bottom)
+    ax.set_ylim(bottom - pad, top + pad)
+    h, lab = ax.get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside lower center", ncol=2)
+    seeds = sorted({s for cs in curves.values() for s, _, _ in cs})
+    caption = (f"Training loss (before each update) on the sticky chain, mean ± 1 std over {len(seeds)} "
+               f"seed(s) {seeds}, per arm. Black dashed: minimum Bayesian entropy H_min = "
+               f"{hm if hm is not None else float('nan'):.4f} nats; grey dotted: log {n_symbols(runs[0])} = "
+               f"{logn:.4f} nats." + note)
+    return fig, df, caption
+
+
+@figure("f4_entropy", "Predictive entropy vs minimum Bayesian entropy", KIND,
+        needs="a sticky-markov study: runs per (seed, arm) logging 'entropy' (nats) per step",
+        group="dynamics", pick=main_study, check=_check_metric("entropy"))
+def f4_entropy(runs, **opts):
+    curves = _curves(runs, "entropy")
+    df = _wide(curves, "entropy")
+    hm = h_min(runs)
+    n = n_symbols(runs[0])
+    logn = math.log(n)
+    per_seed = {(int(p.get("seed", -1))): p for p in summary_of(runs[0]).get("per_seed", []) or []
+                if isinstance(p, dict)}
+    final = {}
+    for arm, cs in curves.items():
+        vals = []
+        for seed, _, v in cs:
+            rec = per_seed.get(seed, {}).get(arm) or per_seed.get(seed, {}).get(
+                "em" if is_em(arm) else arm) or {}
+            fin = rec.get("entropy") if isinstance(rec, dict) else None
+            vals.append(float(fin) if isinstance(fin, (int, float)) else float(v[np.isfinite(v)][-1]))
+        final[arm] = {"per_seed": dict(zip([s for s, _, _ in cs], vals)), "mean": float(np.mean(vals)),
+                      "std": float(np.std(vals))}
+
+    fig = style.figure(style.DOUBLE, 2.6)
+    ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])
+    _bands(ax, df, curves, "entropy")
+    if hm is not None:
+        style.hline(ax, hm, f"H_min = {hm:.4f}", color=style.H_MIN_COLOR)
+    style.hline(ax, logn, f"log {n} = {logn:.4f}", ls=":")
+    ax.set_xlabel(f"{style.STEP} [steps]")
+    ax.set_ylabel("mean predictive entropy [nats]")
+    h, lab = ax.get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside lower center", ncol=len(lab))
+    style.panel_label(ax, "a")
+    x = np.arange(len(final))
+    for k, (arm, f) in enumerate(final.items()):
+        c = style.arm_color(arm, k)
+        bx.errorbar(k, f["mean"], yerr=f["std"], color=c, marker="D", ms=5, capsize=3, lw=1.2)
+        pts = list(f["per_seed"].values())
+        bx.plot(np.full(len(pts), k + 0.2), pts, "o", color=c, ms=2.5, alpha=0.7, mew=0)
+    if hm is not None:
+        style.hline(bx, hm, "H_min", color=style.H_MIN_COLOR)
+    style.hline(bx, logn, f"log {n}", ls=":")
+    bx.set_xticks(x, [style.arm_label(a) for a in final], rotation=15)
+    bx.set_xlim(-0.6, len(final) - 0.4)
+    lo = min([f["mean"] - f["std"] for f in final.values()] + ([hm] if hm is not None else []))
+    bx.set_ylim(lo - 0.05 * (logn - lo) - 0.01, logn + 0.08 * (logn - lo) + 0.01)
+    bx.set_ylabel("final predictive entropy [nats]")
+    style.panel_label(bx, "b")
+    gaps = ""
+    if hm is not None:
+        parts = [f"{style.arm_label(a)} {f['mean'] - hm:.3f} nats ({(f['mean'] - hm) / (logn - hm):.2f} of "
+                 f"the way from H_min to log {n})" for a, f in final.items()]
+        gaps = " Gap ΔH = H_pred − H_min at the end: " + "; ".join(parts) + "."
+    caption = (f"(a) Mean predictive entropy per step (mean ± 1 std over seeds) and (b) at the end of "
+               f"training (diamonds: mean ± std; dots: seeds) against the minimum Bayesian entropy H_min = "
+               f"{hm if hm is not None else float('nan'):.4f} nats (black dashed) and the uniform predictor "
+               f"log {n} = {logn:.4f} nats (grey)." + gaps)
+    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn,
+            "final_source": "summary.json per_seed" if per_seed else "last logged step"}
+    return fig, data, caption
+
+
+def _sweep_study(runs):
+    for rs in _by_study(runs):
+        if summary_of(rs[0]).get("value_lr_sweep"):
+            return rs
+    return main_study(runs)
+
+
+def _by_study(runs):
+    from .common import by_parent
+    return list(by_parent(runs).values())
+
+
+def _check_sweep(runs):
+    sw = summary_of(runs[0]).get("value_lr_sweep")
+    need(isinstance(sw, list) and sw, "the study's summary.json has no value_lr_sweep")
+    need(all(isinstance(p, dict) and "mult" in p and "steps_mean" in p for p in sw),
+         "summary.json value_lr_sweep entries need 'mult' and 'steps_mean'")
+    return True, ""
+
+
+@figure("value_lr_sweep", "EM steps to SGD's final loss vs the value learning-rate multiplier", KIND,
+        needs="a sticky-markov study whose summary.json has value_lr_sweep [{mult, steps_mean, steps_std, "
+              "per_seed}]", group="dynamics", pick=_sweep_study, check=_check_sweep)
+def value_lr_sweep(runs, **opts):
+    summ = summary_of(runs[0])
+    sw = sorted(summ["value_lr_sweep"], key=lambda p: float(p["mult"]))
+    seeds = summ.get("seeds") or []
+    rows = []
+    for p in sw:
+        row = {"mult": float(p["mult"]), "steps_mean": float(p["steps_mean"]),
+               "steps_std": float(p.get("steps_std", 0.0) or 0.0)}
+        per = p.get("per_seed") or []
+        if isinstance(per, list) and len(per) == len(seeds):
+            per = dict(zip(seeds, per))
+        for k, v in (per.items() if isinstance(per, dict) else enumerate(per)):
+            if isinstance(v, (int, float)):
+                row[f"per_seed_{k}"] = float(v)
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    fig = style.figure(style.SINGLE, 2.3)
+    ax = fig.add_subplot()
+    c = style.arm_color("em")
+    ax.errorbar(df["mult"], df["steps_mean"], yerr=df["steps_std"], color=c, marker="o", capsize=2,
+                label="mean ± std over seeds")
+    for col in df.columns:
+        if col.startswith("per_seed_"):
+            ax.plot(df["mult"] * 1.08, df[col], ".", color="black", ms=2.5, alpha=0.6)
+    ax.plot([], [], ".", color="black", ms=2.5, label="seeds")
+    if isinstance(summ.get("steps"), int):
+        style.hline(ax, summ["steps"], f"not reached in {summ['steps']} steps", ls=":")
+    ax.set_xscale("log")
+    ax.set_xticks(df["mult"], [f"{m:g}×" for m in df["mult"]])
+    ax.minorticks_off()
+    ax.axvline(1.0, color=style.REF_COLOR, lw=0.6, ls=":")
+    ax.set_xlabel("value learning rate / routing learning rate")
+    ax.set_ylabel("steps to SGD's final loss [steps]")
+    ax.legend(loc="best")
+    best = df.loc[df["steps_mean"].idxmin()]
+    caption = (f"Steps for the EM-like arm to reach SGD's mean final loss against the value-LR multiplier "
+               f"(mean ± std over seeds; dots: seeds; 1× is SGD itself). Fastest at {best['mult']:g}× with "
+               f"{fmt_pm(best['steps_mean'], best['steps_std'], 0)} steps.")
+    return fig, df, caption

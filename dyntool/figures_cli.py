@@ -1,0 +1,85 @@
+"""``dyntool figures [RUN_OR_STUDY ...] --out DIR [--format pdf,png,svg] [--only NAME[,NAME]]``.
+
+Draws every figure the given runs support (default input: ``runs/``), writes each as
+``NAME.{pdf,png,svg}`` + ``NAME.csv|json`` (the data behind it) + ``NAME.txt`` (caption), and says
+which figures it skipped and why.  A directory that is not a run (a study, a runs folder) is
+expanded into the runs below it.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .errors import RunError
+
+DEFAULT_INPUT = "runs"
+
+
+def collect_runs(inputs: list[str]) -> list:
+    """Runs named by ``inputs`` (run dirs, study dirs, runs folders), each at most once, in order."""
+    from .run import is_run_dir, list_runs, open_run
+    out, seen = [], set()
+    for item in inputs:
+        p = Path(item)
+        if not p.exists():
+            raise RunError(f"{p} does not exist")
+        found = [open_run(p)] if is_run_dir(p) else list_runs(p)
+        for r in found:
+            key = Path(r.path).resolve()
+            if key not in seen:
+                seen.add(key)
+                out.append(r)
+    return out
+
+
+def cmd_figures(args) -> int:
+    from .figures import FIGURES, export_all, load
+    from .figures.export import parse_formats
+    from .figures.registry import FigureError
+    load()
+    if args.list:
+        width = max(len(n) for n in FIGURES)
+        for name, spec in FIGURES.items():
+            print(f"{name:<{width}}  {spec.title}\n{'':<{width}}  needs: {spec.needs}")
+        return 0
+    if not args.out:
+        raise FigureError("--out DIR is required (where the figures are written)")
+    formats = parse_formats(args.format)
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    unknown = [n for n in only or [] if n not in FIGURES]
+    if unknown:
+        raise FigureError(f"unknown figure(s) {', '.join(unknown)}; see dyntool figures --list")
+    inputs = args.inputs or [DEFAULT_INPUT]
+    runs = collect_runs(inputs)
+    for r in runs:
+        for prob in r.problems:
+            print(f"warning: {r.path}: {prob}", file=sys.stderr)
+    print(f"{len(runs)} run(s) from {', '.join(inputs)}; writing {'/'.join(formats)} to {args.out}")
+
+    def log(name, rep):
+        if name in rep.written:
+            files = ", ".join(p.name for p in rep.written[name])
+            print(f"  wrote   {name:<20} {files}  ({rep.seconds[name]:.1f}s)", flush=True)
+
+    rep = export_all(runs, args.out, formats, only=only, dpi=args.dpi, log=log)
+    for name, why in rep.skipped.items():
+        print(f"  skipped {name:<20} {why}")
+    for name, why in rep.failed.items():
+        print(f"  FAILED  {name:<20} {why} (set DYNTOOL_DEBUG=1 for details)")
+    print(f"{len(rep.written)} figure(s) written, {len(rep.skipped)} skipped"
+          + (f", {len(rep.failed)} failed" if rep.failed else ""))
+    return 1 if rep.failed else 0
+
+
+def register(sub, simsub) -> None:
+    f = sub.add_parser("figures", help="publication figures (PDF/PNG/SVG + data + caption) from runs",
+                       description="Draw every figure the given runs support; skipped figures are listed "
+                                   "with the reason.  Inputs may be runs, studies or folders of runs.")
+    f.add_argument("inputs", nargs="*", metavar="RUN_OR_STUDY",
+                   help=f"run or study directories, or folders holding them (default: {DEFAULT_INPUT}/)")
+    f.add_argument("--out", default=None, metavar="DIR", help="output directory (required)")
+    f.add_argument("--format", default="pdf,png", help="comma list of pdf, png, svg (default pdf,png)")
+    f.add_argument("--only", default=None, metavar="NAME[,NAME]", help="only these figures (see --list)")
+    f.add_argument("--dpi", type=int, default=None, help="raster resolution (default 300)")
+    f.add_argument("--list", action="store_true", help="list the figures and what each needs, then exit")
+    f.set_defaults(fn=cmd_figures)

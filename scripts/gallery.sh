@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Regenerate the README gallery, figures/*.png, from the default simulations:
+#
+#     scripts/gallery.sh
+#
+# 1. simulates what is missing under $RUNS (default runs/gallery, git-ignored):
+#      dyntool sim toy           --config sims/toy.toml            -> $RUNS/toy/toy            (seconds)
+#      dyntool sim sticky-markov --config sims/sticky_markov.toml  -> $RUNS/sticky-markov/default
+#        (5 seeds x 2 arms x 1000 steps at T = 2000: several minutes on 2 CPU cores)
+#    An incomplete run/study left by an interrupted earlier call is removed and redone.
+# 2. draws every figure those runs support as small PNGs (dpi $DPI, default 110) and copies only
+#    the PNGs into $OUT (default figures/); data files and captions are dropped (run
+#    `dyntool figures RUN... --out DIR` for the full set: PDF/PNG/SVG + CSV/JSON + caption).
+#
+# Env: RUNS, OUT, DPI, PYTHON.  Figures alone (runs present) take well under a minute on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+RUNS=${RUNS:-runs/gallery}
+OUT=${OUT:-figures}
+DPI=${DPI:-110}
+dt() { "$PY" -m dyntool "$@"; }
+
+mkdir -p "$RUNS"
+inputs=()
+
+# -- toy head (spec §4.1) ----------------------------------------------------------------------
+toy="$RUNS/toy/toy"
+if [ -d "$toy" ] && ! grep -q '"status": "finished"' "$toy/meta.json" 2>/dev/null; then
+    echo "gallery: removing incomplete $toy"; rm -rf "$toy"
+fi
+if [ ! -d "$toy" ]; then
+    echo "gallery: simulating the toy head -> $toy"
+    dt sim toy --config sims/toy.toml --out "$RUNS/toy" --name toy
+fi
+inputs+=("$toy")
+
+# -- sticky Markov chain (spec §4.2); guarded: needs `dyntool sim sticky-markov` ------------------
+sticky="$RUNS/sticky-markov/default"
+if dt sim sticky-markov --help >/dev/null 2>&1; then
+    if [ -d "$sticky" ] && [ ! -f "$sticky/summary.json" ]; then
+        echo "gallery: removing incomplete $sticky"; rm -rf "$sticky"
+    fi
+    if [ ! -d "$sticky" ]; then
+        echo "gallery: simulating the sticky-chain study -> $sticky (several minutes)"
+        dt sim sticky-markov --config sims/sticky_markov.toml --out "$RUNS/sticky-markov" --name default --quiet
+    fi
+    inputs+=("$sticky")
+else
+    echo "gallery: 'dyntool sim sticky-markov' is not available; sticky-chain figures skipped"
+fi
+
+# -- figures -----------------------------------------------------------------------------------
+build="$OUT/.build"
+rm -rf "$build"
+dt figures "${inputs[@]}" --out "$build" --format png --dpi "$DPI"
+mkdir -p "$OUT"
+rm -f "$OUT"/*.png
+cp "$build"/*.png "$OUT"/
+rm -rf "$build"
+echo "gallery: $(ls "$OUT"/*.png | wc -l) PNGs in $OUT/"

@@ -1,0 +1,237 @@
+"""``dyntool figures``: every figure on fixture runs, data files, skips, byte stability, CLI."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dyntool.cli import main
+from dyntool.figures import FIGURES, FigureSkip, export, export_all, render_bytes
+from dyntool.figures import style
+from dyntool.figures.common import js_rows
+from dyntool.figures.geometry import pca_oriented
+from dyntool.figures_cli import collect_runs
+from dyntool.run import list_runs
+from dyntool.run import RunWriter
+from tests import figures_fixtures as fx
+
+DPI = 30          # small rasters keep the suite fast; the code path is the same
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("figruns")
+    fx.make_toy(d, steps=40)
+    fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, window=16, pool=8)
+    fx.make_ls_study(d, seeds=(0, 1), steps=40)
+    fx.make_span_study(d, seeds=(0, 1), steps=40)
+    return d
+
+
+@pytest.fixture(scope="module")
+def runs(root):
+    return collect_runs([str(root)])
+
+
+@pytest.fixture(scope="module")
+def sticky(root):
+    return collect_runs([str(root / "sticky-study")])
+
+
+def _is_pdf(b: bytes) -> bool:
+    return b.startswith(b"%PDF-") and b.rstrip().endswith(b"%%EOF")
+
+
+def _png_pixels(path: Path) -> np.ndarray:
+    import matplotlib.image as mpimg
+    return mpimg.imread(path)
+
+
+@pytest.fixture(scope="module")
+def exported(runs, tmp_path_factory):
+    """Every figure exported once (PDF + PNG) from all fixture runs together."""
+    out = tmp_path_factory.mktemp("figs")
+    rep = export_all(runs, out, ["pdf", "png"], dpi=DPI)
+    return out, rep
+
+
+@pytest.mark.parametrize("name", list(FIGURES))
+def test_every_figure_writes_valid_pdf_png_data_and_caption(name, exported):
+    out, rep = exported
+    assert name in rep.written, f"{name} skipped on the fixtures: {rep.skipped.get(name)}"
+    paths = rep.written[name]
+    pdf, png = out / f"{name}.pdf", out / f"{name}.png"
+    assert pdf in paths and png in paths
+    b = pdf.read_bytes()
+    assert _is_pdf(b) and len(b) > 2000
+    assert b"/FontType 3" not in b and b"/Subtype /Type3" not in b         # fonts embedded as TrueType
+    assert b"/FontFile2" in b
+    img = _png_pixels(png)
+    assert img.ndim == 3 and img.shape[0] > 20 and img.shape[1] > 20 and img.std() > 0.01   # not blank
+    data = [p for p in paths if p.suffix in (".csv", ".json")]
+    assert len(data) == 1 and data[0].stat().st_size > 0
+    if data[0].suffix == ".json":
+        json.loads(data[0].read_text())
+    else:
+        assert len(pd.read_csv(data[0])) > 0
+    cap = (out / f"{name}.txt").read_text()
+    assert cap.endswith("\n") and cap.count("\n") == 1 and len(cap) > 40 and "nan" not in cap.lower()
+
+
+def test_f3_csv_is_the_recorded_loss_curves(sticky, tmp_path):
+    export(FIGURES["f3_em_vs_sgd"], sticky, tmp_path, ["png"], dpi=DPI)
+    df = pd.read_csv(tmp_path / "f3_em_vs_sgd.csv")
+    n = 0
+    for r in sticky:
+        seed, arm = r.config["seed"], r.config["arm"]
+        m = r.metrics.sort_values("step")
+        col = df.set_index("step")[f"{arm}_seed{seed}"].loc[m["step"]]
+        np.testing.assert_allclose(col.to_numpy(), m["loss"].to_numpy(), rtol=1e-9, atol=0)   # %.10g
+        n += 1
+    assert n == 4
+    sgd = df[[c for c in df.columns if c.startswith("sgd_seed")]].to_numpy()
+    np.testing.assert_allclose(df["sgd_loss_mean"], sgd.mean(1), rtol=1e-9)
+    np.testing.assert_allclose(df["sgd_loss_std"], sgd.std(1), rtol=0, atol=1e-8)   # std of rounded values
+
+
+def test_f3_marks_the_authors_crossing_step(sticky):
+    from dyntool.figures.sticky import _curves, crossing
+    cr = crossing(_curves(sticky, "loss"))
+    summ = json.loads((sticky[0].path.parent / "summary.json").read_text())["em_steps_to_sgd_final"]
+    assert cr["mean"] == pytest.approx(summ["mean"]) and cr["std"] == pytest.approx(summ["std"])
+
+
+def test_same_inputs_give_the_same_bytes(sticky, runs, exported):
+    out, _ = exported
+    toy = [r for r in runs if r.kind == "toy"]
+    for name, rs in (("f3_em_vs_sgd", sticky), ("f2_toy", toy)):
+        png = render_bytes(FIGURES[name], rs, "png", dpi=DPI)
+        assert png.startswith(b"\x89PNG") and png == (out / f"{name}.png").read_bytes()
+    pdf = render_bytes(FIGURES["value_lr_sweep"], sticky, "pdf")
+    assert pdf == (out / "value_lr_sweep.pdf").read_bytes() and b"CreationDate" not in pdf
+
+
+def test_render_bytes_serves_svg_data_and_caption(sticky):
+    spec = FIGURES["value_lr_sweep"]
+    assert b"<svg" in render_bytes(spec, sticky, "svg")
+    assert render_bytes(spec, sticky, "csv").startswith(b"mult,")
+    assert render_bytes(spec, sticky, "txt").count(b"\n") == 1
+
+
+def test_missing_inputs_are_skipped_with_a_reason(tmp_path):
+    # a toy-kind run that recorded only attn; a sticky study without values/statics/sweep;
+    # train runs without any max-logit statistic
+    run = RunWriter.create(tmp_path, "toy", {"model": {"labels": [0, 1, 2]}}, name="attn-only")
+    st = run.open_store()
+    for s in range(3):
+        st.append(s, {"attn": np.full((1, 1, 1, 3, 3), 1 / 3, np.float32)})
+        run.log(s, loss=1.0 / (s + 1))
+    run.finish()
+    study = tmp_path / "bare-study"
+    study.mkdir()
+    for arm in ("sgd", "em"):
+        w = RunWriter.create(study, "sticky-markov", {"seed": 0, "arm": arm}, name=f"seed0-{arm}")
+        for s in range(5):
+            w.log(s, loss=2.08 - 0.01 * s * (arm == "em"))
+        w.finish()
+    (study / "summary.json").write_text(json.dumps({"h_min": 1.8292}))
+    fx.make_train_run(tmp_path / "t", "nolog", "mhsa", steps=10, per_head=False)
+    df_path = tmp_path / "t" / "nolog" / "metrics.jsonl"
+    rows = [json.loads(x) for x in df_path.read_text().splitlines()]
+    df_path.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("logit_max")}) + "\n"
+                               for r in rows))
+    shutil.rmtree(tmp_path / "t" / "nolog" / "record.zarr")
+    runs = list_runs(tmp_path)
+    rep = export_all(runs, tmp_path / "out", ["png"], dpi=DPI)
+    assert set(rep.written) == {"f3_em_vs_sgd"}
+    assert "lacks recorded values" in rep.skipped["f2_toy"] or "values" in rep.skipped["f2_toy"]
+    assert "upstream" in rep.skipped["f1_feedback_loop"]
+    assert "entropy" in rep.skipped["f4_entropy"]
+    assert "values" in rep.skipped["f6_value_pca"]
+    assert "value_lr_sweep" in rep.skipped["value_lr_sweep"]
+    assert "max-logit" in rep.skipped["ls_loss_logits"]
+    assert "span" in rep.skipped["span_val_loss"]
+    assert all(isinstance(v, str) and v for v in rep.skipped.values())
+    with pytest.raises(FigureSkip):
+        render_bytes(FIGURES["f2_toy"], runs, "png")
+
+
+def test_one_failing_figure_does_not_stop_the_others(sticky, tmp_path, monkeypatch, capsys):
+    import dataclasses
+
+    def boom(runs, **opts):
+        raise ValueError("unreadable chunk")
+    monkeypatch.delenv("DYNTOOL_DEBUG", raising=False)
+    monkeypatch.setitem(FIGURES, "value_lr_sweep", dataclasses.replace(FIGURES["value_lr_sweep"], draw=boom))
+    rep = export_all(sticky, tmp_path, ["png"], only=["value_lr_sweep", "f3_em_vs_sgd"], dpi=DPI)
+    assert list(rep.written) == ["f3_em_vs_sgd"] and "unreadable chunk" in rep.failed["value_lr_sweep"]
+    rc = main(["figures", str(sticky[0].path.parent), "--out", str(tmp_path / "o"), "--format", "png",
+               "--only", "value_lr_sweep", "--dpi", str(DPI)])
+    assert rc == 1 and "FAILED  value_lr_sweep" in capsys.readouterr().out
+
+
+def test_corrupt_runs_among_the_inputs_are_reported_not_fatal(root, tmp_path, capsys):
+    bad = tmp_path / "bad-run"
+    (bad / "record.zarr").mkdir(parents=True)
+    (bad / "meta.json").write_text("{not json")
+    (bad / "config.json").write_text("{}")
+    (bad / "record.zarr" / "zarr.json").write_text("garbage")
+    rc = main(["figures", str(bad), str(root / "sticky-study"), "--out", str(tmp_path / "o"), "--format", "png",
+               "--only", "f3_em_vs_sgd,f5_attention", "--dpi", str(DPI)])
+    cap = capsys.readouterr()
+    assert rc == 0 and "meta.json is corrupted" in cap.err and "wrote   f3_em_vs_sgd" in cap.out
+
+
+def test_cli_writes_reports_skips_and_expands_studies(root, tmp_path, capsys):
+    out = tmp_path / "figs"
+    rc = main(["figures", str(root / "sticky-study"), str(root / "toy"), "--out", str(out), "--format", "png",
+               "--only", "f3_em_vs_sgd,value_lr_sweep,ls_loss_logits", "--dpi", str(DPI)])
+    text = capsys.readouterr().out
+    assert rc == 0
+    assert "5 run(s)" in text and "wrote   f3_em_vs_sgd" in text and "wrote   value_lr_sweep" in text
+    assert "skipped ls_loss_logits" in text and "'train'" in text
+    assert sorted(p.name for p in out.iterdir()) == ["f3_em_vs_sgd.csv", "f3_em_vs_sgd.png", "f3_em_vs_sgd.txt",
+                                                     "value_lr_sweep.csv", "value_lr_sweep.png",
+                                                     "value_lr_sweep.txt"]
+    assert len(collect_runs([str(root / "sticky-study")])) == 4
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--only", "nope"], "unknown figure"),
+    (["--format", "gif"], "unknown figure format"),
+    (["/does/not/exist"], "does not exist"),
+])
+def test_cli_errors_are_one_line_exit_2(argv, msg, tmp_path, capsys):
+    rc = main(["figures", "--out", str(tmp_path / "o"), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and err.count("\n") == 1
+
+
+def test_cli_list(capsys):
+    assert main(["figures", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert all(n in out for n in FIGURES)
+
+
+def test_style_is_shared():
+    with style.context():
+        import matplotlib as mpl
+        assert mpl.rcParams["pdf.fonttype"] == 42 and mpl.rcParams["svg.fonttype"] == "none"
+    assert style.SINGLE == pytest.approx(3.4) and style.DOUBLE == pytest.approx(7.0)
+    assert style.ARM_COLORS["sgd"] == style.OKABE_ITO["vermillion"]
+
+
+def test_pca_orientation_and_js():
+    rng = np.random.default_rng(0)
+    h = rng.random(200)
+    x = np.stack([-3 * h + 0.01 * rng.standard_normal(200), 0.1 * rng.standard_normal(200)], 1)
+    z, evr, r, _ = pca_oriented(x, h)
+    assert r[0] > 0.99 and np.corrcoef(z[:, 0], h)[0, 1] > 0.99 and evr[0] > 0.9
+    p = np.array([[0.5, 0.5], [1.0, 0.0]])
+    assert np.allclose(js_rows(p, p), 0)
+    assert js_rows(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(math.log(2))
