@@ -59,8 +59,9 @@ def heatmap(m: np.ndarray, kind: str, title: str, row0: int = 0, col0: int = 0, 
     else:
         hover = "query i = %{y}<br>key j = %{x}<br>value = %{z:.6g}<extra></extra>"
     kw: dict = {}
-    if mode == "prob":
-        kw = dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=1.0)
+    if mode == "prob":      # [0, 1] unless asked to fit the data (α ≈ 1/T is invisible on [0, 1] at large T)
+        top = float(np.nanmax(m)) if zrange == "auto" and np.isfinite(m).any() else 1.0
+        kw = dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=top or 1.0)
     elif mode == "signed":
         r = zrange if zrange else float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
         r = r or 1e-12

@@ -51,6 +51,8 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
     if not (layer < g["L"] and head < g["H"] and seq < g["S"]):
         raise AppInputError(f"`{label}` has no layer {layer} / head {head} (it has {g['L']} × {g['H']}).")
     name = plots.MATRIX_KINDS[kind][0]
+    if plots.MATRIX_KINDS[kind][1] == "prob" and st.session_state.get("mx_alpha_auto"):
+        zrange = "auto"
     toks = data.probe_tokens(info, seq)
     where = f"L{layer} H{head}" + (f" seq {seq}" if g["S"] > 1 else "")
     if zoom is None:
@@ -195,6 +197,8 @@ def body() -> None:
         st.session_state["mx_play"] = not playing
         playing = not playing
     mode = c3.radio("Show", MODES, key="mx_mode", horizontal=True, label_visibility="collapsed")
+    c4.toggle("α colour range from the data", key="mx_alpha_auto",
+              help="α is drawn on [0, 1] by default; at large T its entries are ~1/T, so fit the range instead")
     other = None
     if mode == MODES[2]:
         opts = [r for r in ui.candidates() if ui.abspath(r) != path] or ui.candidates()

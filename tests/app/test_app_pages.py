@@ -274,3 +274,12 @@ def test_download_uses_the_figures_registry_when_it_has_the_figure(runs):
     assert pkg.export.pick(["f6_value_pca"], (toy,)) is None          # a sticky figure: not for a toy run
     png = pkg.export.render(pkg.plots.heatmap(np.eye(3), "attn", "x"), "png", "f2_toy", (toy,))
     assert png[:4] == b"\x89PNG"
+
+
+def test_alpha_colour_range_fixed_or_fitted():
+    plots = fixtures.load_app_package().plots
+    m = np.full((4, 4), 0.002)
+    assert plots.heatmap(m, "attn", "t").data[0].zmax == 1.0            # α on [0, 1] by default
+    assert plots.heatmap(m, "attn", "t", zrange="auto").data[0].zmax == pytest.approx(0.002)
+    signed = plots.heatmap(np.array([[-3.0, 1.0]]), "compat", "t").data[0]
+    assert (signed.zmin, signed.zmid, signed.zmax) == (-3.0, 0.0, 3.0)
