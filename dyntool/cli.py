@@ -130,7 +130,9 @@ def _register_optional(sub, simsub) -> None:
         try:
             m = importlib.import_module(mod)
         except ModuleNotFoundError as e:
-            if e.name == mod:
+            # the optional module (or its package) is absent: skip; a missing dependency *inside*
+            # a present module is a real error and propagates
+            if e.name and mod.startswith(e.name):
                 continue
             raise
         m.register(sub, simsub)

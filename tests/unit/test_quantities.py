@@ -15,8 +15,16 @@ from dyntool.attention import CausalSelfAttention, SingleHeadAttention
 from dyntool.capture import Capture, CaptureError
 from dyntool.quantities import head_quantities
 
-torch.set_default_dtype(torch.float64)
 TOL = dict(rtol=1e-9, atol=1e-11)
+
+
+@pytest.fixture(autouse=True)
+def float64_default():
+    """float64 for every test here, restored afterwards (a global default leaks into other files)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
 
 
 def reference_grads(q, k, v, allowed, downstream):
