@@ -1,0 +1,157 @@
+"""``TrainConfig``: the sections of a ``dyntool train`` config (TOML top-level tables).
+
+``[data] [model] [span] [optim] [train] [record]`` plus top-level ``seed`` and ``device``.
+Every value can be overridden as ``--section.key=value``; unknown keys are errors naming the key
+(:func:`dyntool.config.load`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+from ..record.policy import RecordConfig
+
+ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
+
+
+@dataclass
+class DataConfig:
+    path: str = ""                  # wikitext-2 directory; "" = ../shared/data/wikitext-2 if present
+    batch_size: int = 16            # sequences per micro-batch (per rank)
+    block_size: int = 64            # T, tokens per sequence
+    eval_batch_size: int = 16
+    eval_max_batches: int = 0       # cap of the periodic validation (0 = the whole split)
+    probe_split: str = "valid"      # where the fixed probe batch comes from
+    probe_offset: int = 0
+
+    def validate(self, prefix: str = "") -> None:
+        if self.batch_size < 1 or self.block_size < 2 or self.eval_batch_size < 1:
+            raise ConfigError(prefix + "batch_size/block_size", "batch_size >= 1, block_size >= 2")
+        if self.probe_split not in ("train", "valid", "test"):
+            raise ConfigError(prefix + "probe_split", f"train, valid or test, got {self.probe_split!r}")
+        if self.eval_max_batches < 0:
+            raise ConfigError(prefix + "eval_max_batches", "must be >= 0")
+
+
+@dataclass
+class ModelConfig:
+    attention: str = "mhsa"         # mhsa | ls | span | qknorm
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    bias: bool = False
+    tie_weights: bool = True        # share wte and lm_head (the 33k-word vocab dominates otherwise)
+    backend: str = "auto"           # auto | sdpa | manual | flex  (auto: flex for ls on CUDA, else sdpa)
+    n_local: int = 3                # ls: sliding-window heads (first n_local heads) ...
+    n_global: int = 1               # ... then causal heads; n_local + n_global == n_head
+    window: int = 16                # ls: query i sees keys i-window+1 .. i (window includes itself)
+    qk_norm: bool = False           # LayerNorm on q, k per head (implied by attention = "qknorm")
+    init_std: float = 0.02
+
+    def validate(self, prefix: str = "") -> None:
+        p = prefix
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(p + "attention", f"one of {', '.join(ATTENTIONS)}, got {self.attention!r}")
+        if self.backend not in ("auto", "sdpa", "manual", "flex"):
+            raise ConfigError(p + "backend", f"auto, sdpa, manual or flex, got {self.backend!r}")
+        if self.n_layer < 1 or self.n_head < 1 or self.n_embd % self.n_head:
+            raise ConfigError(p + "n_embd", f"n_layer, n_head >= 1 and n_embd ({self.n_embd}) divisible "
+                                            f"by n_head ({self.n_head})")
+        if self.attention == "ls":
+            if self.n_local < 0 or self.n_global < 0 or self.n_local + self.n_global != self.n_head:
+                raise ConfigError(p + "n_local", f"n_local + n_global must equal n_head={self.n_head} "
+                                                 f"(got {self.n_local} + {self.n_global})")
+            if self.window < 1:
+                raise ConfigError(p + "window", f"must be >= 1, got {self.window}")
+        if self.attention == "span" and self.backend in ("manual", "flex"):
+            raise ConfigError(p + "backend", "span runs on sdpa (its backward replaces SDPA's); use auto or sdpa")
+
+
+@dataclass
+class SpanSection:
+    """The span-recon backward (dyntool.span.SpanConfig); used when model.attention = "span"."""
+    candidate: str = "c1_orthogonal"
+    alpha_q: float = 1.0
+    beta_q: float = 1.0
+    alpha_k: float = 1.0
+    beta_k: float = 1.0
+    alpha0: float = 0.0
+    alpha0_col: float = 0.0
+    apply_q: bool = True
+    apply_k: bool = True
+    eps: float = 1e-6
+    impl: str = "auto"              # auto | eager | hook (see dyntool.span.span_attention)
+
+    def validate(self, prefix: str = "") -> None:
+        try:
+            self.to_span()
+        except ValueError as e:
+            raise ConfigError(prefix.rstrip(".") or "span", str(e)) from None
+        if self.impl not in ("auto", "eager", "hook"):
+            raise ConfigError(prefix + "impl", f"auto, eager or hook, got {self.impl!r}")
+
+    def to_span(self):
+        from ..span import SpanConfig
+        return SpanConfig(self.candidate, self.alpha_q, self.beta_q, self.alpha_k, self.beta_k,
+                          self.alpha0, self.alpha0_col, self.apply_q, self.apply_k, self.eps)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-3                # peak learning rate
+    min_lr_ratio: float = 0.1       # cosine decays to lr * min_lr_ratio at max_steps
+    warmup_steps: int = 50          # linear warmup from 0
+    weight_decay: float = 0.1       # on 2-D weights only (not biases, LayerNorms)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0          # global-norm clip (0 = off)
+    accum: int = 1                  # gradient accumulation micro-steps per step
+
+    def validate(self, prefix: str = "") -> None:
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1 or self.warmup_steps < 0:
+            raise ConfigError(prefix + "lr", "lr > 0, 0 <= min_lr_ratio <= 1, warmup_steps >= 0")
+        if self.accum < 1 or self.grad_clip < 0:
+            raise ConfigError(prefix + "accum", "accum >= 1 and grad_clip >= 0")
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 500            # optimizer steps; the LR schedule spans these
+    stop_at: int = 0                # stop (checkpointed) after this many steps; 0 = max_steps
+    eval_interval: int = 100        # validation every N steps and at the last; 0 = none (final_eval only)
+    checkpoint_interval: int = 0    # checkpoint every N steps (0 = only at the end / stop_at)
+    checkpoint: bool = True         # write checkpoint.pt (needed for --resume)
+    final_eval: bool = True         # full validation + test perplexity at the end (meta.final)
+    dtype: str = "auto"             # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | float64 | bfloat16
+    compile: bool = False           # torch.compile for non-recording steps (CUDA; eager reference kept)
+    logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
+    log_interval: int = 1           # metrics row every N steps (recording steps always)
+    threads: int = 0                # torch.set_num_threads (0 = leave)
+
+    def validate(self, prefix: str = "") -> None:
+        p = prefix
+        if self.max_steps < 1 or self.stop_at < 0:
+            raise ConfigError(p + "max_steps", "max_steps >= 1 and stop_at >= 0")
+        if self.eval_interval < 0 or self.checkpoint_interval < 0 or self.log_interval < 1:
+            raise ConfigError(p + "eval_interval", "intervals must be >= 0 (log_interval >= 1)")
+        if self.dtype not in ("auto", "float32", "float64", "bfloat16"):
+            raise ConfigError(p + "dtype", f"auto, float32, float64 or bfloat16, got {self.dtype!r}")
+        if self.logit_stat not in ("exact", "bound", "off"):
+            raise ConfigError(p + "logit_stat", f"exact, bound or off, got {self.logit_stat!r}")
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    span: SpanSection = field(default_factory=SpanSection)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainSection = field(default_factory=TrainSection)
+    record: RecordConfig = field(default_factory=lambda: RecordConfig(every=50, seqs=1))
+
+    def validate(self, prefix: str = "") -> None:
+        if self.record.batch == "train" and self.record.seqs > self.data.batch_size:
+            raise ConfigError(prefix + "record.seqs", f"{self.record.seqs} > data.batch_size "
+                                                      f"{self.data.batch_size}")

@@ -1,0 +1,221 @@
+"""Training callbacks: recording (core Recorder + per-step statistics), metrics, console.
+
+``RecordingCallback`` (rank 0 only) does three things, none of which the loop knows about:
+
+1. **Recorded steps** (``record.every`` etc.): through :class:`dyntool.record.recorder.Recorder`.
+   ``record.batch = "probe"``: before the step, one extra forward/backward of the uncompiled model
+   on a fixed probe batch (``record.seqs`` sequences of ``data.probe_split``), no optimizer step,
+   grads cleared, float32/float64 (no autocast, so U is not bf16-rounded).  ``"train"``: a
+   Capture around micro-step 0 of the real step with ``grad_scale = 1/accum`` (the factor the
+   loss was multiplied by), so the recorded U is ∂(micro-batch mean loss)/∂(head output),
+   unbiased; the factor is stored per step in the ``grad_scale`` array.  Either way α, B, A, U,
+   values, ... per (layer, head, seq, query, key) go to ``record.zarr``, and the per-layer/head
+   mean attention entropy of the recorded batch goes to metrics (``attn_entropy/L{l}H{h}``).
+2. **Every step, max|logit| per layer and head** (``train.logit_stat``) on the training
+   micro-batches (max over micro-steps): ``exact`` = ``max |τ q_i·k_j|`` over the allowed (i, j)
+   of each head, computed under no_grad from the q, k the step's forward produced (the model
+   keeps a detached *reference*, no copy: ``GPT.track_qk``), in query chunks of 256 (memory
+   B·nh·256·T floats; causal chunks only read keys < chunk end).  Cost ≈ one QKᵀ per layer,
+   i.e. ~1/3 of the attention forward; well under 1% of a step at our sizes (see bench).
+   ``bound`` = ``τ · max_i‖q_i‖ · max_j‖k_j‖`` (Cauchy–Schwarz, O(B·nh·T·hs), an upper bound
+   that ignores the mask).  Metrics: ``logit_max/L{l}H{h}``, ``logit_max/L{l}`` (max over
+   heads), ``logit_max`` (model max).  On recorded steps the recorded ``logit_max`` array
+   holds the same statistic for the recorded sequences.
+3. **Every step, gradient norms per parameter group** (``grad_norm/emb``, ``grad_norm/L{l}.attn``,
+   ``.mlp``, ``.ln``, ``grad_norm/ln_f``), taken after the last micro-step's backward, i.e. on
+   the accumulated (and, under DDP, averaged) gradient *before* clipping.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from ..data.wikitext import fixed_batch
+from ..record.policy import check_budget
+from ..record.recorder import Recorder
+from .trainer import Callback
+
+
+@torch.no_grad()
+def logit_absmax(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float,
+                 chunk: int = 256, causal: bool = True) -> torch.Tensor:
+    """Exact ``max |scale · q_i·k_j|`` over allowed (i, j), per head.  q, k (B, nh, T, hs);
+    allowed (nh|1, T, T).  Returns (nh,)."""
+    dt = torch.promote_types(q.dtype, torch.float32)
+    q, k = q.to(dt), k.to(dt)
+    T = q.shape[-2]
+    out = torch.zeros(q.shape[1], dtype=dt, device=q.device)
+    for a in range(0, T, chunk):
+        b = min(a + chunk, T)
+        kend = b if causal else T                                      # keys > i are never allowed
+        s = torch.matmul(q[:, :, a:b], k[:, :, :kend].transpose(-1, -2))   # (B, nh, c, kend)
+        s = s.abs_().masked_fill_(~allowed[:, a:b, :kend], 0.0)
+        out = torch.maximum(out, s.amax(dim=(0, 2, 3)))
+    return out * scale
+
+
+@torch.no_grad()
+def logit_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Cauchy–Schwarz bound ``scale · max‖q_i‖ · max‖k_j‖`` per head (ignores the mask).  (nh,)"""
+    dt = torch.promote_types(q.dtype, torch.float32)
+    return q.to(dt).norm(dim=-1).amax(dim=(0, 2)) * k.to(dt).norm(dim=-1).amax(dim=(0, 2)) * scale
+
+
+class RecordingCallback(Callback):
+    def __init__(self, run, cfg):
+        self.run, self.cfg = run, cfg
+        self.rec: Recorder | None = None
+        self.trainer = None
+        self._lmax = None           # (L, nh) running max over this step's micro-steps
+        self._extra: dict = {}      # metrics gathered during the step
+
+    # -- setup ----------------------------------------------------------------------------
+    def on_train_start(self, trainer) -> None:
+        self.trainer = tr = trainer
+        cfg, model = self.cfg, trainer.raw
+        m, T = cfg.model, cfg.data.block_size
+        rc = cfg.record
+        if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
+            self.rec_dims = dict(L=m.n_layer, H=m.n_head, T=T, d_k=m.n_embd // m.n_head,
+                                 d_v=m.n_embd // m.n_head)
+            from ..record.policy import schedule
+            n = len(schedule(rc, cfg.train.max_steps))
+            check_budget(rc, n, self.run.path, **self.rec_dims)
+            store = self.run.open_store(rc.chunk_steps, rc.flush_seconds, attrs={
+                "task": "wikitext", "attention": m.attention, "record_batch": rc.batch,
+                "grad_scale": tr.grad_scale, "accum": cfg.optim.accum, "block_size": T})
+            self.rec = Recorder(store, rc, cfg.train.max_steps, T)
+            if rc.batch == "probe":
+                d = cfg.data
+                self.probe = fixed_batch(tr.corpus.split(d.probe_split), rc.seqs, T,
+                                         d.probe_offset, tr.device)
+        self.groups = model.grad_groups()
+        self.cores = [blk.attn.core for blk in model.h]
+        model.track_qk(cfg.train.logit_stat != "off")
+
+    def wants_eager(self, step: int) -> bool:
+        return self.rec is not None and self.rec.wants(step)
+
+    # -- per step -------------------------------------------------------------------------
+    def on_step_start(self, step: int) -> None:
+        self._lmax, self._extra = None, {}
+        if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
+            return
+        model = self.trainer.raw
+        x, y = self.probe
+        try:
+            with self.rec.capture(model) as cap:
+                _, loss = model(x, y)
+                loss.backward()
+            qs = cap.compute()
+            self.rec.record(step, qs, extra={"probe_loss": loss.item()})
+            self._summarise(qs)
+            self._extra["probe_loss"] = loss.item()
+        finally:
+            model.zero_grad(set_to_none=True)
+
+    def micro_step_context(self, step: int, micro: int):
+        return self._micro(step, micro)
+
+    @contextmanager
+    def _micro(self, step: int, micro: int):
+        rec, tr = self.rec, self.trainer
+        cap = None
+        if rec is not None and self.cfg.record.batch == "train" and micro == 0 and rec.wants(step):
+            cap = rec.capture(tr.raw, grad_scale=tr.grad_scale)
+        with cap if cap is not None else nullcontext():
+            yield
+        if cap is not None:
+            qs = cap.compute()
+            rec.record(step, qs, grad_scale=tr.grad_scale)
+            self._summarise(qs)
+        self._logit_stat()
+        if micro == self.cfg.optim.accum - 1:
+            self._grad_norms()
+
+    def _summarise(self, qs: dict) -> None:
+        ent = qs["attn_entropy"].float().mean(dim=(2, 3))           # (L, nh): over seqs, queries
+        for l, row in enumerate(ent.tolist()):
+            for h, v in enumerate(row):
+                self._extra[f"attn_entropy/L{l}H{h}"] = v
+        self._extra["recorded"] = True
+
+    def _logit_stat(self) -> None:
+        how = self.cfg.train.logit_stat
+        if how == "off":
+            return
+        rows = []
+        for blk, core in zip(self.trainer.raw.h, self.cores):
+            qk = blk.last_qk()
+            if qk is None:                  # e.g. a compiled step whose hooks did not run
+                return
+            q, k = qk
+            scale = 1.0 / math.sqrt(q.shape[-1])
+            if how == "exact":
+                rows.append(logit_absmax(q, k, core.allowed(q.shape[-2], q.device), scale))
+            else:
+                rows.append(logit_bound(q, k, scale))
+            blk._qk.clear()                 # drop the reference: memory back before backward ends
+        lm = torch.stack(rows)                                          # (L, nh)
+        self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
+
+    @torch.no_grad()
+    def _grad_norms(self) -> None:
+        names, norms = [], []
+        for name, ps in self.groups.items():
+            gs = [p.grad for p in ps if p.grad is not None]
+            if gs:
+                names.append(name)
+                norms.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gs])))
+        if norms:
+            for name, v in zip(names, torch.stack(norms).tolist()):
+                self._extra[f"grad_norm/{name}"] = v
+
+    def on_step_end(self, step: int, metrics: dict) -> None:
+        if self._lmax is not None:
+            lm = self._lmax.tolist()
+            for l, row in enumerate(lm):
+                for h, v in enumerate(row):
+                    metrics[f"logit_max/L{l}H{h}"] = v
+                metrics[f"logit_max/L{l}"] = max(row)
+            metrics["logit_max"] = max(max(r) for r in lm)
+        metrics.update(self._extra)
+
+    def on_train_end(self, final: dict) -> None:
+        self.trainer.raw.track_qk(False)
+
+
+class MetricsLogger(Callback):
+    """Writes one metrics.jsonl row per logged step; keep it last in the callback list."""
+
+    def __init__(self, run, log_interval: int = 1):
+        self.run, self.every = run, log_interval
+
+    def on_step_end(self, step: int, metrics: dict) -> None:
+        force = metrics.pop("recorded", False) or "val_loss" in metrics or not math.isfinite(metrics["loss"])
+        if force or step % self.every == 0:
+            self.run.log(step, **metrics)
+
+
+class ConsoleCallback(Callback):
+    """One line per validation (and the final numbers) on stderr."""
+
+    def __init__(self, label: str = "", stream=sys.stderr):
+        self.label, self.stream, self.t0 = label, stream, time.perf_counter()
+        self.last = None
+
+    def on_step_end(self, step: int, metrics: dict) -> None:
+        self.last = metrics
+        if "val_loss" in metrics:
+            print(f"{self.label}step {step + 1}: loss {metrics['loss']:.4f}  val {metrics['val_loss']:.4f} "
+                  f"(ppl {metrics['val_ppl']:.1f})  {metrics['tokens_per_s']:.0f} tok/s  "
+                  f"{time.perf_counter() - self.t0:.0f}s", file=self.stream, flush=True)
+
+    def on_train_end(self, final: dict) -> None:
+        if "valid_ppl" in final:
+            print(f"{self.label}final: valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}  "
+                  f"({time.perf_counter() - self.t0:.0f}s)", file=self.stream, flush=True)
