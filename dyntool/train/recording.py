@@ -93,6 +93,10 @@ class RecordingCallback(Callback):
                 d = cfg.data
                 self.probe = fixed_batch(tr.corpus.split(d.probe_split), rc.seqs, T,
                                          d.probe_offset, tr.device)
+                # the probe's words label the matrix axes in the app (one list per sequence)
+                vocab = tr.corpus.vocab
+                store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
+                                                           for row in self.probe[0].tolist()]})
         self.groups = model.grad_groups()
         self.cores = [blk.attn.core for blk in model.h]
         model.track_qk(cfg.train.logit_stat != "off")

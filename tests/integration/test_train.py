@@ -59,6 +59,8 @@ def test_train_cli_end_to_end(tmp_path):
         assert name in arrs
     # probe batch: the same tokens every time, so the recorded queries change only via the weights
     assert (path / "checkpoint.pt").is_file()
+    toks = run.store.attrs["probe_tokens"]               # the app labels matrix axes with these
+    assert len(toks) == 1 and len(toks[0]) == 16 and all(isinstance(t, str) for t in toks[0])
 
 
 def test_recorded_U_is_autograd_dL_dy_with_accumulation(tmp_path):
