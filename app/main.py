@@ -4,26 +4,15 @@ Registers ``app/`` as the package ``dyntool_app`` and navigates between the five
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import streamlit as st
 
+from dyntool.app_cli import load_app_package
+
 APP_DIR = Path(__file__).resolve().parent
 
-
-def _package():
-    if "dyntool_app" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("dyntool_app", APP_DIR / "__init__.py",
-                                                      submodule_search_locations=[str(APP_DIR)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["dyntool_app"] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules["dyntool_app"]
-
-
-_package()
+load_app_package(APP_DIR)
 from dyntool_app import ui  # noqa: E402
 
 st.set_page_config(page_title="dyntool", page_icon=":material/insights:", layout="wide")

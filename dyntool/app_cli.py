@@ -15,6 +15,22 @@ from .errors import DyntoolError, RunError
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 
 
+def load_app_package(app_dir: Path, name: str = "dyntool_app"):
+    """Import the ``app/`` folder as the package ``name`` (the name its pages import from).
+
+    The app is a folder of the repository, not part of the installed ``dyntool`` package, so
+    both ``app/main.py`` (under ``streamlit run``) and the tests register it this way.
+    """
+    import importlib.util
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, app_dir / "__init__.py",
+                                                      submodule_search_locations=[str(app_dir)])
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
 def app_entry() -> Path:
     """``<repo>/app/main.py``, resolved relative to the package's parent directory."""
     entry = Path(__file__).resolve().parent.parent / "app" / "main.py"

@@ -247,8 +247,10 @@ class Run:
     @property
     def steps(self):
         import numpy as np
-        arrs = self.arrays
-        return arrs["step"][:] if "step" in arrs else np.zeros(0, dtype=np.int64)
+        st = self.store                 # only the step array: no need to open every array
+        if st is not None and "step" in st.names():
+            return st["step"][:]
+        return np.zeros(0, dtype=np.int64)
 
     @property
     def steps_written(self) -> int:

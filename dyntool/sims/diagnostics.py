@@ -33,13 +33,7 @@ import math
 
 import torch
 
-
-def _pool_sum(t: torch.Tensor, block: int, nb: int) -> torch.Tensor:
-    """Sum over block×block cells of (R, w, N) rows that start at a block boundary."""
-    R, w, N = t.shape
-    wb = -(-w // block)
-    t = torch.nn.functional.pad(t, (0, nb * block - N, 0, wb * block - w))
-    return t.reshape(R, wb, block, nb, block).sum((2, 4))
+from .single_head import block_sum
 
 
 def _js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -86,10 +80,9 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
     sums = {k: torch.zeros(R, dtype=torch.float64) for k in ("b", "b2", "cnt", "neg", "drive", "same", "smax", "s2")}
     for q0 in range(0, N, chunk):
         q1 = min(q0 + chunk, N)
-        w = state.window(q0, q1)                                          # each (R, c, N)
+        w = state.window(q0, q1, ("alpha", "B", "A", "dS", "S"))         # each (R, c, N)
         m = state.mask(q0, q1)                                            # (c, N)
-        a, b, A, dS = w["alpha"], w["B"], w["A"], w["dS"]
-        s = (state.q[:, q0:q1] @ state.k.transpose(1, 2)) / math.sqrt(d_k)
+        a, b, A, dS, s = w["alpha"], w["B"], w["A"], w["dS"], w["S"]     # s: −inf where masked
         # --- per-position gradients and stats (as StepState.positional)
         dSs = dS / math.sqrt(d_k)
         dQ.append(dSs @ state.k)
@@ -119,9 +112,9 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS), ("S", s.masked_fill(~m, float("nan")))):
                 win[n].append(t[:, rows, k0w:k1w])
         if block > 0:
-            counts.append(_pool_sum(mf[None], block, nb))
+            counts.append(block_sum(mf[None], block, nb))
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS)):
-                pooled[n].append(_pool_sum(t, block, nb))
+                pooled[n].append(block_sum(t, block, nb))
     W = {n: torch.cat(v, 1) for n, v in win.items()}
     P = {}
     if block > 0:

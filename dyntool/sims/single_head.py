@@ -363,14 +363,15 @@ class StepState:
         return j <= i if self.causal else torch.ones(q1 - q0, self.N, dtype=torch.bool)
 
     def window(self, q0: int, q1: int, names=("alpha", "B", "A", "dS")) -> dict:
-        """Rows [q0, q1) × all keys: α, B = U Vᵀ, A = E_α[b] − b, dS = α⊙(B − E_α[b]) = ∂L/∂s.
+        """Rows [q0, q1) × all keys: α, B = U Vᵀ, A = E_α[b] − b, dS = α⊙(B − E_α[b]) = ∂L/∂s,
+        and the pre-softmax scores S = q·k/√d_k (ask for "S"; masked entries −inf).
 
-        Each (R, q1-q0, N); masked entries are 0.
+        Each (R, q1-q0, N); masked entries of the others are 0.
         """
         m = self.mask(q0, q1)
         s = (self._c.qh[:, q0:q1] @ self._c.kt).masked_fill(~m, float("-inf"))
         alpha = torch.softmax(s, dim=-1)                       # (R, w, N)
-        out = {"alpha": alpha}
+        out = {"alpha": alpha, "S": s}
         if {"B", "A", "dS"} & set(names):
             b = (self.U[:, q0:q1] @ self._c.vt).masked_fill(~m, 0.0)   # (R, w, N)
             diff = (b - self.baseline[:, q0:q1, None]).masked_fill(~m, 0.0)
@@ -390,9 +391,9 @@ class StepState:
         for q0 in range(0, self.N, chunk):
             q1 = min(q0 + chunk, self.N)
             win = self.window(q0, q1, names)
-            counts.append(_pool(self.mask(q0, q1).to(self.x.dtype)[None], block, nb))
+            counts.append(block_sum(self.mask(q0, q1).to(self.x.dtype)[None], block, nb))
             for n in names:
-                sums[n].append(_pool(win[n], block, nb))
+                sums[n].append(block_sum(win[n], block, nb))
         cnt = torch.cat(counts, dim=1)
         return {n: torch.cat(sums[n], dim=1) / cnt for n in names}
 
@@ -418,7 +419,7 @@ class StepState:
         return {"dQ": torch.cat(dQ, 1), "dK": dK, "dV": dV, "col_usage": usage, "att_entropy": torch.cat(ent, 1)}
 
 
-def _pool(t: torch.Tensor, block: int, nb: int) -> torch.Tensor:
+def block_sum(t: torch.Tensor, block: int, nb: int) -> torch.Tensor:
     """Sum-pool the last two axes of (R, w, N) over block×block cells, zero-padding the edges."""
     R, w, N = t.shape
     wb = -(-w // block)

@@ -8,6 +8,7 @@ value vectors v_j, so ``values`` traces the 2-D trajectories of F2.
 """
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -87,7 +88,7 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
         opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
         for step in progress(range(cfg.steps), desc="toy", disable=quiet):
             cap = rec.capture(model) if rec.wants(step) else None
-            with cap if cap is not None else _null():
+            with cap if cap is not None else nullcontext():
                 logits = model(x)                                           # (1, T, C)
                 loss = F.cross_entropy(logits.view(-1, m.n_classes), y.view(-1))
                 if not torch.isfinite(loss):
@@ -110,10 +111,3 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
         run.update_meta(final={"loss": final})
     return run
 
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False

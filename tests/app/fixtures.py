@@ -25,6 +25,7 @@ import torch
 from dyntool import quantities as Q
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
+from dyntool.app_cli import load_app_package as register_app_package
 from dyntool.run import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]
@@ -36,12 +37,7 @@ WORDS = ("the cat sat on the mat and then it ran to the door while a dog watched
 
 def load_app_package():
     """Import ``app/`` as the package ``dyntool_app`` (the name its pages use), submodules loaded."""
-    if "dyntool_app" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("dyntool_app", APP_DIR / "__init__.py",
-                                                      submodule_search_locations=[str(APP_DIR)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["dyntool_app"] = mod
-        spec.loader.exec_module(mod)
+    register_app_package(APP_DIR)
     for sub in ("data", "analysis", "plots", "export", "ui"):
         importlib.import_module(f"dyntool_app.{sub}")
     return sys.modules["dyntool_app"]
