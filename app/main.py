@@ -8,7 +8,7 @@ from pathlib import Path
 
 import streamlit as st
 
-from dyntool.app_cli import load_app_package
+from dyntool.cli.app import load_app_package
 
 APP_DIR = Path(__file__).resolve().parent
 

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     study = Path(args.study) if args.study else study
 
     from dyntool.figures import export_all
-    from dyntool.figures_cli import collect_runs
+    from dyntool.cli.figures import collect_runs
     print(f"hardware: {hardware()}")
     print(f"inputs:   {toy}  +  {study}")
     with tempfile.TemporaryDirectory() as tmp:

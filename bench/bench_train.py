@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from dyntool.data.wikitext import get_batch, load_wikitext   # noqa: E402
-from dyntool.train.cli import load_config, run_training     # noqa: E402
+from dyntool.train.runner import load_config, run_training     # noqa: E402
 from dyntool.train.gpt import GPT                           # noqa: E402
 from nanogpt_ref import RefGPT                              # noqa: E402
 

@@ -39,7 +39,7 @@ def _sims_file(name: str) -> Path:
 
 def _train(study_dir: Path, name: str, config: Path, preset, overrides, quiet, tag):
     from ..run import open_run
-    from .cli import load_config, run_training
+    from .runner import load_config, run_training
     cfg = load_config(str(config), preset, overrides)
     if not quiet:
         print(f"[{tag}] {name}", flush=True)
@@ -88,7 +88,7 @@ def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
     m, sd = _mean_std([r["rel_change_pct"] for r in rows])
     mb, sdb = _mean_std([r["rel_change_best_pct"] for r in rows])
     import dataclasses
-    from .cli import load_config
+    from .runner import load_config
     span_cfg = dataclasses.asdict(load_config(str(cfg_file), preset, extra).span)
     summary = {"study": "span", "dir": str(d), "preset": preset, "overrides": extra, "span": span_cfg,
                "seeds": rows, "rel_change_pct_mean": m, "rel_change_pct_std": sd,

@@ -25,7 +25,7 @@ import torch
 from dyntool import quantities as Q
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.app_cli import load_app_package as register_app_package
+from dyntool.cli.app import load_app_package as register_app_package
 from dyntool.run import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]

@@ -256,7 +256,8 @@ def test_every_plot_kind_exports_through_matplotlib():
 # -- CLI -------------------------------------------------------------------------------------
 
 def test_cli_app_command(tmp_path, monkeypatch, capsys):
-    from dyntool import app_cli, cli
+    from dyntool import cli
+    from dyntool.cli import app as app_cli
     args = cli.build_parser().parse_args(["app", str(tmp_path), "--port", "8123", "--headless"])
     assert args.fn is app_cli.cmd_app
     argv = app_cli.streamlit_argv(tmp_path, 8123, True, "localhost")

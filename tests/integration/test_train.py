@@ -76,7 +76,7 @@ def test_recorded_U_is_autograd_dL_dy_with_accumulation(tmp_path):
 
     # rebuild the step-0 model and micro-batch 0 independently of the recording code
     from dyntool.data.wikitext import load_wikitext
-    from dyntool.train.cli import _seed_all, load_config
+    from dyntool.train.runner import _seed_all, load_config
     from dyntool.train.ddp import DistInfo
     from dyntool.train.gpt import GPT
     from dyntool.train.trainer import Trainer

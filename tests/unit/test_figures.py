@@ -15,7 +15,7 @@ from dyntool.figures import FIGURES, FigureSkip, export, export_all, render_byte
 from dyntool.figures import style
 from dyntool.figures.common import js_rows
 from dyntool.figures.geometry import pca_oriented
-from dyntool.figures_cli import collect_runs
+from dyntool.cli.figures import collect_runs
 from dyntool.run import list_runs
 from dyntool.run import RunWriter
 from tests import figures_fixtures as fx

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import DyntoolError, RunError
+from ..errors import DyntoolError, RunError
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 
@@ -33,7 +33,7 @@ def load_app_package(app_dir: Path, name: str = "dyntool_app"):
 
 def app_entry() -> Path:
     """``<repo>/app/main.py``, resolved relative to the package's parent directory."""
-    entry = Path(__file__).resolve().parent.parent / "app" / "main.py"
+    entry = Path(__file__).resolve().parents[2] / "app" / "main.py"
     if not entry.is_file():
         raise DyntoolError(f"the app is not installed: {entry} is missing. `dyntool app` needs dyntool "
                            "installed from a checkout of the repository (pip install -e .)")
@@ -68,7 +68,7 @@ def cmd_app(args) -> int:
 
 
 def register(sub, simsub) -> None:
-    from .cli import DEFAULT_RUNS
+    from . import DEFAULT_RUNS
     p = sub.add_parser("app", help="browse runs in the Streamlit app (binds to localhost)",
                        description="Start the dyntool app on RUNS_DIR: runs table, overview curves, "
                                    "matrices, trajectories, comparisons.")

@@ -10,14 +10,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from .errors import RunError
+from ..errors import RunError
 
 DEFAULT_INPUT = "runs"
 
 
 def collect_runs(inputs: list[str]) -> list:
     """Runs named by ``inputs`` (run dirs, study dirs, runs folders), each at most once, in order."""
-    from .run import is_run_dir, list_runs, open_run
+    from ..run import is_run_dir, list_runs, open_run
     out, seen = [], set()
     for item in inputs:
         p = Path(item)
@@ -33,9 +33,9 @@ def collect_runs(inputs: list[str]) -> list:
 
 
 def cmd_figures(args) -> int:
-    from .figures import FIGURES, export_all, load
-    from .figures.export import parse_formats
-    from .figures.registry import FigureError
+    from ..figures import FIGURES, export_all, load
+    from ..figures.export import parse_formats
+    from ..figures.registry import FigureError
     load()
     if args.list:
         width = max(len(n) for n in FIGURES)

@@ -1,4 +1,4 @@
-"""``dyntool sim sticky-markov``: registered into the main CLI (``dyntool/cli.py``)."""
+"""``dyntool sim sticky-markov`` and ``dyntool sim toy``."""
 from __future__ import annotations
 
 import json
@@ -12,8 +12,8 @@ def _floats(s: str) -> list[float]:
 def cmd_sticky(args) -> int:
     from .. import config
     from ..errors import ConfigError
-    from .sticky import StickyConfig, run_study
-    from .summary import table
+    from ..sims.sticky import StickyConfig, run_study
+    from ..sims.summary import table
     ov = list(args.overrides)
     if args.seeds is not None:
         if not args.seeds.strip(","):
@@ -31,7 +31,34 @@ def cmd_sticky(args) -> int:
     return 0
 
 
+def _load_cfg(cls, args):
+    from .. import config
+    return config.load(cls, getattr(args, "config", None), getattr(args, "preset", None), args.overrides)
+
+
+def cmd_sim_toy(args) -> int:
+    from ..sims.toy import ToyConfig, run_toy
+    overrides = list(args.overrides)
+    if args.steps is not None:
+        overrides.append(f"--steps={args.steps}")
+    args.overrides = overrides
+    cfg = _load_cfg(ToyConfig, args)
+    run = run_toy(cfg, args.out, name=args.name, tags=args.tag)
+    print(f"toy run written to {run.path}")
+    return 0
+
+
+
 def register(sub, simsub) -> None:
+    toy = simsub.add_parser("toy", help="the T=5 toy head of spec §4.1, recorded every step",
+                            epilog="Any config key can be set as --section.key=value, e.g. --model.causal=true --lr=0.1")
+    toy.add_argument("--steps", type=int, default=None)
+    toy.add_argument("--out", default=os.path.join("runs", "toy"))
+    toy.add_argument("--name", default=None, help="run directory name (default: kind-date-random)")
+    toy.add_argument("--tag", action="append", default=[])
+    toy.add_argument("--config", default=None, help="TOML file")
+    toy.add_argument("--preset", default=None)
+    toy.set_defaults(fn=cmd_sim_toy)
     p = simsub.add_parser(
         "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (spec §4.2), all seeds batched",
         epilog="Any config key can be set as --key=value or --record.key=value, e.g. "
