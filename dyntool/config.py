@@ -3,35 +3,106 @@
 A config is a tree of dataclasses.  Leaves are ``int, float, bool, str``, ``list`` of
 those, or ``Optional`` of those.  Values come, in increasing priority, from the dataclass
 defaults, a TOML file (top-level tables = sections), a ``[preset.NAME]`` table in that file,
-and ``--section.key=value`` command-line overrides.  Unknown keys and values of the wrong
-type raise :class:`ConfigError` naming the full dotted key.
+and ``--section.key=value`` command-line overrides (or typed ``values`` from named flags).
+
+This module is the one validation layer every schema goes through:
+
+- types: unknown keys and values of the wrong type raise :class:`ConfigError` naming the full
+  dotted key;
+- every float is finite (``1e400`` parses as inf and is refused);
+- bounds and choices are declared on the field's annotation, e.g. ``d_k: Annotated[int, Range(1)]``
+  or the aliases :data:`Seed` (the RNG range ``0 .. 2**32 - 1`` that numpy and torch both accept),
+  :data:`Device`;
+- cross-field rules live in each schema's ``validate(prefix)``, called after every update.
+
+Preset files ship inside the package (``dyntool/presets/*.toml``); :func:`resolve_file` finds
+them by name (``--config sticky_markov``) or by their old repository path (``sims/NAME.toml``).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 import tomllib
 import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from .errors import ConfigError
 
+PRESETS = Path(__file__).resolve().parent / "presets"
 
-def _leaf_type(tp: Any) -> tuple[Any, bool]:
-    """Return (base type, optional?) for a leaf annotation."""
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """Bounds of a numeric leaf: ``lo <= x <= hi`` (``None`` = unbounded); ``lo_open``: ``lo < x``."""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+
+    def check(self, key: str, x: Any) -> None:
+        if (self.lo is not None and (x <= self.lo if self.lo_open else x < self.lo)) or \
+                (self.hi is not None and x > self.hi):
+            lo = "" if self.lo is None else f"{_num(self.lo)} {'<' if self.lo_open else '<='} "
+            hi = "" if self.hi is None else f" <= {_num(self.hi)}"
+            raise ConfigError(key, f"must satisfy {lo}{key.rsplit('.', 1)[-1]}{hi}, got {x!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pattern:
+    """A string leaf that must fully match ``regex`` (``what`` says it in words)."""
+    regex: str
+    what: str
+
+    def check(self, key: str, x: Any) -> None:
+        if not re.fullmatch(self.regex, x):
+            raise ConfigError(key, f"must be {self.what}, got {x!r}")
+
+
+SEED_MAX = 2**32 - 1          # np.random.seed's range (torch accepts more)
+Seed = Annotated[int, Range(0, SEED_MAX)]
+PosInt = Annotated[int, Range(1)]
+NonNegInt = Annotated[int, Range(0)]
+PosFloat = Annotated[float, Range(0, lo_open=True)]
+NonNegFloat = Annotated[float, Range(0)]
+Device = Annotated[str, Pattern(r"auto|cpu|mps|cuda(:\d+)?", "auto, cpu, cuda, cuda:N or mps")]
+
+
+def _leaf_type(tp: Any) -> tuple[Any, bool, tuple]:
+    """Return (base type, optional?, constraints) for a leaf annotation."""
+    checks: tuple = ()
+    if typing.get_origin(tp) is Annotated:
+        tp, *meta = typing.get_args(tp)
+        checks = tuple(m for m in meta if hasattr(m, "check"))
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         if len(args) == 1:
-            return args[0], True
-    return tp, False
+            base, _, inner = _leaf_type(args[0])
+            return base, True, checks + inner
+    return tp, False, checks
 
 
 def _coerce(key: str, tp: Any, value: Any) -> Any:
-    """Coerce ``value`` (from TOML or a CLI string) to annotation ``tp``."""
-    base, optional = _leaf_type(tp)
+    """Coerce ``value`` (from TOML, a CLI string or a typed flag) to annotation ``tp`` and check it."""
+    base, optional, checks = _leaf_type(tp)
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
+        if optional:
+            return None
+        raise ConfigError(key, "may not be empty")
+    out = _coerce_base(key, base, value)
+    for c in checks:
+        c.check(key, out)
+    return out
+
+
+def _coerce_base(key: str, base: Any, value: Any) -> Any:
     if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
         if optional:
             return None
@@ -55,20 +126,29 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if base is int:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
         try:
-            f = float(value)
+            return int(value)                 # exact for long integer strings
+        except (TypeError, ValueError):
+            pass
+        try:
+            f = float(value)                  # "1e3" is an integer too
         except (TypeError, ValueError):
             raise ConfigError(key, f"expected an integer, got {value!r}") from None
-        if not f.is_integer():
+        if not math.isfinite(f) or not f.is_integer():
             raise ConfigError(key, f"expected an integer, got {value!r}")
         return int(f)
     if base is float:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected a number, got {value!r}")
         try:
-            return float(value)
+            f = float(value)
         except (TypeError, ValueError):
             raise ConfigError(key, f"expected a number, got {value!r}") from None
+        if not math.isfinite(f):              # "1e400" parses as inf; nan/inf are never a setting
+            raise ConfigError(key, f"must be a finite number, got {value!r}")
+        return f
     if base is str:
         if not isinstance(value, (str, int, float)):
             raise ConfigError(key, f"expected a string, got {value!r}")
@@ -77,7 +157,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
@@ -96,7 +176,10 @@ def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
             changes[name] = update(current, value, prefix=key + ".")
         else:
             changes[name] = _coerce(key, hints[name], value)
-    new = dataclasses.replace(cfg, **changes)
+    try:
+        new = dataclasses.replace(cfg, **changes)
+    except (ValueError, TypeError) as e:             # a schema that checks itself in __post_init__
+        raise ConfigError(prefix.rstrip(".") or type(cfg).__name__, str(e)) from None
     validate = getattr(new, "validate", None)
     if callable(validate):
         validate(prefix)
@@ -120,33 +203,107 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def _merge(a: dict, b: dict) -> dict:
+def merge(a: dict, b: dict) -> dict:
+    """Nested dicts ``a`` ← ``b`` (``b`` wins; sections merge key by key)."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"train.max_steps": 5, "seed": 1}`` → ``{"train": {"max_steps": 5}, "seed": 1}``."""
+    out: dict[str, Any] = {}
+    for dotted, value in flat.items():
+        *parts, last = dotted.split(".")
+        node = out
+        for p in parts:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return out
+
+
+def resolve_file(path: str | Path) -> Path:
+    """A config file: ``path`` itself, else the packaged preset of that name.
+
+    ``sticky_markov``, ``sticky-markov``, ``sticky_markov.toml`` and ``sims/sticky_markov.toml``
+    (the repository path before presets moved into the package) all name
+    ``dyntool/presets/sticky_markov.toml``, so the README's commands work from anywhere.
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    stem = p.name[:-5] if p.name.endswith(".toml") else p.name
+    if p.parent == Path(".") or p.parent.name == "sims":
+        packaged = PRESETS / f"{stem.replace('-', '_')}.toml"
+        if packaged.is_file():
+            return packaged
+    names = ", ".join(sorted(f.stem for f in PRESETS.glob("*.toml")))
+    raise ConfigError("--config", f"no such file: {p} (packaged presets: {names})")
+
+
+def read_file(path: str | Path) -> dict[str, Any]:
+    p = resolve_file(path)
+    try:
+        return tomllib.loads(p.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError("--config", f"{p} is not valid TOML ({e})") from None
+    except OSError as e:
+        raise ConfigError("--config", f"{p} can't be read ({e.strerror or e})") from None
+
+
 def load(cls: type, path: str | Path | None = None, preset: str | None = None,
-         overrides: list[str] | None = None) -> Any:
-    """Build a ``cls`` config from defaults ← TOML file ← preset ← ``--a.b=c`` overrides."""
-    values: dict[str, Any] = {}
+         overrides: list[str] | None = None, values: dict[str, Any] | None = None,
+         base: dict[str, Any] | None = None) -> Any:
+    """Build a ``cls`` config: defaults ← ``base`` (e.g. a run's config.json) ← TOML file ←
+    preset ← ``--a.b=c`` overrides ← ``values`` (typed, nested or dotted keys, from named flags)."""
+    tree: dict[str, Any] = dict(base or {})
+    presets: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError("--config", f"no such file: {p}")
-        try:
-            values = tomllib.loads(p.read_text())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError("--config", f"{p} is not valid TOML ({e})") from None
-    presets = values.pop("preset", {})
+        file_values = read_file(path)
+        presets = file_values.pop("preset", {})
+        tree = merge(tree, file_values)
     if preset is not None:
         if preset not in presets:
-            raise ConfigError("--preset", f"unknown preset {preset!r} (available: {', '.join(presets) or 'none'})")
-        values = _merge(values, presets[preset])
+            where = f" in {resolve_file(path)}" if path is not None else " (no --config file given)"
+            raise ConfigError("--preset", f"unknown preset {preset!r}{where} "
+                                          f"(available: {', '.join(presets) or 'none'})")
+        tree = merge(tree, presets[preset])
     if overrides:
-        values = _merge(values, parse_overrides(overrides))
-    return update(cls(), values)
+        tree = merge(tree, parse_overrides(overrides))
+    if values:
+        tree = merge(tree, nest(values))
+    return update(cls(), tree)
+
+
+def key_type(cls: type, dotted: str) -> Any:
+    """The annotation of config key ``dotted`` in schema ``cls`` (raises ConfigError if unknown)."""
+    node: Any = cls
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        hints = _hints(node)
+        if part not in hints:
+            raise ConfigError(dotted, "unknown key")
+        tp = hints[part]
+        if i < len(parts) - 1:
+            node = tp
+    return tp
+
+
+def parse_value(cls: type, dotted: str, text: str) -> Any:
+    """Parse a command-line string for key ``dotted`` of ``cls`` exactly as the config would."""
+    return _coerce(dotted, key_type(cls, dotted), text)
+
+
+def keys(cls: type, prefix: str = "") -> list[str]:
+    """Every leaf key of schema ``cls``, dotted."""
+    out = []
+    for name, tp in _hints(cls).items():
+        if dataclasses.is_dataclass(tp):
+            out += keys(tp, prefix + name + ".")
+        else:
+            out.append(prefix + name)
+    return out
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

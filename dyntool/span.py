@@ -87,17 +87,20 @@ class SpanConfig:
     apply_q: bool = True
     apply_k: bool = True
     eps: float = 1e-6         # relative guard for the oblique denominator and Gram–Schmidt
+    impl: str = "auto"        # auto | eager | hook: which backward path (see span_attention)
 
     def __post_init__(self):
         if self.candidate not in CANDIDATES:
             raise ValueError(f"SpanConfig.candidate: {self.candidate!r} is not one of "
                              f"{', '.join(CANDIDATES)}")
+        if self.impl not in ("auto", "eager", "hook"):
+            raise ValueError(f"SpanConfig.impl: auto, eager or hook, got {self.impl!r}")
         for f in fields(self):
             v = getattr(self, f.name)
             if f.name in ("apply_q", "apply_k"):
                 if not isinstance(v, bool):
                     raise ValueError(f"SpanConfig.{f.name}: expected a bool, got {v!r}")
-            elif f.name != "candidate":
+            elif f.name not in ("candidate", "impl"):
                 if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                     raise ValueError(f"SpanConfig.{f.name}: expected a finite number, got {v!r}")
         for name in ("alpha_q", "beta_q", "alpha_k", "beta_k"):

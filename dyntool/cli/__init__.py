@@ -1,30 +1,104 @@
 """Command line: ``dyntool {sim,train,study,ls,info,figures,app}``.
 
 Every user error (bad config value, unknown key, missing data, unwritable directory, corrupt
-run) prints one line and exits with code 2; an interrupted run exits 130 after flushing.
-Set ``DYNTOOL_DEBUG=1`` to see tracebacks of unexpected errors.
+run, a malformed option) prints one line and exits with code 2; an interrupted run exits 130
+after flushing.  Set ``DYNTOOL_DEBUG=1`` to see tracebacks of unexpected errors.
+
+One meaning per option: a named flag that sets a config value is declared with
+:func:`config_option`, which derives its type and checks from the schema (so ``--steps`` and
+``--steps=…`` as an override can never disagree), and every flag name means the same thing in
+every command (``--seeds`` is always a list, ``--n-seeds N`` always seeds 0..N-1).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
-from ..errors import DyntoolError
+from ..errors import ConfigError, DyntoolError
 
 DEFAULT_RUNS = "runs"
+CFG = "cfg:"          # argparse dest prefix of flags that set a config key
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (``dyntool sim toy: error: …``), exit 2, and no prefix
+    matching (``--step`` must not silently mean ``--steps``)."""
+
+    def __init__(self, *a, **kw):
+        kw.setdefault("allow_abbrev", False)
+        super().__init__(*a, **kw)
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def schema(ref: str) -> type:
+    """``"dyntool.sims.toy:ToyConfig"`` → the class (imported on first use: ``dyntool ls`` stays light)."""
+    import importlib
+    mod, _, name = ref.partition(":")
+    return getattr(importlib.import_module(mod), name)
+
+
+def _parse_for(ref: str, key: str, text: str):
+    from .. import config
+    return config.parse_value(schema(ref), key, text)
+
+
+def config_option(p: argparse.ArgumentParser, ref: str, key: str, *flags: str, help: str,
+                  metavar: str | None = None) -> None:
+    """Add a flag that sets config ``key`` of schema ``ref`` ("module:Class"): parsed and checked
+    exactly as the config parses ``--key=value`` (same type, bounds, list syntax), handed over typed."""
+    flags = flags or ("--" + key.rsplit(".", 1)[-1].replace("_", "-"),)
+    p.add_argument(*flags, dest=CFG + key, default=None, metavar=metavar or key.rsplit(".", 1)[-1].upper(),
+                   type=functools.partial(_parse_for, ref, key), help=f"{help} [config: {key}]")
+    p.set_defaults(schema=ref)
+
+
+def add_n_seeds(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--n-seeds", type=int, default=None, metavar="N", dest="n_seeds",
+                   help="run seeds 0, 1, ..., N-1 (shorthand for --seeds 0,1,...,N-1)")
+
+
+def config_values(args, seeds_key: str = "seeds") -> dict:
+    """The typed values of the command's :func:`config_option` flags, by dotted key."""
+    values = {k[len(CFG):]: v for k, v in vars(args).items() if k.startswith(CFG) and v is not None}
+    n = getattr(args, "n_seeds", None)
+    if n is not None:
+        if seeds_key in values:
+            raise ConfigError("--n-seeds", "give either --seeds LIST or --n-seeds N, not both")
+        if n < 1:
+            raise ConfigError("--n-seeds", f"must be >= 1, got {n}")
+        values[seeds_key] = list(range(n))
+    return values
+
+
+def common_output_options(p: argparse.ArgumentParser, out_default: str | None, what: str = "run",
+                          default_says: str | None = None) -> None:
+    p.add_argument("--out", default=out_default, metavar="DIR",
+                   help=f"parent folder of the {what} (default: {default_says or out_default}); "
+                        "never inside a run")
+    p.add_argument("--name", default=None,
+                   help=f"{what} directory name, one path component (default: generated from kind and date)")
+    p.add_argument("--tag", action="append", default=[], metavar="TAG",
+                   help="label stored in meta.json (repeatable); the app filters by it")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dyntool", description=(
+    p = Parser(prog="dyntool", description=(
         "Record and explore the gradient dynamics of attention. "
-        "Runs are directories (config.json, meta.json, metrics.jsonl, record.zarr)."))
+        "Runs are directories (config.json, meta.json, metrics.jsonl, record.zarr)."),
+        epilog="`dyntool COMMAND --help` lists a command's options.")
     from .. import __version__
     p.add_argument("--version", action="version", version=f"dyntool {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    sim = sub.add_parser("sim", help="simulations (sticky Markov chain, toy head)")
-    simsub = sim.add_subparsers(dest="sim", metavar="SIM")
+    sim = sub.add_parser("sim", help="simulations (sticky Markov chain, toy head)",
+                         description="Simulations: `dyntool sim SIM --help` lists a simulation's options.")
+    sim.set_defaults(help_of=sim)
+    simsub = sim.add_subparsers(dest="sim", metavar="SIM", parser_class=Parser)
     _register_optional(sub, simsub)
     return p
 
@@ -36,10 +110,7 @@ def _register_optional(sub, simsub) -> None:
         m.register(sub, simsub)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+def _split_unknown(unknown: list[str]) -> tuple[list[str], list[str]]:
     overrides, stray, i = [], [], 0
     while i < len(unknown):              # accept --key=value and --key value
         u = unknown[i]
@@ -51,16 +122,41 @@ def main(argv: list[str] | None = None) -> int:
         else:
             stray.append(u)
         i += 1
+    return overrides, stray
+
+
+def _run(parser, argv: list[str]) -> int:
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except SystemExit as e:              # --help, --version, argparse's own (one-line) errors
+        return int(e.code or 0)
+    overrides, stray = _split_unknown(unknown)
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
     args.overrides = overrides
     if not getattr(args, "fn", None):
-        parser.print_help()
+        (getattr(args, "help_of", None) or parser).print_help()
         return 0 if args.command is None else 2
-    if overrides and not hasattr(args, "config"):
-        parser.error(f"{args.command} takes no --section.key=value overrides")
-    try:
+    if overrides and not getattr(args, "takes_overrides", False):
+        raise ConfigError(overrides[0].split("=", 1)[0],
+                          f"unknown option; `dyntool {args.command}` takes no --section.key=value overrides")
+    if not getattr(args, "writes", False):
         return int(args.fn(args) or 0)
+    from .. import paths
+    paths.check_name(getattr(args, "name", None))
+    if args.out is not None:
+        paths.check_out(args.out)
+    with paths.cleanup_on_reject(args.out):
+        return int(args.fn(args) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        parser = build_parser()
+        return _run(parser, argv)
+    except SystemExit as e:              # parser.error() after parsing
+        return int(e.code or 0)
     except DyntoolError as e:
         print(f"dyntool: error: {e}", file=sys.stderr)
         return e.exit_code

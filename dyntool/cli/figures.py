@@ -10,9 +10,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import RunError
+from ..errors import ConfigError, RunError
 
 DEFAULT_INPUT = "runs"
+DPI_RANGE = (30, 1200)          # beyond 1200 dpi a page-sized figure needs gigabytes of raster
 
 
 def collect_runs(inputs: list[str]) -> list:
@@ -30,6 +31,17 @@ def collect_runs(inputs: list[str]) -> list:
                 seen.add(key)
                 out.append(r)
     return out
+
+
+def _dpi(text: str) -> int:
+    try:
+        dpi = int(text)
+    except ValueError:
+        raise ConfigError("--dpi", f"expected an integer, got {text!r}") from None
+    lo, hi = DPI_RANGE
+    if not lo <= dpi <= hi:
+        raise ConfigError("--dpi", f"must be between {lo} and {hi}, got {dpi}")
+    return dpi
 
 
 def cmd_figures(args) -> int:
@@ -77,9 +89,11 @@ def register(sub, simsub) -> None:
                                    "with the reason.  Inputs may be runs, studies or folders of runs.")
     f.add_argument("inputs", nargs="*", metavar="RUN_OR_STUDY",
                    help=f"run or study directories, or folders holding them (default: {DEFAULT_INPUT}/)")
-    f.add_argument("--out", default=None, metavar="DIR", help="output directory (required)")
+    f.add_argument("--out", default=None, metavar="DIR",
+                   help="output directory (required; created if needed, never inside a run)")
     f.add_argument("--format", default="pdf,png", help="comma list of pdf, png, svg (default pdf,png)")
     f.add_argument("--only", default=None, metavar="NAME[,NAME]", help="only these figures (see --list)")
-    f.add_argument("--dpi", type=int, default=None, help="raster resolution (default 300)")
+    f.add_argument("--dpi", type=_dpi, default=None,
+                   help=f"raster resolution, {DPI_RANGE[0]}-{DPI_RANGE[1]} (default 300)")
     f.add_argument("--list", action="store_true", help="list the figures and what each needs, then exit")
-    f.set_defaults(fn=cmd_figures)
+    f.set_defaults(fn=cmd_figures, writes=True)

@@ -4,26 +4,16 @@ from __future__ import annotations
 import json
 import os
 
+from . import add_n_seeds, common_output_options, config_option, config_values
 
-def _floats(s: str) -> list[float]:
-    return [float(v) for v in s.split(",") if v.strip()]
+OVERRIDES = "Any config key can also be set as --key=value or --section.key=value"
 
 
 def cmd_sticky(args) -> int:
     from .. import config
-    from ..errors import ConfigError
     from ..sims.sticky import StickyConfig, run_study
     from ..sims.summary import table
-    ov = list(args.overrides)
-    if args.seeds is not None:
-        if not args.seeds.strip(","):
-            raise ConfigError("seeds", "needs at least one seed")
-        ov.append(f"--seeds={args.seeds}")
-    for flag, key in ((args.steps, "steps"), (args.T, "T"), (args.arms, "arms"),
-                      (args.value_lr_mult, "sweep"), (args.window, "window")):
-        if flag is not None:
-            ov.append(f"--{key}={flag}")
-    cfg = config.load(StickyConfig, args.config, args.preset, ov)
+    cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=config_values(args))
     study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
@@ -31,49 +21,51 @@ def cmd_sticky(args) -> int:
     return 0
 
 
-def _load_cfg(cls, args):
-    from .. import config
-    return config.load(cls, getattr(args, "config", None), getattr(args, "preset", None), args.overrides)
-
-
 def cmd_sim_toy(args) -> int:
+    from .. import config
     from ..sims.toy import ToyConfig, run_toy
-    overrides = list(args.overrides)
-    if args.steps is not None:
-        overrides.append(f"--steps={args.steps}")
-    args.overrides = overrides
-    cfg = _load_cfg(ToyConfig, args)
-    run = run_toy(cfg, args.out, name=args.name, tags=args.tag)
+    cfg = config.load(ToyConfig, args.config, args.preset, args.overrides, values=config_values(args))
+    run = run_toy(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(f"toy run written to {run.path}")
     return 0
 
 
+def _config_file_options(p, default: str) -> None:
+    p.add_argument("--config", default=default, metavar="FILE",
+                   help=f"TOML config: a path or a packaged preset file name (default: {default}, "
+                        "shipped in dyntool/presets/)")
+    p.add_argument("--preset", default=None, metavar="NAME", help="a [preset.NAME] table of the config file")
+
 
 def register(sub, simsub) -> None:
-    toy = simsub.add_parser("toy", help="the T=5 toy head of spec §4.1, recorded every step",
-                            epilog="Any config key can be set as --section.key=value, e.g. --model.causal=true --lr=0.1")
-    toy.add_argument("--steps", type=int, default=None)
-    toy.add_argument("--out", default=os.path.join("runs", "toy"))
-    toy.add_argument("--name", default=None, help="run directory name (default: kind-date-random)")
-    toy.add_argument("--tag", action="append", default=[])
-    toy.add_argument("--config", default=None, help="TOML file")
-    toy.add_argument("--preset", default=None)
-    toy.set_defaults(fn=cmd_sim_toy)
+    ToyConfig, StickyConfig = "dyntool.sims.toy:ToyConfig", "dyntool.sims.sticky:StickyConfig"
+    toy = simsub.add_parser("toy", help="the T=5 toy head (arXiv 2512.22473 §4.1), recorded every step",
+                            description="Train the T = 5 toy attention head by gradient descent, recording "
+                                        "every step.",
+                            epilog=f"{OVERRIDES}, e.g. --model.causal=true --lr=0.1.  Presets: causal, slow.")
+    config_option(toy, ToyConfig, "steps", help="training steps (default 500)")
+    config_option(toy, ToyConfig, "seed", help="RNG seed of the initialisation (default 0)")
+    _config_file_options(toy, "toy.toml")
+    common_output_options(toy, os.path.join("runs", "toy"))
+    toy.set_defaults(fn=cmd_sim_toy, takes_overrides=True, writes=True)
+
     p = simsub.add_parser(
-        "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (spec §4.2), all seeds batched",
-        epilog="Any config key can be set as --key=value or --record.key=value, e.g. "
-               "--construction=nominal --record.every=10 --arms=sgd,em,em_closed_form")
-    p.add_argument("--seeds", default=None, help="comma-separated, default 42,2024,1337,7777,9999")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default 1000)")
-    p.add_argument("--T", type=int, default=None, help="sequence length (default 2000)")
-    p.add_argument("--arms", default=None, help="sgd,em[,em_closed_form]")
-    p.add_argument("--value-lr-mult", dest="value_lr_mult", default=None,
-                   help="sweep of EM-like value-LR multipliers, e.g. 1,2,5,10,20")
-    p.add_argument("--window", type=int, default=None, help="recorded window of last positions (default 200)")
-    p.add_argument("--out", default=os.path.join("runs", "sticky-markov"), help="parent directory of the study")
-    p.add_argument("--name", default=None, help="study directory name (default study-DATE)")
-    p.add_argument("--tag", action="append", default=[])
-    p.add_argument("--config", default=None, help="TOML file (see sims/sticky_markov.toml)")
-    p.add_argument("--preset", default=None)
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(fn=cmd_sticky)
+        "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (arXiv 2512.22473 §4.2), all seeds batched",
+        description="Train one attention head on the sticky Markov chain with SGD and the EM-like schedule, "
+                    "every (seed, arm) batched; writes a study folder with one run per (seed, arm) and summary.json.",
+        epilog=f"{OVERRIDES}, e.g. --construction=nominal --record.every=10.  Presets: ci, nominal, sweep.")
+    config_option(p, StickyConfig, "seeds", metavar="S[,S...]",
+                  help="comma-separated seeds (default 42,2024,1337,7777,9999)")
+    add_n_seeds(p)
+    config_option(p, StickyConfig, "steps", help="training steps (default 1000)")
+    config_option(p, StickyConfig, "T", "--T", help="sequence length (default 2000)")
+    config_option(p, StickyConfig, "arms", metavar="ARM[,ARM...]",
+                  help="arms to run: sgd, em, em_closed_form (default sgd,em)")
+    config_option(p, StickyConfig, "value_lr_mult", metavar="X",
+                  help="EM-like arm: W_V learning rate = lr × X (default 10)")
+    config_option(p, StickyConfig, "sweep", metavar="X[,X...]",
+                  help="extra EM-like runs at these value-LR multipliers, e.g. 1,2,5,10,20 (default none)")
+    config_option(p, StickyConfig, "window", help="recorded window of the last positions (default 200)")
+    _config_file_options(p, "sticky_markov.toml")
+    common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
+    p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)

@@ -1,30 +1,29 @@
 """``dyntool train`` and ``dyntool study``.
 
-    dyntool train --config sims/wikitext_mhsa.toml --preset small [--max-steps N] [--out DIR]
+    dyntool train --config wikitext_mhsa --preset small [--max-steps N] [--out DIR]
                   [--name NAME] [--resume RUN] [--section.key=value ...]
     torchrun --nproc_per_node=2 -m dyntool train --config ...        # DDP, rank 0 writes the run
-    dyntool study span|ls-logits [--seeds N] [--max-steps N] [--preset NAME] [--out DIR]
+    dyntool study span|ls-logits [--seeds LIST | --n-seeds N] [--max-steps N] [--preset NAME] [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
-from ..errors import ConfigError
-from ..train.runner import DEFAULT_OUT, load_config, run_training
+from . import add_n_seeds, common_output_options, config_option, config_values
 
+TRAIN = "dyntool.train.config:TrainConfig"
+STUDY = "dyntool.train.studies:StudyConfig"
+OVERRIDES = "Any config key can also be set as --section.key=value, e.g. --model.n_layer=2 --optim.lr=1e-3"
 
-# -- command line -----------------------------------------------------------------------------
 
 def cmd_train(args) -> int:
-    overrides = list(args.overrides)
-    if args.max_steps is not None:
-        overrides.append(f"--train.max_steps={args.max_steps}")
+    from ..errors import ConfigError
+    from ..train.runner import DEFAULT_OUT, load_config, run_training
     if args.config is None and args.resume is None:
-        raise ConfigError("--config", "dyntool train needs --config FILE (e.g. sims/wikitext_mhsa.toml) "
-                                      "or --resume RUN")
-    cfg = load_config(args.config, args.preset, overrides, args.resume)
+        raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
+                                      "preset file) or --resume RUN")
+    cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
     out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
     path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
                                quiet=args.quiet)
@@ -37,34 +36,43 @@ def cmd_train(args) -> int:
 
 
 def cmd_study(args) -> int:
-    from ..train.studies import run_study
-    run_study(args.study, out=args.out, seeds=args.seeds, max_steps=args.max_steps,
-              preset=args.preset, overrides=list(args.overrides), quiet=args.quiet)
+    from .. import config
+    from ..train.studies import StudyConfig, run_study
+    study = config.load(StudyConfig, values=config_values(args))
+    run_study(args.study, out=args.out, study=study, preset=args.preset, overrides=list(args.overrides),
+              quiet=args.quiet, name=args.name, tags=args.tag)
     return 0
 
 
 def register(sub, simsub) -> None:
     t = sub.add_parser("train", help="train a GPT on WikiText-2 (mhsa / ls / span / qknorm), recorded",
-                       epilog="Any config key can be set as --section.key=value, e.g. "
-                              "--model.n_layer=2 --optim.lr=1e-3 --record.every=25")
-    t.add_argument("--config", default=None, help="TOML file, e.g. sims/wikitext_mhsa.toml")
-    t.add_argument("--preset", default=None, help="a [preset.NAME] of the file (small: CPU, gpu)")
-    t.add_argument("--max-steps", type=int, default=None, dest="max_steps")
-    t.add_argument("--out", default=None, help=f"runs directory (default {DEFAULT_OUT})")
-    t.add_argument("--name", default=None, help="run directory name (default: train-date-random)")
+                       description="Train a GPT on WikiText-2, recording the attention dynamics.",
+                       epilog=f"{OVERRIDES} --record.every=25.  Config files: wikitext_mhsa, wikitext_ls, "
+                              "wikitext_span, wikitext_qknorm (presets small: CPU, gpu: one CUDA GPU).")
+    t.add_argument("--config", default=None, metavar="FILE",
+                   help="TOML config: a path or a packaged preset file name, e.g. wikitext_mhsa "
+                        "(sims/wikitext_mhsa.toml also works)")
+    t.add_argument("--preset", default=None, metavar="NAME",
+                   help="a [preset.NAME] table of the config file (small: CPU; gpu: one CUDA GPU)")
+    config_option(t, TRAIN, "train.max_steps", "--max-steps", metavar="N",
+                  help="optimizer steps; the LR schedule spans them (>= 1)")
     t.add_argument("--resume", default=None, metavar="RUN",
                    help="continue RUN from its checkpoint.pt into a new run (exact on CPU)")
-    t.add_argument("--tag", action="append", default=[])
-    t.add_argument("--quiet", action="store_true", help="no progress lines")
-    t.set_defaults(fn=cmd_train)
+    common_output_options(t, None, what="run", default_says="runs/wikitext, or the folder of the --resume run")
+    t.set_defaults(fn=cmd_train, takes_overrides=True, writes=True)
 
     s = sub.add_parser("study", help="multi-run studies: span (baseline vs span-recon), "
-                                     "ls-logits (max-logit growth of mhsa vs ls vs qknorm)")
-    s.add_argument("study", choices=["span", "ls-logits"])
-    s.add_argument("--seeds", type=int, default=3)
-    s.add_argument("--max-steps", type=int, default=None, dest="max_steps")
-    s.add_argument("--preset", default="small")
-    s.add_argument("--out", default=os.path.join("runs", "studies"))
-    s.add_argument("--config", default=None, help=argparse.SUPPRESS)   # lets --section.key=value through
-    s.add_argument("--quiet", action="store_true")
-    s.set_defaults(fn=cmd_study)
+                                     "ls-logits (max-logit growth of mhsa vs ls vs qknorm)",
+                       description="Train every arm of a study for each seed into one study folder "
+                                   "(runs + summary.json) and print its table.",
+                       epilog=f"{OVERRIDES} (applied to every run of the study).")
+    s.add_argument("study", choices=["span", "ls-logits"],
+                   help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm at long context, high lr")
+    config_option(s, STUDY, "seeds", metavar="S[,S...]", help="comma-separated seeds (default 0,1,2)")
+    add_n_seeds(s)
+    config_option(s, STUDY, "max_steps", "--max-steps", metavar="N",
+                  help="optimizer steps of every run, >= 1 (default: the preset's)")
+    s.add_argument("--preset", default="small", metavar="NAME",
+                   help="preset of the packaged config files (default small)")
+    common_output_options(s, os.path.join("runs", "studies"), what="study")
+    s.set_defaults(fn=cmd_study, takes_overrides=True, writes=True)

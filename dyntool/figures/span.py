@@ -49,8 +49,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 def _span_defaults() -> dict:
     try:
-        from ..train.config import SpanSection
-        return {f.name: getattr(SpanSection(), f.name) for f in fields(SpanSection)}
+        from ..span import SpanConfig
+        return {f.name: getattr(SpanConfig(), f.name) for f in fields(SpanConfig)}
     except Exception:
         return {}
 

@@ -17,11 +17,12 @@ import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 import torch
 
-from ..config import to_dict
+from ..config import PosInt, Range, Seed, to_dict
 from ..errors import ConfigError, RunError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
@@ -44,17 +45,17 @@ def _default_record() -> RecordConfig:
 
 @dataclass
 class StickyConfig:
-    seeds: list[int] = field(default_factory=lambda: [42, 2024, 1337, 7777, 9999])
+    seeds: list[Seed] = field(default_factory=lambda: [42, 2024, 1337, 7777, 9999])
     arms: list[str] = field(default_factory=lambda: ["sgd", "em"])
     steps: int = 1000
     T: int = 2000                       # sequence length; N = T − 1 (input, target) pairs
-    n_symbols: int = 8
+    n_symbols: Annotated[int, Range(2)] = 8
     rho: float = 0.3                    # nominal self-transition
     construction: str = "script"        # "script" (authors' normalisation, ≈0.3498) | "nominal"
-    embed_seed: int = 0                 # μ is drawn under this seed, the same for every run
-    d_x: int = 20
-    d_k: int = 10
-    d_v: int = 15
+    embed_seed: Seed = 0                # μ is drawn under this seed, the same for every run
+    d_x: PosInt = 20
+    d_k: PosInt = 10
+    d_v: PosInt = 15
     init_std: float = 0.1
     lr: float = 0.01
     value_lr_mult: float = 10.0         # EM-like: W_V learning rate = lr × this

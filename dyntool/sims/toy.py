@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
+from ..config import NonNegFloat, PosInt, Seed
 from ..attention import SingleHeadAttention
 from ..errors import ConfigError, NonFiniteLossError
 from ..record.policy import RecordConfig, check_budget
@@ -24,14 +25,14 @@ from ..progress import progress
 
 
 @dataclass
-class ToyModel:
+class ToyModelConfig:
     T: int = 5
     labels: list[int] = field(default_factory=lambda: [0, 0, 1, 1, 2])
-    n_classes: int = 3
-    d_k: int = 2
-    d_v: int = 2
+    n_classes: PosInt = 3
+    d_k: PosInt = 2
+    d_v: PosInt = 2
     causal: bool = False
-    init_std: float = 0.5
+    init_std: NonNegFloat = 0.5
     backend: str = "manual"
 
     def validate(self, prefix: str = "") -> None:
@@ -47,10 +48,10 @@ class ToyModel:
 
 @dataclass
 class ToyConfig:
-    seed: int = 0
+    seed: Seed = 0
     steps: int = 500
     lr: float = 0.5
-    model: ToyModel = field(default_factory=ToyModel)
+    model: ToyModelConfig = field(default_factory=ToyModelConfig)
     # full-batch training: the training batch is the whole (fixed) sequence, so it is also the probe
     record: RecordConfig = field(default_factory=lambda: RecordConfig(every=1, dtype="float32", batch="train"))
 

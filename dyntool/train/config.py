@@ -1,15 +1,20 @@
 """``TrainConfig``: the sections of a ``dyntool train`` config (TOML top-level tables).
 
 ``[data] [model] [span] [optim] [train] [record]`` plus top-level ``seed`` and ``device``.
-Every value can be overridden as ``--section.key=value``; unknown keys are errors naming the key
-(:func:`dyntool.config.load`).
+Every value can be overridden as ``--section.key=value``; unknown keys, wrong types, non-finite
+floats and values outside the bounds annotated below are errors naming the key
+(:func:`dyntool.config.load`, the one validation layer).  ``[span]`` is
+:class:`dyntool.span.SpanConfig` itself (it checks its own values).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Annotated
 
+from ..config import Device, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
+from ..span import SpanConfig
 
 ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
 
@@ -22,7 +27,7 @@ class DataConfig:
     eval_batch_size: int = 16
     eval_max_batches: int = 0       # cap of the periodic validation (0 = the whole split)
     probe_split: str = "valid"      # where the fixed probe batch comes from
-    probe_offset: int = 0
+    probe_offset: NonNegInt = 0
 
     def validate(self, prefix: str = "") -> None:
         if self.batch_size < 1 or self.block_size < 2 or self.eval_batch_size < 1:
@@ -36,9 +41,9 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     attention: str = "mhsa"         # mhsa | ls | span | qknorm
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    n_layer: PosInt = 4
+    n_head: PosInt = 4
+    n_embd: PosInt = 128
     bias: bool = False
     tie_weights: bool = True        # share wte and lm_head (the 33k-word vocab dominates otherwise)
     backend: str = "auto"           # auto | sdpa | manual | flex  (auto: flex for ls on CUDA, else sdpa)
@@ -46,7 +51,7 @@ class ModelConfig:
     n_global: int = 1               # ... then causal heads; n_local + n_global == n_head
     window: int = 16                # ls: query i sees keys i-window+1 .. i (window includes itself)
     qk_norm: bool = False           # LayerNorm on q, k per head (implied by attention = "qknorm")
-    init_std: float = 0.02
+    init_std: NonNegFloat = 0.02
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -68,42 +73,13 @@ class ModelConfig:
 
 
 @dataclass
-class SpanSection:
-    """The span-recon backward (dyntool.span.SpanConfig); used when model.attention = "span"."""
-    candidate: str = "c1_orthogonal"
-    alpha_q: float = 1.0
-    beta_q: float = 1.0
-    alpha_k: float = 1.0
-    beta_k: float = 1.0
-    alpha0: float = 0.0
-    alpha0_col: float = 0.0
-    apply_q: bool = True
-    apply_k: bool = True
-    eps: float = 1e-6
-    impl: str = "auto"              # auto | eager | hook (see dyntool.span.span_attention)
-
-    def validate(self, prefix: str = "") -> None:
-        try:
-            self.to_span()
-        except ValueError as e:
-            raise ConfigError(prefix.rstrip(".") or "span", str(e)) from None
-        if self.impl not in ("auto", "eager", "hook"):
-            raise ConfigError(prefix + "impl", f"auto, eager or hook, got {self.impl!r}")
-
-    def to_span(self):
-        from ..span import SpanConfig
-        return SpanConfig(self.candidate, self.alpha_q, self.beta_q, self.alpha_k, self.beta_k,
-                          self.alpha0, self.alpha0_col, self.apply_q, self.apply_k, self.eps)
-
-
-@dataclass
 class OptimConfig:
     lr: float = 2e-3                # peak learning rate
     min_lr_ratio: float = 0.1       # cosine decays to lr * min_lr_ratio at max_steps
     warmup_steps: int = 50          # linear warmup from 0
-    weight_decay: float = 0.1       # on 2-D weights only (not biases, LayerNorms)
-    beta1: float = 0.9
-    beta2: float = 0.95
+    weight_decay: NonNegFloat = 0.1  # on 2-D weights only (not biases, LayerNorms)
+    beta1: Annotated[float, Range(0, 1)] = 0.9
+    beta2: Annotated[float, Range(0, 1)] = 0.95
     grad_clip: float = 1.0          # global-norm clip (0 = off)
     accum: int = 1                  # gradient accumulation micro-steps per step
 
@@ -115,7 +91,7 @@ class OptimConfig:
 
 
 @dataclass
-class TrainSection:
+class TrainLoopConfig:
     max_steps: int = 500            # optimizer steps; the LR schedule spans these
     stop_at: int = 0                # stop (checkpointed) after this many steps; 0 = max_steps
     eval_interval: int = 100        # validation every N steps and at the last; 0 = none (final_eval only)
@@ -126,7 +102,7 @@ class TrainSection:
     compile: bool = False           # torch.compile for non-recording steps (CUDA; eager reference kept)
     logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
     log_interval: int = 1           # metrics row every N steps (recording steps always)
-    threads: int = 0                # torch.set_num_threads (0 = leave)
+    threads: NonNegInt = 0          # torch.set_num_threads (0 = leave)
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -142,13 +118,13 @@ class TrainSection:
 
 @dataclass
 class TrainConfig:
-    seed: int = 0
-    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    seed: Seed = 0
+    device: Device = "auto"         # auto | cpu | cuda | cuda:N | mps
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
-    span: SpanSection = field(default_factory=SpanSection)
+    span: SpanConfig = field(default_factory=SpanConfig)   # used when model.attention = "span"
     optim: OptimConfig = field(default_factory=OptimConfig)
-    train: TrainSection = field(default_factory=TrainSection)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     record: RecordConfig = field(default_factory=lambda: RecordConfig(every=50, seqs=1))
 
     def validate(self, prefix: str = "") -> None:

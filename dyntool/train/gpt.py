@@ -27,7 +27,8 @@ import torch.nn.functional as F
 from .. import masks
 from ..attention import CausalSelfAttention
 from ..errors import ConfigError
-from .config import ModelConfig, SpanSection
+from ..span import SpanConfig
+from .config import ModelConfig
 
 
 def resolve_backend(cfg: ModelConfig, device_type: str) -> str:
@@ -99,7 +100,7 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, cfg: ModelConfig, vocab_size: int, block_size: int,
-                 span: SpanSection | None = None, device_type: str = "cpu"):
+                 span: SpanConfig | None = None, device_type: str = "cpu"):
         super().__init__()
         self.cfg, self.vocab_size, self.block_size = cfg, vocab_size, block_size
         self.backend = resolve_backend(cfg, device_type)
@@ -119,7 +120,7 @@ class GPT(nn.Module):
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, 0.0, cfg.init_std / math.sqrt(2 * cfg.n_layer))
         if cfg.attention == "span":
-            self.set_span(span or SpanSection())
+            self.set_span(span or SpanConfig())
 
     def _init_weights(self, m):
         if isinstance(m, (nn.Linear, nn.Embedding)):
@@ -127,10 +128,10 @@ class GPT(nn.Module):
             if getattr(m, "bias", None) is not None:
                 nn.init.zeros_(m.bias)
 
-    def set_span(self, span: SpanSection) -> None:
+    def set_span(self, span: SpanConfig) -> None:
         """Route every core through the span-recon backward (forward stays plain SDPA)."""
         from ..span import span_attention
-        scfg, impl = span.to_span(), span.impl
+        scfg, impl = span, span.impl
 
         def attend(q, k, v, mask_args, scale):
             return span_attention(q, k, v, scfg, scale=scale, impl=impl, **mask_args)

@@ -19,22 +19,41 @@ DEFAULT_OUT = os.path.join("runs", "wikitext")
 
 
 def load_config(config: str | None, preset: str | None, overrides: list[str],
-                resume: str | None = None) -> TrainConfig:
-    """Defaults ← TOML ← preset ← overrides; with ``resume`` the base is the run's config.json."""
+                resume: str | None = None, values: dict | None = None) -> TrainConfig:
+    """Defaults ← TOML ← preset ← overrides ← typed ``values``; with ``resume`` the base is the
+    run's config.json.  Also refuses a device this machine doesn't have (before anything is made)."""
     from .. import config as cfgmod
     if resume is None:
-        return cfgmod.load(TrainConfig, config, preset, overrides)
-    if config is not None or preset is not None:
-        raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
-                                      "(overrides like --train.max_steps=N still apply)")
-    path = Path(resume) / "config.json"
-    try:
-        base = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
-    base.setdefault("train", {})["stop_at"] = 0       # a resumed run goes on to max_steps
-    values = cfgmod._merge(base, cfgmod.parse_overrides(overrides))
-    return cfgmod.update(TrainConfig(), values)
+        cfg = cfgmod.load(TrainConfig, config, preset, overrides, values=values)
+    else:
+        if config is not None or preset is not None:
+            raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
+                                          "(overrides like --train.max_steps=N still apply)")
+        path = Path(resume) / "config.json"
+        try:
+            base = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
+        if not isinstance(base, dict):
+            raise RunError(f"cannot resume {resume}: {path} is not a config object")
+        base.setdefault("train", {})["stop_at"] = 0       # a resumed run goes on to max_steps
+        cfg = cfgmod.load(TrainConfig, base=base, overrides=overrides, values=values)
+    _check_device(cfg, preset)
+    return cfg
+
+
+def _check_device(cfg: TrainConfig, preset: str | None) -> None:
+    """A CUDA device (or a ``gpu*`` preset left on ``auto``) on a machine without one is refused:
+    such a preset on the CPU takes hours, so it must be asked for with ``--device=cpu``."""
+    if cfg.device == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("device", "mps requested but not available on this machine; use --device=cpu")
+    if torch.cuda.is_available():
+        return
+    if cfg.device.startswith("cuda"):
+        raise ConfigError("device", f"{cfg.device} requested but no CUDA GPU is visible; use --device=cpu")
+    if preset is not None and preset.startswith("gpu") and cfg.device == "auto":
+        raise ConfigError("--preset", f"{preset} is sized for a CUDA GPU and none is visible; "
+                                      "add --device=cpu to run it on the CPU anyway")
 
 
 def _seed_all(seed: int) -> None:

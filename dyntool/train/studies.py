@@ -3,7 +3,7 @@
 A study writes ``<out>/<study>-<date>-<rand>/`` holding its runs (ordinary run directories, so
 ``dyntool ls``/the app see them) plus ``summary.json``, and prints a table.
 
-- ``span``: baseline (``mhsa``) vs the span-recon backward (``sims/wikitext_span.toml``'s [span]
+- ``span``: baseline (``mhsa``) vs the span-recon backward (``wikitext_span.toml``'s [span]
   section) for seeds 0..N-1; both arms of a seed share the initialisation and data order (the
   span forward is bitwise the mhsa forward).  Reported: final validation loss per run and the
   relative change ``100·(L_span − L_base)/L_base`` per seed, mean ± std (sample std) over seeds.
@@ -19,41 +19,72 @@ import json
 import math
 import secrets
 import statistics
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
 
-from ..errors import NonFiniteLossError
+from ..config import PosInt, Seed, merge, nest
+from ..errors import NonFiniteLossError, RunError
 
-SIMS = Path(__file__).resolve().parents[2] / "sims"
-# long context + high lr, scaled to what a CPU does in minutes; override any key on the CLI
-LS_LOGITS = ["--data.block_size=256", "--data.batch_size=8", "--optim.lr=1e-2", "--optim.warmup_steps=20",
-             "--model.window=16", "--train.eval_interval=50", "--record.every=50"]
+# long context + high lr, scaled to what a CPU does in minutes; any key can be overridden on the CLI
+LS_LOGITS = {"data.block_size": 256, "data.batch_size": 8, "optim.lr": 1e-2, "optim.warmup_steps": 20,
+             "model.window": 16, "train.eval_interval": 50, "record.every": 50}
 
 
-def _sims_file(name: str) -> Path:
-    p = SIMS / name
-    if not p.is_file():                               # installed without the repo's sims/
+@dataclass
+class StudyConfig:
+    """What every study takes from the command line (``--seeds``, ``--n-seeds``, ``--max-steps``)."""
+    seeds: list[Seed] = field(default_factory=lambda: [0, 1, 2])
+    max_steps: Optional[PosInt] = None      # train.max_steps of every run (None: the preset's)
+
+    def validate(self, prefix: str = "") -> None:
         from ..errors import ConfigError
-        raise ConfigError("study", f"needs {p} (run from a dyntool checkout)")
-    return p
+        if not self.seeds:
+            raise ConfigError(prefix + "seeds", "needs at least one seed")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError(prefix + "seeds", f"repeats a seed: {self.seeds}")
 
 
-def _train(study_dir: Path, name: str, config: Path, preset, overrides, quiet, tag):
+def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyConfig, preset, overrides,
+             base_values: dict | None = None) -> dict[tuple[str, int], object]:
+    """Every run's config, loaded once and validated before the study creates anything.
+
+    Priority: packaged file ← preset ← the study's defaults (``base_values``) ← the user's
+    ``--section.key=value`` ← the arm ← ``--seed``/``--max-steps``."""
+    from ..config import parse_overrides
+    from .runner import load_config
+    user = parse_overrides(overrides)
+    cfgs = {}
+    for seed in study.seeds:
+        for arm, f in files.items():
+            fixed = {"seed": seed, **({"train.max_steps": study.max_steps} if study.max_steps else {})}
+            values = merge(merge(merge(nest(base_values or {}), user), nest(arm_values.get(arm, {}))),
+                           nest(fixed))
+            cfgs[arm, seed] = load_config(f, preset, [], values=values)
+    return cfgs
+
+
+def _train(study_dir: Path, name: str, cfg, quiet, tags):
     from ..run import open_run
-    from .runner import load_config, run_training
-    cfg = load_config(str(config), preset, overrides)
+    from .runner import run_training
     if not quiet:
-        print(f"[{tag}] {name}", flush=True)
+        print(f"[{tags[0]}] {name}", flush=True)
     try:
-        run_training(cfg, str(study_dir), name=name, tags=[tag], quiet=quiet)
+        run_training(cfg, str(study_dir), name=name, tags=tags, quiet=quiet)
     except NonFiniteLossError:
         pass                                          # the run is marked failed; the study goes on
     return open_run(study_dir / name)
 
 
-def _study_dir(out: str, which: str) -> Path:
+def _study_dir(out: str, which: str, name: str | None) -> Path:
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    d = Path(out) / f"{which}-{stamp}-{secrets.token_hex(2)}"
-    d.mkdir(parents=True)
+    d = Path(out) / (name or f"{which}-{stamp}-{secrets.token_hex(2)}")
+    try:
+        d.mkdir(parents=True)
+    except FileExistsError:
+        raise RunError(f"study {d} already exists; choose another --name (nothing is overwritten)") from None
+    except OSError as e:
+        raise RunError(f"study directory {d} can't be created: {e.strerror or e}") from None
     return d
 
 
@@ -64,16 +95,15 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
-    d = _study_dir(out, "span")
-    cfg_file = _sims_file("wikitext_span.toml")
-    extra = list(overrides) + ([f"--train.max_steps={max_steps}"] if max_steps else [])
-    arms = {"baseline": ["--model.attention=mhsa"], "span": []}
+def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
+    arms = {"baseline": "wikitext_span.toml", "span": "wikitext_span.toml"}
+    cfgs = _configs(arms, {"baseline": {"model.attention": "mhsa"}}, study, preset, overrides)
+    d = _study_dir(out, "span", name)
     rows = []
-    for seed in range(seeds):
+    for seed in study.seeds:
         res = {"seed": seed}
-        for arm, o in arms.items():
-            r = _train(d, f"{arm}-s{seed}", cfg_file, preset, extra + o + [f"--seed={seed}"], quiet, "study-span")
+        for arm in arms:
+            r = _train(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-span", *tags])
             final = r.meta.get("final", {})
             vals = r.metrics["val_loss"].dropna() if "val_loss" in r.metrics else []
             last = float(vals.iloc[-1]) if len(vals) else None     # when final_eval is off
@@ -88,9 +118,9 @@ def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
     m, sd = _mean_std([r["rel_change_pct"] for r in rows])
     mb, sdb = _mean_std([r["rel_change_best_pct"] for r in rows])
     import dataclasses
-    from .runner import load_config
-    span_cfg = dataclasses.asdict(load_config(str(cfg_file), preset, extra).span)
-    summary = {"study": "span", "dir": str(d), "preset": preset, "overrides": extra, "span": span_cfg,
+    span_cfg = dataclasses.asdict(cfgs["span", study.seeds[0]].span)
+    summary = {"study": "span", "dir": str(d), "preset": preset, "overrides": list(overrides),
+               "seeds_requested": list(study.seeds), "max_steps": study.max_steps, "span": span_cfg,
                "seeds": rows, "rel_change_pct_mean": m, "rel_change_pct_std": sd,
                "rel_change_best_pct_mean": mb, "rel_change_best_pct_std": sdb, "paper_rel_change_pct": -0.56}
     print(f"\nstudy span ({d})  span-recon {span_cfg['candidate']} "
@@ -105,15 +135,14 @@ def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
     return summary
 
 
-def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
-    d = _study_dir(out, "ls-logits")
-    extra = LS_LOGITS + list(overrides) + ([f"--train.max_steps={max_steps}"] if max_steps else [])
+def study_ls_logits(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
     arms = {"mhsa": "wikitext_mhsa.toml", "ls": "wikitext_ls.toml", "qknorm": "wikitext_qknorm.toml"}
+    cfgs = _configs(arms, {}, study, preset, overrides, base_values=LS_LOGITS)
+    d = _study_dir(out, "ls-logits", name)
     runs = {}
-    for seed in range(seeds):
-        for arm, f in arms.items():
-            r = _train(d, f"{arm}-s{seed}", _sims_file(f), preset, extra + [f"--seed={seed}"], quiet,
-                       "study-ls-logits")
+    for seed in study.seeds:
+        for arm in arms:
+            r = _train(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-ls-logits", *tags])
             df = r.metrics
             layers = sorted(int(c.split("/L")[1]) for c in df.columns
                             if c.startswith("logit_max/L") and "H" not in c.split("/L")[1])
@@ -127,7 +156,8 @@ def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
             runs[r.id] = {"arm": arm, "seed": seed, "status": r.status, "diverged": r.status == "failed",
                           "steps": int(df["step"].max()) + 1, "valid_ppl": final.get("valid_ppl"),
                           "per_layer": per_layer}
-    summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "overrides": extra, "runs": runs}
+    summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "defaults": LS_LOGITS,
+               "overrides": list(overrides), "max_steps": study.max_steps, "runs": runs}
     print(f"\nstudy ls-logits ({d}): max|logit| per layer, first → last step (peak), growth ×")
     for rid, r in runs.items():
         cells = "  ".join(f"L{x['layer']} {x['first']:.2f}→{x['last']:.2f} ({x['peak']:.2f}) ×{x['growth']:.1f}"
@@ -137,10 +167,11 @@ def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
     return summary
 
 
-def run_study(which: str, out: str, seeds: int = 3, max_steps: int | None = None,
-              preset: str | None = "small", overrides: list[str] | None = None, quiet: bool = False) -> Path:
+def run_study(which: str, out: str, study: StudyConfig | None = None, preset: str | None = "small",
+              overrides: list[str] | None = None, quiet: bool = False, name: str | None = None,
+              tags: list[str] | None = None) -> Path:
     fn = {"span": study_span, "ls-logits": study_ls_logits}[which]
-    summary = fn(out, seeds, max_steps, preset, overrides or [], quiet)
+    summary = fn(out, study or StudyConfig(), preset, overrides or [], quiet, name, tuple(tags or ()))
     path = Path(summary["dir"]) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str))
     print(f"summary: {path}")

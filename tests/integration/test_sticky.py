@@ -120,7 +120,7 @@ def test_non_finite_loss_fails_cleanly_and_keeps_records(tmp_path, capsys):
 
 def test_value_lr_sweep_and_closed_form_arm(tmp_path):
     assert main(["sim", "sticky-markov", "--T", "50", "--steps", "30", "--seeds", "1,2", "--window", "10",
-                 "--arms", "sgd,em,em_closed_form", "--value-lr-mult", "1,10", "--record.every=15",
+                 "--arms", "sgd,em,em_closed_form", "--sweep", "1,10", "--record.every=15",
                  "--out", str(tmp_path), "--name", "w", "--quiet"]) == 0
     s = json.loads((tmp_path / "w" / "summary.json").read_text())
     sweep = {e["mult"]: e for e in s["value_lr_sweep"]}

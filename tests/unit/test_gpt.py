@@ -6,7 +6,8 @@ import torch
 
 from dyntool.capture import Capture
 from dyntool.span import CANDIDATES
-from dyntool.train.config import ModelConfig, SpanSection
+from dyntool.span import SpanConfig
+from dyntool.train.config import ModelConfig
 from dyntool.train.gpt import GPT
 from dyntool.train.recording import logit_absmax, logit_bound
 
@@ -84,7 +85,7 @@ def test_span_identity_scales_equal_mhsa(candidate):
     """All scales 1: forward bitwise equal, gradients equal (float64) - eager recompute backward."""
     x, y = batch()
     base = make("mhsa", torch.float64)
-    span = make("span", torch.float64, span=SpanSection(candidate=candidate, impl="eager"))
+    span = make("span", torch.float64, span=SpanConfig(candidate=candidate, impl="eager"))
     span.load_state_dict(base.state_dict())
     lb, loss_b = base(x, y)
     ls, loss_s = span(x, y)
@@ -99,7 +100,7 @@ def test_span_identity_scales_equal_mhsa(candidate):
 def test_span_rescaling_changes_only_the_backward():
     x, y = batch()
     base = make("mhsa")
-    span = make("span", span=SpanSection(alpha_q=2.0, alpha_k=2.0, beta_q=0.5, beta_k=0.5))
+    span = make("span", span=SpanConfig(alpha_q=2.0, alpha_k=2.0, beta_q=0.5, beta_k=0.5))
     span.load_state_dict(base.state_dict())
     lb, loss_b = base(x, y)
     ls, loss_s = span(x, y)

@@ -1,0 +1,96 @@
+"""The one guard for where commands write: run names, output folders, and cleanup on rejection.
+
+Every command that writes (``sim``, ``train``, ``study``, ``figures``) checks its ``--name`` and
+``--out`` here *before* anything is created, and runs inside :func:`cleanup_on_reject`, so input
+that is rejected later (a config error found while building the model, say) leaves no directory
+behind.  Existing runs are never written into: an ``--out`` inside a run is refused.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from .errors import ConfigError, DyntoolError, RunError
+
+
+def check_name(name: str | None, what: str = "--name") -> None:
+    """A run/study name is one path component: no separators, no ``..``, nothing hidden."""
+    if name is None:
+        return
+    seps = {"/", os.sep} | ({os.altsep} if os.altsep else set())
+    if (not name.strip() or name in (".", "..") or name.startswith(".") or "\0" in name
+            or any(s in name for s in seps)):
+        raise ConfigError(what, f"{name!r} must be a plain directory name (no path separators, "
+                                "no leading '.', no '..'); use --out for the parent folder")
+
+
+def _inside_run(p: Path) -> Path | None:
+    from .run import is_run_dir
+    for q in [p, *p.parents]:
+        if q.exists() and is_run_dir(q):
+            return q
+    return None
+
+
+def check_out(out: str | Path, what: str = "--out") -> Path:
+    """``out`` can be created (or exists) and is writable, and is not inside a run. Creates nothing."""
+    p = Path(out).expanduser()
+    if "\0" in str(p):
+        raise ConfigError(what, "contains a NUL byte")
+    run = _inside_run(p.absolute())
+    if run is not None:
+        raise ConfigError(what, f"{p} is inside the run {run}; runs are never written into "
+                                "(pass the folder that holds the runs)")
+    anchor = p.absolute()
+    while not anchor.exists():                       # nearest existing ancestor
+        if anchor.is_symlink():                      # a dangling link: mkdir would fail on it
+            raise RunError(f"output directory {p} can't be created: {anchor} is a broken symlink")
+        anchor = anchor.parent
+    if not anchor.is_dir():
+        raise RunError(f"output directory {p} can't be created: {anchor} is not a directory")
+    try:                                             # os.access lies for root and read-only mounts
+        tempfile.TemporaryDirectory(dir=anchor, prefix=".dyntool-probe-").cleanup()
+    except OSError as e:
+        verb = "is not writable" if anchor == p.absolute() else f"can't be created in {anchor}"
+        raise RunError(f"output directory {p} {verb}: {e.strerror or e}") from None
+    return p
+
+
+@contextlib.contextmanager
+def cleanup_on_reject(out: str | Path | None):
+    """On a rejected input (exit 2), remove what this command created under ``out``.
+
+    Only directories that did not exist when the command started and were created after it
+    started are removed: the new ``out`` folder itself (and parents it made) or new entries in it.
+    Runs that were already there are never touched.
+    """
+    if out is None:
+        yield
+        return
+    p = Path(out).absolute()
+    start = time.time() - 1
+    created = [q for q in [p, *p.parents] if not q.exists()]          # deepest first
+    before = set(os.listdir(p)) if p.is_dir() else set()
+    try:
+        yield
+    except DyntoolError as e:
+        if e.exit_code == 2:
+            _remove_new(p, created, before, start)
+        raise
+
+
+def _remove_new(p: Path, created: list[Path], before: set[str], start: float) -> None:
+    with contextlib.suppress(OSError):
+        if created:
+            top = created[-1]                       # the shallowest folder this command made
+            if top.exists() and top.stat().st_ctime >= start:
+                shutil.rmtree(top)
+            return
+        for name in set(os.listdir(p)) - before:
+            q = p / name
+            if q.is_dir() and not q.is_symlink() and q.stat().st_ctime >= start:
+                shutil.rmtree(q)
