@@ -66,10 +66,11 @@ def cmd_info(args) -> int:
 
 def register(sub, simsub) -> None:
     ls = sub.add_parser("ls", help="table of runs under RUNS_DIR")
-    ls.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS)
+    ls.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS, metavar="RUNS_DIR",
+                    help=f"folder holding runs and studies (default: {DEFAULT_RUNS})")
     ls.set_defaults(fn=cmd_ls)
 
     info = sub.add_parser("info", help="config summary, arrays (shapes, dimension names), size of a run")
-    info.add_argument("run")
+    info.add_argument("run", metavar="RUN", help="a run directory")
     info.set_defaults(fn=cmd_info)
 

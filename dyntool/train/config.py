@@ -92,7 +92,7 @@ class OptimConfig:
 
 @dataclass
 class TrainLoopConfig:
-    max_steps: int = 500            # optimizer steps; the LR schedule spans these
+    max_steps: PosInt = 500         # optimizer steps; the LR schedule spans these
     stop_at: int = 0                # stop (checkpointed) after this many steps; 0 = max_steps
     eval_interval: int = 100        # validation every N steps and at the last; 0 = none (final_eval only)
     checkpoint_interval: int = 0    # checkpoint every N steps (0 = only at the end / stop_at)

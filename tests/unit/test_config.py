@@ -44,3 +44,99 @@ def test_bad_toml_file(tmp_path):
         config.load(ToyConfig, f)
     with pytest.raises(ConfigError, match="no such file"):
         config.load(ToyConfig, tmp_path / "missing.toml")
+
+
+# -- the validation layer: bounds on annotations, finite floats, seeds, devices ------------------
+
+@pytest.mark.parametrize("cls,override,key", [
+    ("toy", "--lr=1e400", "lr"),                     # parses as inf
+    ("toy", "--lr=-inf", "lr"),
+    ("toy", "--lr=nan", "lr"),
+    ("toy", "--model.d_k=0", "model.d_k"),
+    ("toy", "--model.init_std=-1", "model.init_std"),
+    ("toy", "--seed=-1", "seed"),
+    ("toy", "--seed=4294967296", "seed"),            # one past np.random.seed's range
+    ("toy", "--seed=1e30", "seed"),
+    ("toy", "--seed=inf", "seed"),
+    ("sticky", "--n_symbols=0", "n_symbols"),
+    ("sticky", "--d_v=-2", "d_v"),
+    ("sticky", "--seeds=1,1e25", "seeds"),
+    ("sticky", "--embed_seed=-5", "embed_seed"),
+    ("train", "--device=bogus", "device"),
+    ("train", "--device=cuda:x", "device"),
+    ("train", "--train.threads=-1", "train.threads"),
+    ("train", "--train.max_steps=0", "train.max_steps"),
+    ("train", "--optim.beta1=-0.1", "optim.beta1"),
+    ("train", "--span.eps=2", "span"),               # SpanConfig checks itself; reported as config
+    ("train", "--span.impl=fast", "span"),
+])
+def test_bounds_finite_and_ranges_name_the_key(cls, override, key):
+    from dyntool.sims.sticky import StickyConfig
+    from dyntool.train.config import TrainConfig
+    schema = {"toy": ToyConfig, "sticky": StickyConfig, "train": TrainConfig}[cls]
+    with pytest.raises(ConfigError) as e:
+        config.load(schema, overrides=[override])
+    assert e.value.key == key and "\n" not in str(e.value)
+
+
+def test_bounds_accept_the_edges():
+    from dyntool.train.config import TrainConfig
+    cfg = config.load(ToyConfig, overrides=["--seed=4294967295", "--model.init_std=0", "--model.d_k=1"])
+    assert (cfg.seed, cfg.model.init_std, cfg.model.d_k) == (2**32 - 1, 0.0, 1)
+    cfg = config.load(TrainConfig, overrides=["--device=cuda:1", "--train.threads=0", "--seed=1e3"])
+    assert (cfg.device, cfg.train.threads, cfg.seed) == ("cuda:1", 0, 1000)
+    assert config.load(ToyConfig, overrides=["--steps=12345678901"]).steps == 12345678901   # exact
+
+
+def test_range_and_pattern_are_generic():
+    from typing import Annotated, Optional
+    from dataclasses import dataclass
+
+    @dataclass
+    class S:
+        a: Annotated[float, config.Range(0, 1, lo_open=True)] = 0.5
+        b: Optional[config.PosInt] = None
+        c: list[config.Seed] = None
+
+    assert config.load(S, values={"a": 1, "b": None, "c": [0, 3]}).c == [0, 3]
+    for bad in ({"a": 0}, {"a": 1.01}, {"b": 0}, {"c": [1, -1]}):
+        with pytest.raises(ConfigError):
+            config.load(S, values=bad)
+
+
+def test_values_are_typed_and_win_over_string_overrides():
+    cfg = config.load(ToyConfig, overrides=["--steps=7", "--model.d_k=3"],
+                      values={"steps": 9, "model.d_v": 4})
+    assert (cfg.steps, cfg.model.d_k, cfg.model.d_v) == (9, 3, 4)
+    assert config.parse_value(ToyConfig, "model.labels", "0,1,1,2,2") == [0, 1, 1, 2, 2]
+    with pytest.raises(ConfigError, match="unknown key"):
+        config.key_type(ToyConfig, "model.nope")
+
+
+def test_merge_and_base_are_public():
+    assert config.merge({"a": {"x": 1, "y": 2}, "b": 1}, {"a": {"y": 3}}) == {"a": {"x": 1, "y": 3}, "b": 1}
+    assert config.nest({"a.b": 1, "c": 2}) == {"a": {"b": 1}, "c": 2}
+    base = config.to_dict(config.load(ToyConfig, overrides=["--steps=11"]))
+    cfg = config.load(ToyConfig, base=base, overrides=["--lr=0.2"])
+    assert (cfg.steps, cfg.lr) == (11, 0.2)
+
+
+@pytest.mark.parametrize("name", ["toy", "toy.toml", "sims/toy.toml", "/nowhere/at/all/sims/toy.toml"])
+def test_packaged_presets_resolve_by_name_and_old_path(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)                      # not the repository: no sims/ here
+    assert config.resolve_file(name) == config.PRESETS / "toy.toml"
+    assert config.load(ToyConfig, name, preset="slow").steps == 2000
+
+
+def test_every_packaged_preset_loads():
+    from dyntool.sims.sticky import StickyConfig
+    from dyntool.train.config import TrainConfig
+    files = sorted(config.PRESETS.glob("*.toml"))
+    assert {f.stem for f in files} >= {"toy", "sticky_markov", "wikitext_mhsa", "wikitext_ls",
+                                       "wikitext_span", "wikitext_qknorm"}
+    for f in files:
+        cls = ToyConfig if f.stem == "toy" else StickyConfig if f.stem.startswith("sticky") else TrainConfig
+        for preset in [None, *config.read_file(f).get("preset", {})]:
+            config.load(cls, f, preset)
+    with pytest.raises(ConfigError, match="packaged presets"):
+        config.resolve_file("sims/nope.toml")

@@ -1,0 +1,41 @@
+"""``dyntool study`` plumbing on the tiny corpus: seeds as a list, --max-steps reaches every run,
+each run's config loaded once from the packaged presets, user overrides beat the study defaults."""
+import json
+from pathlib import Path
+
+from dyntool.cli import main
+from dyntool.run import open_run
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "tiny_wikitext"
+TINY_ARGS = [f"--data.path={TINY}", "--data.batch_size=2", "--data.block_size=8", "--data.eval_batch_size=4",
+             "--data.eval_max_batches=1", "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16",
+             "--optim.warmup_steps=1", "--train.eval_interval=2", "--record.every=2",
+             "--train.final_eval=false", "--train.checkpoint=false", "--train.logit_stat=off"]
+
+
+def test_span_study_runs_the_listed_seeds(tmp_path, monkeypatch):
+    from dyntool.train import runner
+    calls = []
+    real = runner.load_config
+    monkeypatch.setattr(runner, "load_config", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert main(["study", "span", "--seeds", "7", "--max-steps", "2", "--out", str(tmp_path),
+                 "--name", "s", "--quiet", "--tag", "mine", *TINY_ARGS]) == 0
+    assert len(calls) == 2                          # one load per run, none for the summary
+    s = json.loads((tmp_path / "s" / "summary.json").read_text())
+    assert [r["seed"] for r in s["seeds"]] == [7] and s["max_steps"] == 2
+    for arm, attention in (("baseline", "mhsa"), ("span", "span")):
+        run = open_run(tmp_path / "s" / f"{arm}-s7")
+        assert run.config["seed"] == 7 and run.config["train"]["max_steps"] == 2
+        assert run.config["model"]["attention"] == attention and run.config["model"]["n_embd"] == 16
+        assert run.meta["tags"] == ["study-span", "mine"] and int(run.metrics["step"].max()) == 1
+
+
+def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
+    from dyntool.train.studies import LS_LOGITS, StudyConfig, _configs
+    arms = {"mhsa": "wikitext_mhsa.toml", "ls": "wikitext_ls.toml"}
+    cfgs = _configs(arms, {}, StudyConfig(seeds=[0, 3], max_steps=5), "small",
+                    ["--optim.lr=3e-3"], base_values=LS_LOGITS)
+    assert sorted(cfgs) == [("ls", 0), ("ls", 3), ("mhsa", 0), ("mhsa", 3)]
+    c = cfgs["ls", 3]
+    assert (c.seed, c.train.max_steps, c.optim.lr, c.data.block_size) == (3, 5, 3e-3, 256)
+    assert c.model.attention == "ls" and cfgs["mhsa", 0].model.attention == "mhsa"
