@@ -66,7 +66,8 @@ def cleanup_on_reject(out: str | Path | None):
 
     Only directories that did not exist when the command started and were created after it
     started are removed: the new ``out`` folder itself (and parents it made) or new entries in it.
-    Runs that were already there are never touched.
+    Runs that were already there are never touched, and neither is anything that recorded a
+    metrics row (a run that failed late keeps what it wrote).
     """
     if out is None:
         yield
@@ -83,14 +84,18 @@ def cleanup_on_reject(out: str | Path | None):
         raise
 
 
+def _has_records(q: Path) -> bool:
+    return any(m.stat().st_size > 0 for m in q.rglob("metrics.jsonl"))
+
+
 def _remove_new(p: Path, created: list[Path], before: set[str], start: float) -> None:
     with contextlib.suppress(OSError):
         if created:
             top = created[-1]                       # the shallowest folder this command made
-            if top.exists() and top.stat().st_ctime >= start:
+            if top.exists() and top.stat().st_ctime >= start and not _has_records(top):
                 shutil.rmtree(top)
             return
         for name in set(os.listdir(p)) - before:
             q = p / name
-            if q.is_dir() and not q.is_symlink() and q.stat().st_ctime >= start:
+            if q.is_dir() and not q.is_symlink() and q.stat().st_ctime >= start and not _has_records(q):
                 shutil.rmtree(q)

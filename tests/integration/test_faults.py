@@ -223,3 +223,9 @@ def test_rejected_after_creation_is_cleaned_up(tmp_path, monkeypatch):
             (tmp_path / "old" / "made").mkdir()
             raise ConfigError("x", "found late")
     assert sorted(p.name for p in (tmp_path / "old").iterdir()) == ["kept"]
+    with pytest.raises(ConfigError):                 # a run that recorded rows keeps them
+        with paths.cleanup_on_reject(tmp_path / "old"):
+            (tmp_path / "old" / "ran").mkdir()
+            (tmp_path / "old" / "ran" / "metrics.jsonl").write_text('{"step": 0}\n')
+            raise ConfigError("x", "found late")
+    assert (tmp_path / "old" / "ran" / "metrics.jsonl").is_file()
