@@ -18,10 +18,11 @@ import datetime as _dt
 import json
 import math
 import secrets
-import statistics
 from pathlib import Path
 
 from ..errors import NonFiniteLossError
+from ..record import metric_names as mn
+from ..stats import mean_std
 
 SIMS = Path(__file__).resolve().parents[2] / "sims"
 # long context + high lr, scaled to what a CPU does in minutes; override any key on the CLI
@@ -61,7 +62,7 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    return mean_std(xs)
 
 
 def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
@@ -115,11 +116,10 @@ def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
             r = _train(d, f"{arm}-s{seed}", _sims_file(f), preset, extra + [f"--seed={seed}"], quiet,
                        "study-ls-logits")
             df = r.metrics
-            layers = sorted(int(c.split("/L")[1]) for c in df.columns
-                            if c.startswith("logit_max/L") and "H" not in c.split("/L")[1])
+            layers = sorted(mn.per_layer(df.columns, mn.LOGIT_MAX))
             per_layer = []
             for l in layers:
-                s = df[f"logit_max/L{l}"].dropna()
+                s = df[mn.layer(mn.LOGIT_MAX, l)].dropna()
                 first, last, peak = float(s.iloc[0]), float(s.iloc[-1]), float(s.max())
                 per_layer.append({"layer": l, "first": first, "last": last, "peak": peak,
                                   "growth": last / first if first else None})
