@@ -117,12 +117,26 @@ def to_xarray(run, arrays: list[str] | None = None, steps: str | None = None, st
     specs["step"] = (("step",), (len(step),))
     names_ = _resolve_dims(specs)
     data = {n: xr.Variable(names_[n], _lazy(a), attrs=dict(a.attrs)) for n, a in srcs.items()}
-    ds = xr.Dataset(data, coords={"step": ("step", step)},
+    ds = xr.Dataset(data, coords={"step": ("step", step), **_window_coords(specs, names_, srcs)},
                     attrs={"run_id": run.id, "kind": run.kind, "status": run.status,
                            "config": json.dumps(run.config), "meta": json.dumps(run.meta, default=str)})
     if steps is not None:
         ds = ds.isel(step=select_steps(step, steps))
     return ds
+
+
+def _window_coords(specs, names_, srcs) -> dict:
+    """Sequence positions of windowed matrices (attributes ``query_offset``/``key_offset``) as
+    coordinates of their query/key dimensions, where every array on that dimension agrees."""
+    offsets: dict[str, set] = {}
+    for n, (dims, _) in specs.items():
+        attrs = getattr(srcs.get(n), "attrs", {}) or {}
+        for d, new in zip(dims, names_[n]):
+            if d in ("query", "key"):
+                offsets.setdefault(new, set()).add(attrs.get(f"{d}_offset"))
+    sizes = {new: s for n, (_, shape) in specs.items() for new, s in zip(names_[n], shape)}
+    return {d: (d, int(next(iter(o))) + np.arange(sizes[d], dtype=np.int64))
+            for d, o in offsets.items() if len(o) == 1 and None not in o}
 
 
 # -- selections ----------------------------------------------------------------------------

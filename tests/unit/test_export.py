@@ -24,6 +24,7 @@ def run(tmp_path):
     rng = np.random.default_rng(0)
     with RunWriter.create(tmp_path / "runs", "test", {"model": {"n_layer": 2}}, name="r1") as w:
         st = w.open_store(chunk_steps=2)
+        st.declare("attn", attrs={"query_offset": 3, "key_offset": 3, "T": 7})     # the last 4 positions
         st.write_static("targets", rng.integers(0, 8, 7), ("query",))
         st.write_static("bayes_entropy", rng.random(7).astype(np.float32), ("query",))
         for k, s in enumerate(STEPS):
@@ -51,6 +52,8 @@ def test_to_xarray_dims_coords_values(run):
     assert ds.attn_entropy.dims == ("step", "layer", "head", "seq", "query")
     assert ds.logit_max.dims == ("step", "layer", "head") and ds.grad_scale.dims == ("step",)
     assert ds.diag_counts.dims == ("step", "dim_1")
+    assert ds["query_4"].values.tolist() == [3, 4, 5, 6] and ds["key"].values.tolist() == [3, 4, 5, 6]
+    assert "query" not in ds.coords                           # per-position arrays: no window, no coord
     assert ds.static_targets.dims == ("query",)
     for n, a in _arrays(run).items():
         if n != "step":
@@ -125,7 +128,7 @@ def test_arrays_netcdf_round_trip(run, tmp_path):
         for n in run.static_names:
             np.testing.assert_array_equal(ds[f"static_{n}"].values, run.static(n))
         assert ds.attn.dims == ("step", "layer", "head", "seq", "query_4", "key")
-        assert ds.attrs["run_id"] == "r1"
+        assert ds.attrs["run_id"] == "r1" and ds["query_4"].values.tolist() == [3, 4, 5, 6]
 
 
 def test_arrays_npz_round_trip(run, tmp_path):

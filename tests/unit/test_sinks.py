@@ -100,3 +100,14 @@ def test_missing_wandb_is_one_line(run, monkeypatch, capsys):
 def test_export_needs_a_destination(run, capsys):
     assert main(["export", str(run.path)]) == 2
     assert "nothing to do" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_wandb_offline_for_real(run, tmp_path, monkeypatch):
+    """The real wandb client, offline (no network): one offline run directory with its log."""
+    pytest.importorskip("wandb", reason="wandb not installed")
+    for k, v in {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["export", str(run.path), "--to-wandb", "dyntool-test"]) == 0
+    files = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
