@@ -111,3 +111,15 @@ def test_wandb_offline_for_real(run, tmp_path, monkeypatch):
     assert main(["export", str(run.path), "--to-wandb", "dyntool-test"]) == 0
     files = list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1 and files[0].stat().st_size > 0
+
+
+def test_tensorboard_bad_input_leaves_nothing(run, tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'dyntool[tensorboard]')")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["export", str(run.path), "--to-tensorboard", str(blocker / "tb")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "can't be written" in err and len(err.splitlines()) == 1
+    assert main(["export", str(run.path), "--to-tensorboard", str(tmp_path / "a" / "tb"), "--steps", "x:y"]) == 2
+    assert "bad --steps item" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
