@@ -214,6 +214,27 @@ def write_npz(ds, path: Path) -> None:
             np.lib.format.write_array(f, np.array(json.dumps(dims)), allow_pickle=False)
 
 
+def _netcdf_attrs(ds):
+    """NetCDF attributes hold strings, numbers and flat numeric lists: anything else
+    (None, bools, dicts, nested lists) goes in as JSON text."""
+    def ok(v):
+        if isinstance(v, (bool, np.bool_)) or v is None:
+            return False
+        if isinstance(v, (str, int, float, np.number)):
+            return True
+        return isinstance(v, (list, tuple)) and len(v) > 0 and \
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+    def fix(attrs):
+        return {k: v if ok(v) else json.dumps(v, default=str) for k, v in attrs.items()}
+
+    out = ds.copy()
+    out.attrs = fix(ds.attrs)
+    for n in out.variables:
+        out[n].attrs = fix(ds[n].attrs)
+    return out
+
+
 def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | None = None,
                steps: str | None = None) -> list[Path]:
     """Write the chosen formats into ``out``; returns the files written.  All-or-nothing."""
@@ -250,7 +271,7 @@ def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | Non
             elif f == "csv":
                 _metrics(run, steps).to_csv(dst, index=False)
             elif f == "netcdf":
-                ds.to_netcdf(dst, engine="h5netcdf")
+                _netcdf_attrs(ds).to_netcdf(dst, engine="h5netcdf")
             else:
                 write_npz(ds, dst)
         for t in targets:

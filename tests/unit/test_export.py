@@ -24,7 +24,7 @@ def run(tmp_path):
     rng = np.random.default_rng(0)
     with RunWriter.create(tmp_path / "runs", "test", {"model": {"n_layer": 2}}, name="r1") as w:
         st = w.open_store(chunk_steps=2)
-        st.declare("attn", attrs={"query_offset": 3, "key_offset": 3, "T": 7})     # the last 4 positions
+        st.declare("attn", attrs={"query_offset": 3, "key_offset": 3, "T": 7, "odd": {"a": None}, "f": True})     # the last 4 positions
         st.write_static("targets", rng.integers(0, 8, 7), ("query",))
         st.write_static("bayes_entropy", rng.random(7).astype(np.float32), ("query",))
         for k, s in enumerate(STEPS):
@@ -129,6 +129,7 @@ def test_arrays_netcdf_round_trip(run, tmp_path):
             np.testing.assert_array_equal(ds[f"static_{n}"].values, run.static(n))
         assert ds.attn.dims == ("step", "layer", "head", "seq", "query_4", "key")
         assert ds.attrs["run_id"] == "r1" and ds["query_4"].values.tolist() == [3, 4, 5, 6]
+        assert ds.attn.attrs["T"] == 7 and json.loads(ds.attn.attrs["odd"]) == {"a": None}
 
 
 def test_arrays_npz_round_trip(run, tmp_path):
