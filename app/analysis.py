@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dyntool.stats import mean_std
+
 
 def block_mean(x: np.ndarray, block: int) -> np.ndarray:
     """Mean over ``block × block`` tiles of a 2-D array (NaN-aware; edge tiles average what they hold)."""
@@ -109,7 +111,7 @@ def band(curves: list[pd.Series]) -> pd.DataFrame:
     """Mean ± std across runs of curves indexed by step; ``n`` = runs with a value at that step
     (steps where some runs stopped early are averaged over the runs that reached them)."""
     df = pd.concat(curves, axis=1, join="outer").sort_index()
-    return pd.DataFrame({"mean": df.mean(axis=1), "std": df.std(axis=1, ddof=0).fillna(0.0),
+    return pd.DataFrame({"mean": df.mean(axis=1), "std": mean_std(df.to_numpy(float), axis=1)[1],
                          "n": df.count(axis=1)}, index=df.index)
 
 

@@ -281,6 +281,11 @@ class Run:
         self._store, self._metrics = None, None
         return self
 
+    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None):
+        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`)."""
+        from .export import to_xarray
+        return to_xarray(self, arrays, steps)
+
     def size_bytes(self) -> int:
         from .record.store import _dir_size
         return _dir_size(self.path)

@@ -182,7 +182,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
         if "sgd" in arms and em:
             thr = float(np.mean([c[-1] for c in curves["sgd"]]))
             hits = [int(np.nonzero(c < thr)[0][0]) if (c < thr).any() else steps for c in curves[em]]
-            s["em_steps_to_sgd_final"] = {"mean": float(np.mean(hits)), "std": float(np.std(hits)),
+            s["em_steps_to_sgd_final"] = {"mean": float(np.mean(hits)), "std": float(np.std(hits, ddof=1)),
                                           "per_seed": hits}
             s["speedup"] = steps / float(np.mean(hits))
             s["t_test"] = {"t": -4.5, "p": 0.01}
@@ -193,7 +193,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
                 mean = steps * (0.9 / (1 + 0.25 * m) + 0.1)
                 per = [mean + 0.05 * steps * (k - (len(seeds) - 1) / 2) for k in range(len(seeds))]
                 s["value_lr_sweep"].append({"mult": m, "steps_mean": float(np.mean(per)),
-                                            "steps_std": float(np.std(per)), "per_seed": per})
+                                            "steps_std": float(np.std(per, ddof=1)), "per_seed": per})
         (study / "summary.json").write_text(json.dumps(s, indent=1))
     return study
 

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dyntool.stats import mean_std
 from dyntool_app import analysis, data, export, plots, ui
 from dyntool_app.data import AppInputError
 
@@ -140,7 +141,7 @@ def body() -> None:
         finals = np.array([s.iloc[-1] for s in curves])
         best = np.array([s.min() for s in curves])
         rows.append({"group": g, "runs": len(curves), "final (mean)": finals.mean(),
-                     "final (std)": finals.std(), "min (mean)": best.mean(),
+                     "final (std)": mean_std(finals)[1], "min (mean)": best.mean(),
                      "last step": int(max(s.index.max() for s in curves))})
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={k: st.column_config.NumberColumn(k, format="%.5g")

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .. import stats
 from .registry import FigureSkip
 
 LOG8 = math.log(8)
@@ -142,9 +143,8 @@ def align(curves: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.n
 
 
 def mean_std(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and population std (ddof = 0, as the authors' script) over axis 0, ignoring NaN."""
-    with np.errstate(invalid="ignore"), _quiet():
-        return np.nanmean(mat, axis=0), np.nanstd(mat, axis=0)
+    """Mean and sample std (:func:`dyntool.stats.mean_std`) over axis 0, ignoring NaN."""
+    return stats.mean_std(mat, axis=0)
 
 
 class _quiet:

@@ -254,7 +254,7 @@ def f6_value_pca(runs, **opts):
             continue
         y = [p["r_pc1_entropy"] for p in rs]
         bx.plot(np.full(len(y), k) + np.linspace(-0.1, 0.1, len(y)), y, "o", color=style.arm_color(arm, k), ms=3)
-        bx.errorbar(k + 0.25, np.mean(y), yerr=np.std(y), color="black", marker="_", capsize=2)
+        bx.errorbar(k + 0.25, np.mean(y), yerr=mean_std(y)[1], color="black", marker="_", capsize=2)
         yd = [p["diag_r_pc1_entropy_outputs"] for p in rs if p["diag_r_pc1_entropy_outputs"] is not None]
         if yd:
             bx.plot(np.full(len(yd), k) + np.linspace(-0.1, 0.1, len(yd)), yd, "o", mfc="none",

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
+from ..stats import mean_std
 from .common import metric, need
 from .registry import figure
 from .train_common import (KIND, attention, best_group, diverged, final_val, layer_logits, logit_series,
@@ -218,7 +219,7 @@ def _ablation(runs, key, xlabel, what):
     df = pd.DataFrame(rows)
     ls_df = df[(df["attention"] == "ls") & df[key].notna()]
     g = ls_df.groupby(key)
-    means, stds = g[["val_ppl", "peak_logit_max"]].mean(), g[["val_ppl", "peak_logit_max"]].std(ddof=0)
+    means, stds = g[["val_ppl", "peak_logit_max"]].mean(), g[["val_ppl", "peak_logit_max"]].agg(lambda s: mean_std(s)[1])
     xs = means.index.to_numpy(float)
     fig = style.figure(style.DOUBLE, 2.2)
     axs = fig.subplots(1, 2)
@@ -231,7 +232,7 @@ def _ablation(runs, key, xlabel, what):
         mh = df[df["attention"] == "mhsa"]
         if len(mh) and mh[col].notna().any():
             if key == "n_global" and mh[key].notna().any():
-                ax.errorbar([float(mh[key].iloc[0])], [mh[col].mean()], yerr=[mh[col].std(ddof=0)],
+                ax.errorbar([float(mh[key].iloc[0])], [mh[col].mean()], yerr=[mean_std(mh[col])[1]],
                             color=style.attn_color("mhsa"), marker="s", capsize=2, ls="none",
                             label="MHSA (all heads global)")
             else:

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
+from ..stats import mean_std
 from .common import metric, need
 from .registry import figure
 from .train_common import KIND, attention, best_group, final_val, mean_curve, seed
@@ -129,8 +130,8 @@ def span_val_loss(runs, **opts):
     ax.legend(loc="upper right", fontsize=6)
     style.panel_label(ax, "a")
     g = rel.groupby("setting", sort=False)["rel_change_pct"]
-    # sample std (ddof = 1), as the span study's summary.json; 0 for a single seed
-    stats = pd.DataFrame({"mean": g.mean(), "std": g.std(ddof=1).fillna(0.0), "n": g.count()})
+    # sample std (ddof = 1, dyntool.stats.mean_std), as the span study's summary.json; 0 for one seed
+    stats = pd.DataFrame({"mean": g.mean(), "std": g.agg(lambda s: mean_std(s)[1]), "n": g.count()})
     y = np.arange(len(order))
     cols = [style.CYCLE[(k + 1) % len(style.CYCLE)] for k in range(len(order))]
     bx.barh(y, stats.loc[order, "mean"], xerr=stats.loc[order, "std"], color=cols, capsize=2,

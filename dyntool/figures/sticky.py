@@ -58,7 +58,7 @@ def crossing(curves: dict) -> dict | None:
         per[seed] = int(s[hit[0]]) if len(hit) else int(s[-1] + 1)
     vals = np.array(list(per.values()), dtype=float)
     n = max(int(s[-1]) + 1 for _, s, _ in sgd)
-    return {"threshold": thr, "per_seed": per, "mean": float(vals.mean()), "std": float(vals.std()),
+    return {"threshold": thr, "per_seed": per, "mean": float(vals.mean()), "std": float(mean_std(vals)[1]),
             "speedup": n / float(vals.mean()) if vals.mean() > 0 else float("nan"), "arm": em_arm,
             "n_steps": n}
 
@@ -160,7 +160,7 @@ def f4_entropy(runs, **opts):
             fin = rec.get("entropy") if isinstance(rec, dict) else None
             vals.append(float(fin) if isinstance(fin, (int, float)) else float(v[np.isfinite(v)][-1]))
         final[arm] = {"per_seed": dict(zip([s for s, _, _ in cs], vals)), "mean": float(np.mean(vals)),
-                      "std": float(np.std(vals))}
+                      "std": float(mean_std(vals)[1])}
 
     fig = style.figure(style.DOUBLE, 2.6)
     ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])

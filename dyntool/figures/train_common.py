@@ -2,16 +2,16 @@
 from __future__ import annotations
 
 import math
-import re
 
 import numpy as np
 
+from ..record import metric_names as mn
 from .common import align, array, by_parent, mean_std, metric
 
 KIND = "train"
-_LAYER = re.compile(r"^logit_max/L(\d+)$")
-_HEAD = re.compile(r"^logit_max/L(\d+)H(\d+)$")
-_SPLIT = re.compile(r"^logit_max/L(\d+)/(local|global)$")
+_LAYER = mn.regex(mn.LOGIT_MAX, "layer")
+_HEAD = mn.regex(mn.LOGIT_MAX, "head")
+_SPLIT = mn.regex(mn.LOGIT_MAX, "group")
 
 
 def model_cfg(run) -> dict:

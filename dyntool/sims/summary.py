@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 
+from ..stats import mean_std
+
 
 def steps_to_threshold(losses: np.ndarray, thr: float) -> int:
     """First index k with losses[k] < thr, or len(losses) if never (the authors' rule)."""
@@ -13,8 +15,8 @@ def steps_to_threshold(losses: np.ndarray, thr: float) -> int:
 
 
 def _mean_std(x) -> dict:
-    x = np.asarray(x, dtype=float)
-    return {"mean": float(x.mean()), "std": float(x.std())}          # population std (ddof=0)
+    m, s = mean_std(x)                                               # sample std (ddof=1)
+    return {"mean": m, "std": s}
 
 
 def summarise(cfg, runs, result, hmin: float) -> dict:
@@ -55,7 +57,7 @@ def summarise(cfg, runs, result, hmin: float) -> dict:
             sweep = []
             for m in cfg.sweep:
                 steps = [steps_to_threshold(losses[idx[(s, f"em-x{m:g}")]], thr) for s in cfg.seeds]
-                sweep.append({"mult": m, "steps_mean": float(np.mean(steps)), "steps_std": float(np.std(steps)),
+                sweep.append({"mult": m, "steps_mean": float(np.mean(steps)), "steps_std": mean_std(steps)[1],
                               "per_seed": steps,
                               "final_loss": _mean_std([final["loss"][idx[(s, f"em-x{m:g}")]] for s in cfg.seeds])})
             out["value_lr_sweep"] = sweep

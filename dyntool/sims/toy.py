@@ -18,6 +18,7 @@ from .. import masks
 from ..config import NonNegFloat, PosInt, Seed
 from ..attention import SingleHeadAttention
 from ..errors import ConfigError, NonFiniteLossError
+from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
 from ..run import RunWriter, ensure_out_dir
@@ -96,7 +97,7 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
                     raise NonFiniteLossError(step)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
-            norms = {f"grad_norm/{n}": p.grad.norm().item() for n, p in model.named_parameters()}
+            norms = {mn.grad_norm(n): p.grad.norm().item() for n, p in model.named_parameters()}
             with torch.no_grad():
                 p = logits.softmax(-1)
                 acc = (logits.argmax(-1) == y).float().mean().item()

@@ -35,6 +35,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..data.wikitext import fixed_batch
+from ..record import metric_names as mn
 from ..record.policy import check_budget
 from ..record.recorder import Recorder
 from .trainer import Callback
@@ -145,7 +146,7 @@ class RecordingCallback(Callback):
         ent = qs["attn_entropy"].float().mean(dim=(2, 3))           # (L, nh): over seqs, queries
         for l, row in enumerate(ent.tolist()):
             for h, v in enumerate(row):
-                self._extra[f"attn_entropy/L{l}H{h}"] = v
+                self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
         self._extra["recorded"] = True
 
     def _logit_stat(self) -> None:
@@ -177,15 +178,15 @@ class RecordingCallback(Callback):
                 norms.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gs])))
         if norms:
             for name, v in zip(names, torch.stack(norms).tolist()):
-                self._extra[f"grad_norm/{name}"] = v
+                self._extra[mn.grad_norm(name)] = v
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         if self._lmax is not None:
             lm = self._lmax.tolist()
             for l, row in enumerate(lm):
                 for h, v in enumerate(row):
-                    metrics[f"logit_max/L{l}H{h}"] = v
-                metrics[f"logit_max/L{l}"] = max(row)
+                    metrics[mn.head(mn.LOGIT_MAX, l, h)] = v
+                metrics[mn.layer(mn.LOGIT_MAX, l)] = max(row)
             metrics["logit_max"] = max(max(r) for r in lm)
         metrics.update(self._extra)
 

@@ -18,13 +18,14 @@ import datetime as _dt
 import json
 import math
 import secrets
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..config import PosInt, Seed, merge, nest
 from ..errors import NonFiniteLossError, RunError
+from ..record import metric_names as mn
+from ..stats import mean_std
 
 # long context + high lr, scaled to what a CPU does in minutes; any key can be overridden on the CLI
 LS_LOGITS = {"data.block_size": 256, "data.batch_size": 8, "optim.lr": 1e-2, "optim.warmup_steps": 20,
@@ -92,7 +93,7 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
         return float("nan"), float("nan")
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    return mean_std(xs)
 
 
 def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
@@ -144,11 +145,10 @@ def study_ls_logits(out, study: StudyConfig, preset, overrides, quiet, name=None
         for arm in arms:
             r = _train(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-ls-logits", *tags])
             df = r.metrics
-            layers = sorted(int(c.split("/L")[1]) for c in df.columns
-                            if c.startswith("logit_max/L") and "H" not in c.split("/L")[1])
+            layers = sorted(mn.per_layer(df.columns, mn.LOGIT_MAX))
             per_layer = []
             for l in layers:
-                s = df[f"logit_max/L{l}"].dropna()
+                s = df[mn.layer(mn.LOGIT_MAX, l)].dropna()
                 first, last, peak = float(s.iloc[0]), float(s.iloc[-1]), float(s.max())
                 per_layer.append({"layer": l, "first": first, "last": last, "peak": peak,
                                   "growth": last / first if first else None})

@@ -96,7 +96,7 @@ def test_f3_csv_is_the_recorded_loss_curves(sticky, tmp_path):
     assert n == 4
     sgd = df[[c for c in df.columns if c.startswith("sgd_seed")]].to_numpy()
     np.testing.assert_allclose(df["sgd_loss_mean"], sgd.mean(1), rtol=1e-9)
-    np.testing.assert_allclose(df["sgd_loss_std"], sgd.std(1), rtol=0, atol=1e-8)   # std of rounded values
+    np.testing.assert_allclose(df["sgd_loss_std"], sgd.std(1, ddof=1), rtol=0, atol=1e-8)   # sample std of rounded values
 
 
 def test_f3_marks_the_authors_crossing_step(sticky):

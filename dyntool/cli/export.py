@@ -1,0 +1,43 @@
+"""``dyntool export RUN``: metrics to Parquet/CSV, arrays to NetCDF/npz, scalars to TensorBoard/W&B."""
+from __future__ import annotations
+
+
+def cmd_export(args) -> int:
+    from ..errors import DyntoolError
+    from ..export import ExportError, export_run, parse_formats
+    from ..run import open_run
+    if not (args.to or args.to_tensorboard or args.to_wandb):
+        raise ExportError("nothing to do: give --to DIR (with --format), --to-tensorboard DIR or --to-wandb PROJECT")
+    formats = parse_formats(args.format) if args.to else []
+    arrays = [a.strip() for a in args.arrays.split(",") if a.strip()] if args.arrays else None
+    run = open_run(args.run)
+    if args.to:
+        for p in export_run(run, args.to, formats, arrays, args.steps):
+            print(p)
+    if args.to_tensorboard or args.to_wandb:
+        from ..sinks import TensorBoardSink, WandbSink, export_scalars
+        sink = TensorBoardSink(args.to_tensorboard) if args.to_tensorboard else WandbSink(args.to_wandb, run)
+        try:
+            n = export_scalars(run, sink, args.steps)
+        except DyntoolError:
+            sink.close(remove=True)
+            raise
+        sink.close()
+        print(f"{n} scalars -> {args.to_tensorboard or 'wandb project ' + args.to_wandb}")
+    return 0
+
+
+def register(sub, simsub) -> None:
+    ex = sub.add_parser("export", help="metrics to Parquet/CSV, arrays to NetCDF/npz, scalars to TensorBoard",
+                        description="Export one run to open formats (files: metrics.parquet, metrics.csv, "
+                                    "arrays.nc, arrays.npz). Never overwrites; all or nothing.")
+    ex.add_argument("run")
+    ex.add_argument("--to", metavar="DIR", help="output directory for --format files")
+    ex.add_argument("--format", default="parquet,netcdf",
+                    help="comma-separated: parquet,csv (metrics), netcdf,npz (arrays); default parquet,netcdf")
+    ex.add_argument("--arrays", metavar="NAME,...", help="recorded arrays to export (default: all)")
+    ex.add_argument("--steps", metavar="SPEC", help="training steps: N, A:B (A <= step < B), last; comma-separated")
+    ex.add_argument("--to-tensorboard", metavar="DIR", help="per-step scalars (metrics, per-head max|logit|, "
+                                                            "entropy) as a TensorBoard event file in DIR")
+    ex.add_argument("--to-wandb", metavar="PROJECT", help="the same scalars to Weights & Biases (needs wandb)")
+    ex.set_defaults(fn=cmd_export)

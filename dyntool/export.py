@@ -1,0 +1,311 @@
+"""Open exports of a run: a lazy xarray Dataset, metrics to Parquet/CSV, arrays to NetCDF/npz.
+
+``to_xarray(run)`` wraps every recorded array in xarray's lazy indexing (no dask needed):
+opening reads only the ``step`` array; a slice reads only the chunks it touches, bounded by
+the commit marker like :class:`~dyntool.record.store.RecordedArray`.  Dimension names come from
+the store's ``dimension_names``; ``step`` is the coordinate of the leading axis.  Per-run
+arrays without a step axis (``record.zarr/static/NAME``) appear as ``static_NAME``.  Arrays
+whose dimension names collide with a different size (e.g. a recorded window vs the whole
+sequence) get the array name prefixed to that dimension (``NAME_dim``).
+
+``export_run(run, out, formats)`` writes, in ``out``:
+
+* ``metrics.parquet`` / ``metrics.csv``: ``run.metrics`` as is (one row per logged step);
+* ``arrays.nc``: NetCDF-4 (HDF5, via h5netcdf: no netCDF C library), the Dataset above with
+  the run's id, kind, config and meta as JSON attributes;
+* ``arrays.npz``: numpy archive, one entry per array plus ``step`` and ``_dims`` (JSON
+  ``{name: [dims]}``); written one array at a time.
+
+Either array format holds one whole array in memory while it is written: for a big record
+pick arrays and steps (``arrays=``, ``steps=``).  Files are written in a hidden temporary
+directory inside ``out`` and moved in place at the end; on any error nothing is left behind
+and existing files are never overwritten.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DyntoolError
+
+FORMATS = ("parquet", "csv", "netcdf", "npz")
+METRIC_FORMATS = ("parquet", "csv")
+ARRAY_FORMATS = ("netcdf", "npz")
+FILES = {"parquet": "metrics.parquet", "csv": "metrics.csv", "netcdf": "arrays.nc", "npz": "arrays.npz"}
+STATIC_PREFIX = "static_"
+_NEEDS = {"xarray": "export", "pyarrow": "export", "h5netcdf": "export"}
+
+
+class ExportError(DyntoolError):
+    """Bad export request (format, array, steps, output directory) or a missing extra."""
+
+
+def need(module: str):
+    """Import an optional dependency or fail with one line naming the extra to install."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        extra = _NEEDS.get(module, module)
+        raise ExportError(f"{module} is not installed; pip install 'dyntool[{extra}]'") from None
+
+
+# -- lazy xarray ---------------------------------------------------------------------------
+
+def _lazy(arr, n: int | None = None):
+    """xarray lazy-indexing wrapper around a zarr array (or RecordedArray) with basic indexing."""
+    from xarray.backends import BackendArray
+    from xarray.core import indexing
+
+    class _Backend(BackendArray):
+        def __init__(self, a, n):
+            self.a = a
+            self.shape = tuple(a.shape) if n is None else (n, *a.shape[1:])
+            self.dtype = np.dtype(a.dtype)
+
+        def __getitem__(self, key):
+            return indexing.explicit_indexing_adapter(key, self.shape, indexing.IndexingSupport.BASIC,
+                                                      self._raw)
+
+        def _raw(self, key):
+            return np.asarray(self.a[key])
+
+    return indexing.LazilyIndexedArray(_Backend(arr, n))
+
+
+def _resolve_dims(specs: dict[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> dict[str, tuple[str, ...]]:
+    """Dimension names per array.  A name used with several sizes (e.g. ``query`` of a recorded
+    window and of the whole sequence) keeps its plain name for its most common size; the
+    others become ``{dim}_{size}``, shared by every array of that size."""
+    from collections import Counter
+    count = Counter((d, n) for dims, shape in specs.values() for d, n in zip(dims, shape))
+    main = {}
+    for (d, n), c in count.items():
+        if d not in main or c > count[(d, main[d])]:
+            main[d] = n
+    return {name: tuple(d if main[d] == n else f"{d}_{n}" for d, n in zip(dims, shape))
+            for name, (dims, shape) in specs.items()}
+
+
+def to_xarray(run, arrays: list[str] | None = None, steps: str | None = None, static: bool = True):
+    """The run's record as a lazy ``xarray.Dataset`` (coordinate ``step``); see module doc."""
+    xr = need("xarray")
+    st = run.store
+    names = [n for n in (st.names() if st is not None else []) if n != "step"]
+    arrays = check_arrays(run, arrays, names)
+    step = np.asarray(st["step"][:], dtype=np.int64) if st is not None and "step" in st.names() \
+        else np.zeros(0, np.int64)
+    specs, srcs = {}, {}
+    for n in arrays:
+        a = st[n]
+        dims = a.dims if len(a.dims) == a.ndim else ("step",) + tuple(f"dim_{i}" for i in range(1, a.ndim))
+        specs[n], srcs[n] = (tuple(dims), a.shape), a
+    if static and st is not None:
+        for n in st.static_names():
+            z = st.group["static"][n]
+            dims = tuple(z.metadata.dimension_names or ()) or tuple(f"dim_{i}" for i in range(z.ndim))
+            key = STATIC_PREFIX + n
+            if key in specs:
+                raise ExportError(f"array {key} clashes with the static array {n}")
+            specs[key], srcs[key] = (dims, tuple(z.shape)), z
+    specs["step"] = (("step",), (len(step),))
+    names_ = _resolve_dims(specs)
+    data = {n: xr.Variable(names_[n], _lazy(a), attrs=dict(a.attrs)) for n, a in srcs.items()}
+    ds = xr.Dataset(data, coords={"step": ("step", step), **_window_coords(specs, names_, srcs)},
+                    attrs={"run_id": run.id, "kind": run.kind, "status": run.status,
+                           "config": json.dumps(run.config), "meta": json.dumps(run.meta, default=str)})
+    if steps is not None:
+        ds = ds.isel(step=select_steps(step, steps))
+    return ds
+
+
+def _window_coords(specs, names_, srcs) -> dict:
+    """Sequence positions of windowed matrices (attributes ``query_offset``/``key_offset``) as
+    coordinates of their query/key dimensions, where every array on that dimension agrees."""
+    offsets: dict[str, set] = {}
+    for n, (dims, _) in specs.items():
+        attrs = getattr(srcs.get(n), "attrs", {}) or {}
+        for d, new in zip(dims, names_[n]):
+            if d in ("query", "key"):
+                offsets.setdefault(new, set()).add(attrs.get(f"{d}_offset"))
+    sizes = {new: s for n, (_, shape) in specs.items() for new, s in zip(names_[n], shape)}
+    return {d: (d, int(next(iter(o))) + np.arange(sizes[d], dtype=np.int64))
+            for d, o in offsets.items() if len(o) == 1 and None not in o}
+
+
+# -- selections ----------------------------------------------------------------------------
+
+def check_arrays(run, wanted: list[str] | None, names: list[str] | None = None) -> list[str]:
+    if names is None:
+        st = run.store
+        names = [n for n in (st.names() if st is not None else []) if n != "step"]
+    if wanted is None:
+        return list(names)
+    unknown = [w for w in wanted if w not in names]
+    if unknown:
+        have = ", ".join(names) or "none"
+        raise ExportError(f"unknown array(s) {', '.join(unknown)} in run {run.id} (recorded: {have})")
+    return list(dict.fromkeys(wanted))
+
+
+def select_steps(step_values: np.ndarray, spec: str, strict: bool = True) -> np.ndarray:
+    """Positions of the steps a spec selects: comma-separated training steps ``N``, ranges
+    ``A:B`` (A ≤ step < B, either end optional) and ``last``.  ``strict``: every ``N`` must be
+    present and something must be selected (the record); else a plain filter (the metrics)."""
+    step_values = np.asarray(step_values, dtype=np.int64)
+    keep = np.zeros(len(step_values), dtype=bool)
+    for part in (p.strip() for p in str(spec).split(",")):
+        try:
+            if part == "last":
+                if len(step_values):
+                    keep |= step_values == step_values.max()
+            elif ":" in part:
+                a, b = (x.strip() for x in part.split(":", 1))
+                lo = int(a) if a else np.iinfo(np.int64).min
+                hi = int(b) if b else np.iinfo(np.int64).max
+                keep |= (step_values >= lo) & (step_values < hi)
+            else:
+                hit = step_values == int(part)
+                if strict and not hit.any():
+                    raise ExportError(f"step {part} was not recorded ({_describe(step_values)})")
+                keep |= hit
+        except ValueError:
+            raise ExportError(f"bad --steps item {part!r}: use N, A:B or last, comma-separated") from None
+    if strict and not keep.any():
+        raise ExportError(f"--steps {spec} selects no recorded step ({_describe(step_values)})")
+    return np.nonzero(keep)[0]
+
+
+def _describe(s: np.ndarray) -> str:
+    return f"recorded steps {s[0]}..{s[-1]}, {len(s)} in all" if len(s) else "nothing recorded"
+
+
+def parse_formats(spec: str) -> list[str]:
+    fmts = [f.strip().lower() for f in str(spec).split(",") if f.strip()]
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad or not fmts:
+        raise ExportError(f"unknown export format {', '.join(bad) or repr(spec)}; choose from {', '.join(FORMATS)}")
+    return list(dict.fromkeys(fmts))
+
+
+# -- writers -------------------------------------------------------------------------------
+
+def _metrics(run, steps: str | None):
+    df = run.metrics
+    if steps is not None and len(df) and "step" in df:
+        df = df.iloc[select_steps(df["step"].to_numpy(np.int64), steps, strict=False)].reset_index(drop=True)
+    return df
+
+
+def write_npz(ds, path: Path) -> None:
+    """One ``.npy`` entry per variable, loading one array at a time (np.savez needs them all)."""
+    dims = {n: list(v.dims) for n, v in ds.variables.items()}
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, allowZip64=True) as zf:
+        for n in ds.variables:
+            with zf.open(f"{n}.npy", "w", force_zip64=True) as f:
+                np.lib.format.write_array(f, np.asarray(ds[n].values), allow_pickle=False)
+        with zf.open("_dims.npy", "w") as f:
+            np.lib.format.write_array(f, np.array(json.dumps(dims)), allow_pickle=False)
+
+
+def _netcdf_attrs(ds):
+    """NetCDF attributes hold strings, numbers and flat numeric lists: anything else
+    (None, bools, dicts, nested lists) goes in as JSON text."""
+    def ok(v):
+        if isinstance(v, (bool, np.bool_)) or v is None:
+            return False
+        if isinstance(v, (str, int, float, np.number)):
+            return True
+        return isinstance(v, (list, tuple)) and len(v) > 0 and \
+            all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+
+    def fix(attrs):
+        return {k: v if ok(v) else json.dumps(v, default=str) for k, v in attrs.items()}
+
+    out = ds.copy()
+    out.attrs = fix(ds.attrs)
+    for n in out.variables:
+        out[n].attrs = fix(ds[n].attrs)
+    return out
+
+
+def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | None = None,
+               steps: str | None = None) -> list[Path]:
+    """Write the chosen formats into ``out``; returns the files written.  All-or-nothing."""
+    formats = parse_formats(",".join(formats))
+    for f in formats:                                    # missing extras: fail before any write
+        need({"parquet": "pyarrow", "netcdf": "h5netcdf"}.get(f, "numpy"))
+    want_arrays = [f for f in formats if f in ARRAY_FORMATS]
+    ds = None
+    if want_arrays:
+        if run.store is None:
+            raise ExportError(f"run {run.id} has no record.zarr: nothing for {', '.join(want_arrays)}")
+        ds = to_xarray(run, arrays, steps)
+    elif arrays:
+        check_arrays(run, arrays)
+    if steps is not None and ds is None and run.store is not None and "step" in run.store.names():
+        select_steps(run.store["step"][:], steps)        # same validation as the array formats
+    out = Path(out)
+    targets = [out / FILES[f] for f in formats]
+    clash = [str(t) for t in targets if t.exists()]
+    if clash:
+        raise ExportError(f"{', '.join(clash)} already exist(s); choose another --to (exports never overwrite)")
+    created = _make_dir(out)
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".dyntool-export-", dir=out))
+    except OSError as e:
+        _remove(created)
+        raise ExportError(f"output directory {out} is not writable: {e.strerror or e}") from None
+    moved: list[Path] = []
+    try:
+        for f in formats:
+            dst = tmp / FILES[f]
+            if f == "parquet":
+                _metrics(run, steps).to_parquet(dst, index=False)
+            elif f == "csv":
+                _metrics(run, steps).to_csv(dst, index=False)
+            elif f == "netcdf":
+                _netcdf_attrs(ds).to_netcdf(dst, engine="h5netcdf")
+            else:
+                write_npz(ds, dst)
+        for t in targets:
+            os.replace(tmp / t.name, t)
+            moved.append(t)
+    except BaseException as e:
+        for t in moved:                                  # all or nothing
+            t.unlink(missing_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        _remove(created)
+        if isinstance(e, (OSError, ValueError, TypeError)) and not isinstance(e, DyntoolError):
+            raise ExportError(f"export to {out} failed: {type(e).__name__}: {e}") from None
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+    return targets
+
+
+def _make_dir(out: Path) -> Path | None:
+    """Create ``out`` (and parents); return the top-most directory created, for cleanup."""
+    top = None
+    p = out.absolute()
+    while not p.exists():
+        top, p = p, p.parent
+    if p.is_file():
+        raise ExportError(f"output directory {out} can't be created: {p} is a file")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ExportError(f"output directory {out} can't be created: {e.strerror or e}") from None
+    if not out.is_dir():
+        raise ExportError(f"--to {out} is not a directory")
+    return top
+
+
+def _remove(top: Path | None) -> None:
+    if top is not None:
+        shutil.rmtree(top, ignore_errors=True)

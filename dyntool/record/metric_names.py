@@ -1,0 +1,105 @@
+"""Stable names of structured metrics (``metrics.jsonl`` columns), formatted and parsed here only.
+
+Array names live in :mod:`dyntool.record.names`; this module owns the *metric* columns that
+carry a layer / head / head-group in their name, so writers (``train/recording.py``) and
+readers (figures, app, studies, exports) can't drift apart.  Pinned by
+``tests/unit/test_metric_names.py``.
+
+Forms (``BASE`` is e.g. ``logit_max`` or ``attn_entropy``):
+
+* ``BASE``                    model-level value
+* ``BASE/L{l}``               one layer (e.g. max over its heads)
+* ``BASE/L{l}H{h}``           one head
+* ``BASE/L{l}/{group}``       one group of heads of a layer (``local`` / ``global``)
+* ``grad_norm/{group}``       gradient norm of a parameter group (``emb``, ``L{l}.attn``, ...)
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+LOGIT_MAX = "logit_max"          # max |τ q·k| over allowed pairs (train.logit_stat)
+ATTN_ENTROPY = "attn_entropy"    # mean attention entropy of the recorded batch
+GRAD_NORM = "grad_norm"          # gradient norm per parameter group
+HEAD_GROUPS = ("local", "global")
+
+_BASE = r"(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
+_REGEX = {
+    "layer": re.compile(_BASE + r"/L(?P<layer>\d+)$"),
+    "head": re.compile(_BASE + r"/L(?P<layer>\d+)H(?P<head>\d+)$"),
+    "group": re.compile(_BASE + r"/L(?P<layer>\d+)/(?P<group>" + "|".join(HEAD_GROUPS) + r")$"),
+}
+
+
+def layer(base: str, l: int) -> str:
+    return f"{base}/L{int(l)}"
+
+
+def head(base: str, l: int, h: int) -> str:
+    return f"{base}/L{int(l)}H{int(h)}"
+
+
+def group(base: str, l: int, grp: str) -> str:
+    if grp not in HEAD_GROUPS:
+        raise ValueError(f"head group must be one of {HEAD_GROUPS}, got {grp!r}")
+    return f"{base}/L{int(l)}/{grp}"
+
+
+def grad_norm(param_group: str) -> str:
+    return f"{GRAD_NORM}/{param_group}"
+
+
+@dataclass(frozen=True)
+class MetricName:
+    """A parsed structured metric name; ``kind`` is ``layer``, ``head`` or ``group``."""
+    base: str
+    kind: str
+    layer: int
+    head: int | None = None
+    group: str | None = None
+
+    def format(self) -> str:
+        if self.kind == "head":
+            return head(self.base, self.layer, self.head)
+        if self.kind == "group":
+            return group(self.base, self.layer, self.group)
+        return layer(self.base, self.layer)
+
+
+def parse(name: str) -> MetricName | None:
+    """``logit_max/L2H3`` -> MetricName("logit_max", "head", 2, 3); None for unstructured names."""
+    for kind, rx in _REGEX.items():
+        m = rx.match(name)
+        if m:
+            g = m.groupdict()
+            return MetricName(g["base"], kind, int(g["layer"]),
+                              int(g["head"]) if g.get("head") else None, g.get("group"))
+    return None
+
+
+def regex(base: str, kind: str) -> re.Pattern:
+    """Compiled pattern for one base and kind, groups as positional captures:
+    layer -> (l,), head -> (l, h), group -> (l, group)."""
+    tail = {"layer": r"/L(\d+)$", "head": r"/L(\d+)H(\d+)$",
+            "group": r"/L(\d+)/(" + "|".join(HEAD_GROUPS) + r")$"}[kind]
+    return re.compile("^" + re.escape(base) + tail)
+
+
+def per_head(columns, base: str) -> dict[tuple[int, int], str]:
+    """Columns ``base/L{l}H{h}`` -> {(l, h): column}."""
+    out = {}
+    for c in columns:
+        p = parse(str(c))
+        if p is not None and p.base == base and p.kind == "head":
+            out[(p.layer, p.head)] = c
+    return out
+
+
+def per_layer(columns, base: str) -> dict[int, str]:
+    """Columns ``base/L{l}`` -> {l: column}."""
+    out = {}
+    for c in columns:
+        p = parse(str(c))
+        if p is not None and p.base == base and p.kind == "layer":
+            out[p.layer] = c
+    return out

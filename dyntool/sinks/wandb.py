@@ -1,0 +1,24 @@
+"""Weights & Biases, optional: only imported when asked for; honours WANDB_MODE (e.g. offline)."""
+from __future__ import annotations
+
+from ..export import ExportError
+
+
+class WandbSink:
+    def __init__(self, project: str, run=None, **init_kwargs):
+        try:
+            import wandb
+        except ImportError:
+            raise ExportError("wandb is not installed; pip install wandb") from None
+        kw = {"project": project, **init_kwargs}
+        if run is not None:                       # a dyntool run: its id, config and kind travel along
+            kw.setdefault("name", run.id)
+            kw.setdefault("config", run.config)
+            kw.setdefault("tags", [run.kind])
+        self.run = wandb.init(**kw)
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.run.log(dict(scalars), step=int(step))
+
+    def close(self, remove: bool = False) -> None:
+        self.run.finish()
