@@ -386,6 +386,20 @@ class RecordedArray:
         return f"RecordedArray({self.name}: {dims}; {self.dtype})"
 
 
+def read_marker(path: str | Path, root: str | Path | None = None) -> int:
+    """The commit marker ``steps_written`` of the recording at ``path`` (group metadata only, no
+    array opened; 0 when it is not a count).  A live reader checks it to see new steps."""
+    path = Path(path)
+    root = Path(os.path.realpath(root if root is not None else path.parent))
+    if not _inside(path, root):
+        raise RecordError(f"{path.name} resolves outside {root}; not read")
+    try:
+        g = zarr.open_group(store=GuardedStore(path, root), mode="r")
+    except (RecordError, ValueError, KeyError, TypeError, OSError) as e:
+        raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {e})") from None
+    return _marker(dict(g.attrs), [])
+
+
 def _marker(attrs: dict, problems: list[str]) -> int:
     m = attrs.get("steps_written", 0)
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
@@ -458,6 +472,13 @@ class StoreReader:
     def static_names(self) -> list[str]:
         d = self.path / "static"
         return sorted(p.name for p in d.iterdir() if (p / "zarr.json").exists()) if d.is_dir() else []
+
+    def static_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the ``static/`` arrays (metadata only)."""
+        try:
+            return {k: tuple(self.group["static"][k].shape) for k in self.static_names()}
+        except (KeyError, ValueError, TypeError) as e:
+            raise RecordError(f"static arrays: metadata can't be read ({type(e).__name__}: {e})") from None
 
     def static(self, name: str) -> np.ndarray:
         """A per-run array without a step axis (``static/NAME``), read whole."""

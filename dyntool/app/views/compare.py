@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 REC_LMAX = "max |logit| (recorded, max over layers and heads)"
 REC_ENT = "attention entropy (recorded, mean over layers, heads, queries)"

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool_app import data, export, plots, ui
+from dyntool.app import data, export, plots, ui
 
 MAX_LINES = 8          # more (layer, head) curves than this: a layer × step heatmap instead
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 MAX_CELLS = 128          # largest matrix drawn entry by entry (per axis)
 PLAY_EVERY_S = 0.8
@@ -114,7 +114,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
                    f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
                    "the zoom). Right: the real entries inside the box.")
     label = data.get_run(path).id
-    fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step}
+    fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step, "step_index": idx}
 
     if mode == MODES[0]:
         if not big:                            # small matrices: a grid, two per row
@@ -160,7 +160,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
         cols = st.columns(2)
         for n, (c, (p, i, s, lb), f) in enumerate(zip(cols, targets, figs)):
             with c:
-                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s}, kind)
+                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s, "step_index": i}, kind)
         st.caption(plots.MATRIX_KINDS[kind][2] + (" Both panels share one colour range."
                                                   if plots.MATRIX_KINDS[kind][1] == "signed" else ""))
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 MAX_STEPS = 200          # steps drawn along each path (evenly spaced, first and last kept; stated)
 VECTORS = {              # option -> (arrays, position letter, label, symbol)
