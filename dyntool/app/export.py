@@ -57,7 +57,7 @@ def plot_data(pfig) -> bytes:
     for i, t in enumerate(pfig.data):
         name = t.name or f"trace {i}"
         if t.type == "heatmap":
-            z = np.asarray(t.z, dtype=float)
+            z = np.asarray(t.customdata if t.customdata is not None else t.z, dtype=float)   # α: not its log
             y = np.asarray(t.y) if t.y is not None else np.arange(z.shape[0])
             x = np.asarray(t.x) if t.x is not None else np.arange(z.shape[1])
             yy, xx = np.meshgrid(y, x, indexing="ij")

@@ -285,3 +285,47 @@ def test_alpha_colour_range_fixed_or_fitted():
     assert plots.heatmap(m, "attn", "t", zrange="auto").data[0].zmax == pytest.approx(0.002)
     signed = plots.heatmap(np.array([[-3.0, 1.0]]), "compat", "t").data[0]
     assert (signed.zmin, signed.zmid, signed.zmax) == (-3.0, 0.0, 3.0)
+
+
+def test_alpha_log_scale_by_default_for_large_T():
+    """At T = 96, α ≈ 1/T: drawn on a log scale that spans the data, stated on the colour bar;
+    the hover still shows α itself; small T stays on [0, 1]."""
+    plots = fixtures.load_app_package().plots
+    assert plots.alpha_scale("auto", 96) == "log" and plots.alpha_scale("auto", 5) == "[0, 1]"
+    assert plots.alpha_scale("fitted", 96) == "fitted"
+    T = 96
+    m = np.tril(np.full((T, T), 1.0))
+    m[:, 0] = 20.0                                          # a sink: the structure to show
+    m /= m.sum(1, keepdims=True)
+    h = plots.heatmap(m, "attn", "t", alpha=plots.alpha_scale("auto", T)).data[0]
+    assert "log scale" in h.colorbar.title.text
+    z = np.asarray(h.z, dtype=float)
+    assert np.allclose(z[np.tril_indices(T)], np.log10(np.clip(m, 10 ** h.zmin, None))[np.tril_indices(T)])
+    assert h.zmax == pytest.approx(np.log10(m.max())) and h.zmin < np.log10(np.median(m[m > 0]))
+    assert np.array_equal(np.asarray(h.customdata, dtype=float), m)
+    # the spread of the non-sink entries (the structure) spans < 2% of the colours on [0, 1],
+    # over ten times more on the log scale
+    rest = m[1:, 1:][np.tril_indices(T - 1)]
+    lo, hi = np.percentile(rest, [5, 95])
+    on_log = (np.log10(hi) - np.log10(lo)) / (h.zmax - h.zmin)
+    assert hi - lo < 0.02 and on_log > 0.15 and on_log > 10 * (hi - lo)
+
+
+def test_word_ticks_thinned_for_T_64():
+    plots = fixtures.load_app_package().plots
+    toks = [f"w{i}" for i in range(64)]
+    lay = plots.heatmap(np.full((64, 64), 1 / 64), "attn", "t", tokens=toks).layout
+    assert len(lay.xaxis.ticktext) <= plots.MAX_TICKS["x"] and len(lay.yaxis.ticktext) <= plots.MAX_TICKS["y"]
+    assert lay.xaxis.ticktext[0] == "w0·0" and lay.xaxis.tickvals[1] - lay.xaxis.tickvals[0] == 4
+
+
+def test_matrices_sticky_alpha_shows_structure_by_default(runs, monkeypatch):
+    import json
+    at = ok(app(runs, monkeypatch, "matrices", "sticky/seed0-em"))
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    alpha = [s["data"][0] for s in specs if "α (attention)" in s["layout"]["title"]["text"]]
+    assert alpha and all("log scale" in a["colorbar"]["title"]["text"] for a in alpha)
+    ok(at.selectbox(key="mx_alpha_scale").set_value("[0, 1]").run())
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    alpha = [s["data"][0] for s in specs if "α (attention)" in s["layout"]["title"]["text"]]
+    assert all((a["zmin"], a["zmax"]) == (0.0, 1.0) for a in alpha)

@@ -51,14 +51,13 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
     if not (layer < g["L"] and head < g["H"] and seq < g["S"]):
         raise AppInputError(f"`{label}` has no layer {layer} / head {head} (it has {g['L']} × {g['H']}).")
     name = plots.MATRIX_KINDS[kind][0]
-    if plots.MATRIX_KINDS[kind][1] == "prob" and st.session_state.get("mx_alpha_auto"):
-        zrange = "auto"
+    alpha = plots.alpha_scale(st.session_state.get("mx_alpha_scale", "auto"), g["T"])
     toks = data.probe_tokens(info, seq)
     where = f"L{layer} H{head}" + (f" seq {seq}" if g["S"] > 1 else "")
     if zoom is None:
         m = data.matrix(path, mark, kind, idx, layer, head, seq)
         return [plots.heatmap(m, kind, f"<b>{name}</b><br><span style='font-size:12px'>{label} · step {step} · {where}</span>", g["q0"], g["k0"],
-                              tokens=toks, zrange=zrange)]
+                              tokens=toks, zrange=zrange, alpha=alpha)]
     qs, ks, size = zoom
     rows, cols = (qs, min(qs + size, g["nq"])), (ks, min(ks + size, g["nk"]))
     rect = (g["q0"] + rows[0], g["q0"] + rows[1], g["k0"] + cols[0], g["k0"] + cols[1])
@@ -74,10 +73,10 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
         ov_title = f"<b>{name}</b> · overview<br><span style='font-size:12px'>{label} · step {step} · recorded window, {block}×{block} block means</span>"
         ov_q0, ov_k0 = g["q0"], g["k0"]
     zm = data.matrix(path, mark, kind, idx, layer, head, seq, rows, cols)
-    return [plots.heatmap(ov, kind, ov_title, ov_q0, ov_k0, block=block, rect=rect, zrange=zrange),
+    return [plots.heatmap(ov, kind, ov_title, ov_q0, ov_k0, block=block, rect=rect, zrange=zrange, alpha=alpha),
             plots.heatmap(zm, kind, f"<b>{name}</b> · zoom (real entries)<br><span style='font-size:12px'>{label} · step {step} · {where}</span>",
                           rect[0], rect[2],
-                          tokens=toks, zrange=zrange)]
+                          tokens=toks, zrange=zrange, alpha=alpha)]
 
 
 def _step_index(steps: np.ndarray, step: int) -> int:
@@ -197,8 +196,11 @@ def body() -> None:
         st.session_state["mx_play"] = not playing
         playing = not playing
     mode = c3.radio("Show", MODES, key="mx_mode", horizontal=True, label_visibility="collapsed")
-    c4.toggle("α colour range from the data", key="mx_alpha_auto",
-              help="α is drawn on [0, 1] by default; at large T its entries are ~1/T, so fit the range instead")
+    c4.selectbox("α colour scale", plots.ALPHA_SCALES, key="mx_alpha_scale",
+                 format_func=lambda s: {"auto": f"auto (log from T = {plots.LOG_FROM_T})"}.get(s, s),
+                 help="At large T most α entries are ≈ 1/T, uniformly dark on [0, 1]: the default draws "
+                      "them on a log scale from T = 32 on; 'fitted' spans 0 to the largest entry. "
+                      "The colour bar says which scale is shown.")
     other = None
     if mode == MODES[2]:
         opts = [r for r in ui.candidates() if ui.abspath(r) != path] or ui.candidates()
