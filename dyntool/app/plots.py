@@ -68,12 +68,36 @@ def _alpha_colour(m: np.ndarray, scale: str) -> tuple[np.ndarray, dict]:
                    colorbar=dict(thickness=12, title=dict(text="α on [0, 1]", side="right")))
 
 
+MAX_LEGEND_BELOW = 6      # more legend entries than this: a scrolling column on the right
+
+
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    """Shared layout: title on the left with the toolbar stacked vertically on the right edge (so
+    it never covers a title); a short legend below the plot, a long one in a scrolling column."""
+    n_legend = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    legend = (dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0) if n_legend <= MAX_LEGEND_BELOW
+              else dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02, font=dict(size=10)))
     fig.update_layout(title=dict(text=title, x=0, xanchor="left", font=dict(size=15)), height=height,
-                      margin=dict(l=10, r=10, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30), template="plotly_white",
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
-                      **kw)
+                      margin=dict(l=10, r=40, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30),
+                      template="plotly_white", legend=legend, modebar=dict(orientation="v"), **kw)
     return fig
+
+
+def log_ticks(values) -> dict:
+    """Tick values and text for a log axis: 1, 2, 5 × 10^k inside the data's range, written plainly
+    (plotly's own log ticks mix digits and SI suffixes, e.g. "3, 2, 10k")."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return {}
+    lo, hi = np.log10(v.min()), np.log10(v.max())
+    ticks = [m * 10.0 ** e for e in range(int(np.floor(lo)), int(np.ceil(hi)) + 1) for m in (1, 2, 5)]
+    inside = [t for t in ticks if v.min() / 1.05 <= t <= v.max() * 1.05]
+    if len(inside) < 2:                      # a narrow range: the data's ends
+        inside = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")})
+    if len(inside) > 8:                      # a wide range: decades only
+        inside = [t for t in inside if f"{t:g}".lstrip("0.").startswith("1")] or inside
+    return dict(tickvals=inside, ticktext=[f"{t:g}" for t in inside])
 
 
 def _axis_labels(n: int, start: int, step: int, tokens: list[str] | None, most: int = 32):
@@ -138,6 +162,8 @@ def curves(df: pd.DataFrame, ys: list[str], title: str, x: str = "step", log_y: 
                                  hovertemplate=f"{(names or {}).get(col, col)}<br>step %{{x}}<br>%{{y:.6g}}<extra></extra>"))
     fig.update_xaxes(title=x)
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    if log_y:
+        fig.update_yaxes(**log_ticks(np.concatenate([df[c].to_numpy(dtype=float) for c in ys])))
     return _layout(fig, title, height=height, hovermode="x unified")
 
 
@@ -174,6 +200,9 @@ def bands(groups: dict[str, pd.DataFrame], title: str, y_title: str, log_y: bool
         fig.add_hline(y=hline[0], line_dash="dash", line_color="#555", annotation_text=hline[1])
     fig.update_xaxes(title="step")
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    if log_y and groups:
+        fig.update_yaxes(**log_ticks(np.concatenate([(b["mean"] + s * b["std"]).to_numpy(dtype=float)
+                                                     for b in groups.values() for s in (-1, 1)])))
     return _layout(fig, title, height=height, hovermode="x unified")
 
 
@@ -228,7 +257,7 @@ def trajectories(xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, colo
                     marker=dict(size=3 if three else 6, color="white", line=dict(width=1, color="#444")),
                     customdata=np.stack([positions, np.full(len(positions), steps[0])], axis=1),
                     hovertemplate=hover))
-    labels = len(positions) <= 30
+    labels = len(positions) <= 12            # more labels than this pile up: hover names each one
     fig.add_trace(S(**coords(end), mode="markers+text" if labels else "markers", marker=mk,
                     text=[f"{pos_name}={p}" for p in positions] if labels else None,
                     textposition="top center", textfont=dict(size=10),

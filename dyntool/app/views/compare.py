@@ -99,7 +99,7 @@ def body() -> None:
     configs = [data.get_run(p).config for p in paths]
     keys = analysis.differing_keys(configs)
     groupings = keys + ["kind", NO_GROUP]
-    default_group = "arm" if "arm" in keys else (keys[0] if keys else NO_GROUP)
+    default_group = analysis.default_grouping(keys, [Path(p).parent for p in paths])
 
     c = st.columns([2, 2, 1, 1, 1])
     if st.session_state.get("cmp_metric") not in metrics_avail:

@@ -168,7 +168,6 @@ def body() -> None:
     st.title("Matrices")
     top = st.columns([3, 1, 1, 1])
     path = ui.pick_run("Run", key="mx_run", container=top[0])
-    ui.run_banner(path)
     info = data.array_info(path, data.marker(path))
     avail = [k for k in plots.MATRIX_KINDS if k in info["arrays"]]
     if not avail:
@@ -206,7 +205,9 @@ def body() -> None:
         opts = [r for r in ui.candidates() if ui.abspath(r) != path] or ui.candidates()
         other = ui.pick_run("Second run", key="mx_other", options=opts, container=c4)
     every = PLAY_EVERY_S if playing else (ui.LIVE_EVERY_S if data.is_live(data.get_run(path)) else None)
-    st.fragment(lambda: ui.guard(lambda: panel(path, kinds, layer, head, seq, mode, other)), run_every=every)()
+    # the banner lives in the fragment too, so "still being written" goes away when the run finishes
+    st.fragment(lambda: ui.guard(lambda: (ui.run_banner(path), panel(path, kinds, layer, head, seq, mode, other))),
+                run_every=every)()
 
 
 ui.guard(body)
