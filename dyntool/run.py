@@ -168,45 +168,114 @@ class RunWriter:
 # reading
 # ---------------------------------------------------------------------------------------
 
-def _read_json(path: Path, problems: list[str]) -> dict:
+def _inside(path: Path, root: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(root)
+
+
+def _read_json(path: Path, root: Path, problems: list[str]) -> dict:
+    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not JSON,
+    not an object) is a problem and reads as ``{}``."""
+    if not _inside(path, root):
+        problems.append(f"{path.name} resolves outside {root}; not read")
+        return {}
     try:
-        return json.loads(path.read_text())
+        obj = json.loads(path.read_text())
     except FileNotFoundError:
         problems.append(f"{path.name} is missing")
+        return {}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         problems.append(f"{path.name} is corrupted ({e})")
-    return {}
+        return {}
+    except OSError as e:
+        problems.append(f"{path.name} can't be read ({e.strerror or e})")
+        return {}
+    if not isinstance(obj, dict):
+        problems.append(f"{path.name} holds a {type(obj).__name__}, not an object; ignored")
+        return {}
+    return obj
 
 
-def _read_metrics(path: Path, problems: list[str]) -> list[dict]:
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# meta.json fields the tools rely on, and the types they must have
+_META_TYPES = {"id": str, "kind": str, "status": str, "created": str, "updated": str, "device": str,
+               "error": str, "tags": list, "seeds": list, "final": dict}
+
+
+def _check_meta(meta: dict, problems: list[str]) -> dict:
+    """Drop meta fields of the wrong type (reported), so one bad field can't break a listing."""
+    out = dict(meta)
+    for k, t in _META_TYPES.items():
+        if k in out and out[k] is not None and not isinstance(out[k], t):
+            problems.append(f"meta.json: {k} is a {type(out[k]).__name__}, not a {t.__name__}; ignored")
+            del out[k]
+    if "status" in out and out["status"] not in STATUSES:
+        problems.append(f"meta.json: unknown status {out['status']!r}")
+        del out["status"]
+    if "tags" in out:
+        out["tags"] = [str(t) for t in out["tags"]]
+    if "seeds" in out and not all(_is_int(x) for x in out["seeds"]):
+        problems.append(f"meta.json: seeds {out['seeds']!r} are not all integers; ignored")
+        del out["seeds"]
+    return out
+
+
+def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
+    """Rows of metrics.jsonl: JSON objects with an integer ``step``; other lines are skipped and
+    reported (a partial last line, left by a kill mid-write, is skipped quietly)."""
+    if not _inside(path, root):
+        problems.append(f"{path.name} resolves outside {root}; not read")
+        return []
     try:
         lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
-    rows, bad = [], []
+    except OSError as e:
+        problems.append(f"{path.name} can't be read ({e.strerror or e})")
+        return []
+    rows, bad, torn = [], [], False
     for i, line in enumerate(lines):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            row = json.loads(line)
         except json.JSONDecodeError:
+            torn = torn or i == len(lines) - 1
+            if i != len(lines) - 1:
+                bad.append(i)
+            continue
+        if not isinstance(row, dict) or not _is_int(row.get("step")) or row["step"] < 0:
             bad.append(i)
-    # a run killed mid-write may leave a partial last line: skip it quietly; report anything else
-    if bad and bad != [len(lines) - 1]:
-        problems.append(f"metrics.jsonl has {len(bad)} corrupted line(s), first at line {bad[0] + 1}; skipped")
+            continue
+        rows.append(row)
+    if bad:
+        problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
+                        f"no integer step), first at line {bad[0] + 1}; skipped")
     return rows
 
 
 @dataclass
 class Run:
-    """A recorded run, read-only.  Arrays are lazy and bounded by the commit marker."""
+    """A recorded run, read-only.  Arrays are lazy and bounded by the commit marker.
+
+    ``problems``: what can't be read as written (malformed JSON, a corrupt or missing chunk, a
+    marker past the data, a file resolving outside the runs folder); :attr:`corrupt` is true when
+    there is any.  ``notes``: things worth knowing that are not corruption (a stale 'running')."""
 
     path: Path
     config: dict
     meta: dict
-    problems: list[str] = field(default_factory=list)
+    _problems: list[str] = field(default_factory=list)
+    root: Path | None = None
+    notes: list[str] = field(default_factory=list)
     _store: Any = None
     _metrics: Any = None
+    _checked: bool = False
+
+    def __post_init__(self):
+        self.root = Path(os.path.realpath(self.root if self.root is not None else self.path))
 
     @property
     def id(self) -> str:
@@ -221,28 +290,45 @@ class Run:
         return self.meta.get("status", "unknown")
 
     @property
+    def problems(self) -> list[str]:
+        """Everything that can't be read as written (checks the recording's chunks on first use)."""
+        self.check()
+        return self._problems
+
+    @property
+    def corrupt(self) -> bool:
+        return bool(self.problems)
+
+    def check(self, full: bool = False) -> list[str]:
+        """Open the recording, check each committed chunk (``full``: decode it too) and the
+        metrics; the problems found are added to :attr:`problems` (once) and returned."""
+        if not self._checked or full:
+            self.metrics
+            st = self.store
+            found = st.verify(full) if st is not None else []
+            self._problems.extend(p for p in found if p not in self._problems)
+            self._checked = True
+        return list(self._problems)
+
+    @property
     def store(self):
-        if self._store is None and (self.path / RECORD_DIR).exists():
-            from .record.store import StoreReader
-            try:
-                self._store = StoreReader(self.path / RECORD_DIR)
-            except Exception as e:   # corrupted zarr metadata: report, don't crash
-                self.problems.append(f"record.zarr can't be read ({type(e).__name__}: {e})")
-                self._store = False
+        """The recording (a :class:`~dyntool.record.store.StoreReader`), or None."""
+        if self._store is None:
+            from .record.store import RecordError, StoreReader
+            rec = self.path / RECORD_DIR
+            self._store = False
+            if rec.is_dir() or rec.is_symlink():
+                try:
+                    self._store = StoreReader(rec, root=self.root)
+                    self._problems.extend(self._store.problems)
+                except RecordError as e:
+                    self._problems.append(str(e))
         return self._store or None
 
     @property
     def arrays(self) -> dict:
         st = self.store
-        if st is None:
-            return {}
-        out = {}
-        for n in st.names():
-            try:
-                out[n] = st[n]
-            except Exception as e:
-                self.problems.append(f"array {n} can't be read ({type(e).__name__})")
-        return out
+        return st.arrays() if st is not None else {}
 
     @property
     def steps(self):
@@ -261,7 +347,7 @@ class Run:
     def metrics(self):
         import pandas as pd
         if self._metrics is None:
-            self._metrics = pd.DataFrame(_read_metrics(self.path / "metrics.jsonl", self.problems))
+            self._metrics = pd.DataFrame(_read_metrics(self.path / "metrics.jsonl", self.root, self._problems))
         return self._metrics
 
     @property
@@ -276,9 +362,9 @@ class Run:
 
     def refresh(self) -> "Run":
         """Re-read meta, metrics and the commit marker (for a run still being written)."""
-        fresh = open_run(self.path)
-        self.meta, self.config, self.problems = fresh.meta, fresh.config, fresh.problems
-        self._store, self._metrics = None, None
+        fresh = open_run(self.path, self.root)
+        self.meta, self.config, self._problems, self.notes = fresh.meta, fresh.config, fresh._problems, fresh.notes
+        self._store, self._metrics, self._checked = None, None, False
         return self
 
     def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None):
@@ -287,29 +373,61 @@ class Run:
         return to_xarray(self, arrays, steps)
 
     def size_bytes(self) -> int:
-        from .record.store import _dir_size
-        return _dir_size(self.path)
+        """Bytes on disk (allocated blocks, as ``du`` counts them), files resolving outside skipped."""
+        return disk_usage(self.path, self.root)
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, kind={self.kind}, status={self.status}, steps={self.steps_written})"
+
+
+def disk_usage(path: Path, root: Path | None = None) -> int:
+    """Allocated bytes below ``path`` (``st_blocks``, as ``du`` counts them: for many small chunk
+    files this is well above the sum of their sizes); symlinks are not followed."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += getattr(st, "st_blocks", 0) * 512 or st.st_size
+            if e.is_dir(follow_symlinks=False):
+                stack.append(e.path)
+    return total
 
 
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and ((path / "meta.json").exists() or (path / "config.json").exists())
 
 
-def open_run(path: str | Path) -> Run:
+def open_run(path: str | Path, root: str | Path | None = None) -> Run:
+    """The run at ``path``.  Every file read must resolve inside ``root`` (default: the run
+    directory itself; the app and ``ls`` pass the runs folder).  Malformed files are reported in
+    ``Run.problems``, never raised; a recording's chunks are checked on first use of
+    ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
     p = Path(path)
-    if not p.is_dir():
-        raise RunError(f"no run at {p} (not a directory)")
+    try:
+        if not p.is_dir():
+            raise RunError(f"no run at {p} (not a directory)")
+    except ValueError:                  # e.g. a NUL byte in the path
+        raise RunError(f"not a usable path: {str(p)!r}") from None
     if not is_run_dir(p):
         raise RunError(f"{p} is not a dyntool run (no meta.json or config.json)")
+    real_root = Path(os.path.realpath(root if root is not None else p))
+    if not _inside(p, real_root):
+        raise RunError(f"{p} resolves outside {real_root}; not read")
     problems: list[str] = []
-    meta = _read_json(p / "meta.json", problems)
-    config = _read_json(p / "config.json", problems)
+    meta = _check_meta(_read_json(p / "meta.json", real_root, problems), problems)
+    config = _read_json(p / "config.json", real_root, problems)
+    notes = []
     if meta.get("status") == "running" and _stale(p):
-        problems.append("status is 'running' but nothing was written for 10 minutes (killed?)")
-    return Run(p, config, meta, problems)
+        notes.append("status is 'running' but nothing was written for 10 minutes (killed?)")
+    return Run(p, config, meta, problems, real_root, notes)
 
 
 def _stale(p: Path, seconds: float = 600) -> bool:
@@ -317,23 +435,43 @@ def _stale(p: Path, seconds: float = 600) -> bool:
     return time.time() - newest > seconds
 
 
-def list_runs(runs_dir: str | Path, max_depth: int = 3) -> list[Run]:
-    """Every run below ``runs_dir`` (runs inside study directories included), newest first."""
-    root = Path(runs_dir)
-    if not root.is_dir():
-        raise RunError(f"runs directory {root} does not exist")
-    found: list[Run] = []
+def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Path]:
+    """Run directories below ``runs_dir`` (study directories included), sorted by path; folders
+    resolving outside ``root`` (default ``runs_dir``) are skipped."""
+    start = Path(runs_dir)
+    try:
+        if not start.is_dir():
+            raise RunError(f"runs directory {start} does not exist")
+    except ValueError:
+        raise RunError(f"not a usable path: {str(start)!r}") from None
+    real_root = Path(os.path.realpath(root if root is not None else start))
+    found: list[Path] = []
 
     def walk(d: Path, depth: int):
+        if not _inside(d, real_root):
+            return
         if is_run_dir(d):
-            found.append(open_run(d))
+            found.append(d)
             return
         if depth >= max_depth:
             return
-        for child in sorted(d.iterdir()):
+        try:
+            children = sorted(d.iterdir())
+        except OSError:
+            return
+        for child in children:
             if child.is_dir() and not child.name.startswith(".") and not child.name.endswith(".zarr"):
                 walk(child, depth + 1)
 
-    walk(root, 0)
+    walk(start, 0)
+    return found
+
+
+def list_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Run]:
+    """Every run below ``runs_dir`` (runs inside study directories included), newest first.  A
+    malformed run is listed with its problems, never raised; nothing outside ``root`` (default
+    ``runs_dir``) is read."""
+    real_root = Path(os.path.realpath(root if root is not None else runs_dir))
+    found = [open_run(d, real_root) for d in find_runs(runs_dir, max_depth, real_root)]
     found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
     return found

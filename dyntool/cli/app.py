@@ -1,12 +1,13 @@
 """``dyntool app [RUNS_DIR] [--port N] [--headless] [--address HOST]``: start the Streamlit app.
 
-The app lives in ``app/`` next to the ``dyntool`` package (an editable install from the repo);
-this command execs ``streamlit run app/main.py`` bound to localhost unless told otherwise, and
-hands RUNS_DIR over in ``$DYNTOOL_RUNS_DIR`` (and after ``--``).
+The app is the package :mod:`dyntool.app` (shipped by ``pip install``); this command checks the
+port and address, then execs ``streamlit run <dyntool/app/main.py>`` bound to localhost unless told
+otherwise, and hands RUNS_DIR over in ``$DYNTOOL_RUNS_DIR`` (and after ``--``).
 """
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -15,29 +16,37 @@ from ..errors import DyntoolError, RunError
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 
 
-def load_app_package(app_dir: Path, name: str = "dyntool_app"):
-    """Import the ``app/`` folder as the package ``name`` (the name its pages import from).
-
-    The app is a folder of the repository, not part of the installed ``dyntool`` package, so
-    both ``app/main.py`` (under ``streamlit run``) and the tests register it this way.
-    """
-    import importlib.util
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, app_dir / "__init__.py",
-                                                      submodule_search_locations=[str(app_dir)])
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
 def app_entry() -> Path:
-    """``<repo>/app/main.py``, resolved relative to the package's parent directory."""
-    entry = Path(__file__).resolve().parents[2] / "app" / "main.py"
-    if not entry.is_file():
-        raise DyntoolError(f"the app is not installed: {entry} is missing. `dyntool app` needs dyntool "
-                           "installed from a checkout of the repository (pip install -e .)")
+    """``main.py`` of the installed :mod:`dyntool.app` package."""
+    import importlib.util
+    spec = importlib.util.find_spec("dyntool.app")
+    entry = Path(spec.origin).parent / "main.py" if spec and spec.origin else None
+    if entry is None or not entry.is_file():
+        raise DyntoolError(f"the app is missing from this installation of dyntool ({entry}); reinstall it")
     return entry
+
+
+def check_bind(address: str, port: int | None) -> None:
+    """Fail with one line (exit 2) on a port out of range, an address that doesn't resolve, or a
+    port already taken, before Streamlit starts (which would print a long traceback).  Without
+    ``port`` only the address is checked: Streamlit then picks the next free port after 8501."""
+    if port is not None and not 1 <= port <= 65535:
+        raise DyntoolError(f"--port {port} is not a TCP port (1-65535)")
+    if not address or "\x00" in address:
+        raise DyntoolError(f"--address {address!r} is not a host name or IP address")
+    try:
+        infos = socket.getaddrinfo(address, port or 0, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError, ValueError) as e:
+        raise DyntoolError(f"--address {address!r} does not resolve to a local address ({e})") from None
+    family, _, _, _, sockaddr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(sockaddr)
+        except OSError as e:
+            what = f"port {port} on {address}" if port else address
+            raise DyntoolError(f"can't listen on {what}: {e.strerror or e}"
+                               + (" (choose another with --port)" if e.errno == 98 else "")) from None
 
 
 def streamlit_argv(runs_dir: Path, port: int | None, headless: bool, address: str) -> list[str]:
@@ -57,7 +66,8 @@ def cmd_app(args) -> int:
                        f"`dyntool sim toy --out {args.runs_dir}`)")
     import importlib.util
     if importlib.util.find_spec("streamlit") is None:       # fail here, not inside the exec
-        raise DyntoolError("streamlit is not installed (pip install 'streamlit>=1.37')")
+        raise DyntoolError("streamlit is not installed (pip install 'streamlit>=1.45')")
+    check_bind(args.address, args.port)
     argv = streamlit_argv(runs_dir, args.port, args.headless, args.address)
     env = {**os.environ, ENV_ROOT: str(runs_dir)}
     print(f"dyntool app: serving {runs_dir} on http://{args.address}:{args.port or 8501}", file=sys.stderr)

@@ -1,12 +1,19 @@
-"""``dyntool ls`` and ``dyntool info``: what is in a runs folder, what is in one run."""
+"""``dyntool ls``, ``dyntool info`` and ``dyntool check``: what is in a runs folder, in one run
+(or study), and whether every committed chunk of a recording reads back.
+
+All three read through :mod:`dyntool.run` (the one safe reader): a malformed run is listed as
+``corrupt`` with its problems, never aborts a listing, and nothing outside the given folder is read.
+"""
 from __future__ import annotations
 
+import json
+import textwrap
 from pathlib import Path
 
 from . import DEFAULT_RUNS
 
 
-def _human(n: int) -> str:
+def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
@@ -14,63 +21,156 @@ def _human(n: int) -> str:
     return f"{n:.1f} GB"
 
 
-# -- ls / info ------------------------------------------------------------------------------
+def _status(r) -> str:
+    return "corrupt" if r.corrupt else r.status
+
+
+def _table(runs, root: Path) -> list[str]:
+    rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
+    for r in runs:
+        df = r.metrics
+        last = int(df["step"].max()) + 1 if "step" in df and len(df) else 0
+        rel = str(r.path.relative_to(root)) if r.path.is_relative_to(root) else str(r.path)
+        rows.append((rel, r.kind, _status(r), str(last), str(r.steps_written), _human(r.size_bytes()),
+                     ",".join(r.meta.get("tags", []))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+
 
 def cmd_ls(args) -> int:
     from ..run import list_runs
-    runs = list_runs(args.runs_dir)
+    root = Path(args.runs_dir)
+    runs = list_runs(root)
     if not runs:
         print(f"no runs under {args.runs_dir}")
         return 0
-    root = Path(args.runs_dir)
-    rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
-    for r in runs:
-        last = r.metrics["step"].max() + 1 if "step" in r.metrics else 0
-        rel = str(r.path.relative_to(root)) if r.path.is_relative_to(root) else str(r.path)
-        status = r.status + (" (!)" if r.problems else "")
-        rows.append((rel, r.kind, status, str(int(last)), str(r.steps_written), _human(r.size_bytes()),
-                     ",".join(r.meta.get("tags", []))))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print("\n".join(_table(runs, root)))
+    bad = [r for r in runs if r.corrupt]
+    if bad:
+        print(f"\n{len(bad)} corrupt run(s): `dyntool info RUN` says what is wrong, "
+              "`dyntool check RUN` reads every chunk")
+    return 0
+
+
+def _flat(d: dict, prefix: str = "") -> list[tuple[str, object]]:
+    out = []
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out += _flat(v, f"{prefix}{k}.")
+        else:
+            out.append((f"{prefix}{k}", v))
+    return out
+
+
+def _config_lines(config: dict, width: int = 100) -> list[str]:
+    """The resolved config as ``key=value`` items wrapped at item boundaries (never cut mid-word)."""
+    items = [f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in _flat(config)]
+    return textwrap.wrap("  ".join(items), width=width, initial_indent="config   ",
+                         subsequent_indent="         ", break_long_words=False, break_on_hyphens=False) \
+        or ["config   (empty)"]
+
+
+def _info_study(path: Path) -> int:
+    """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
+    from collections import Counter
+    from ..run import disk_usage, list_runs
+    runs = list_runs(path)
+    if not runs:
+        from ..errors import RunError
+        raise RunError(f"{path} is neither a run nor a folder holding runs")
+    kinds = Counter(r.kind for r in runs)
+    statuses = Counter(_status(r) for r in runs)
+    print(f"study    {path}  ({len(runs)} runs, {_human(disk_usage(path))} on disk)")
+    print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
+    print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
+    summ = path / "summary.json"
+    if summ.is_file() and not summ.is_symlink():
+        try:
+            s = json.loads(summ.read_text())
+        except (OSError, ValueError) as e:
+            print(f"problem  summary.json can't be read ({e})")
+        else:
+            if isinstance(s, dict):
+                for line in textwrap.wrap("  ".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
+                                                    for k, v in _flat(s)), 100, initial_indent="summary  ",
+                                          subsequent_indent="         ", break_long_words=False):
+                    print(line)
+    print()
+    print("\n".join(_table(runs, path)))
     return 0
 
 
 def cmd_info(args) -> int:
-    import json
-    from ..run import open_run
-    r = open_run(args.run)
+    from ..run import is_run_dir, open_run
+    p = Path(args.run)
+    if p.is_dir() and not is_run_dir(p):
+        return _info_study(p)
+    r = open_run(p)
     m = r.meta
+    if args.verify:
+        r.check(full=True)
     print(f"run      {r.id}  ({r.path})")
-    print(f"kind     {r.kind}   status {r.status}   device {m.get('device', '?')}")
+    print(f"kind     {r.kind}   status {_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}   "
+          f"device {m.get('device', '?')}")
     print(f"created  {m.get('created', '?')}   updated {m.get('updated', '?')}")
     print(f"versions dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  "
           f"git {str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}")
     print(f"seeds    {m.get('seeds')}   tags {m.get('tags')}")
     if m.get("final"):
         print(f"final    {json.dumps(m['final'])}")
-    print("config   " + json.dumps(r.config, separators=(",", "=")).replace('"', "")[:600])
+    for line in _config_lines(r.config):
+        print(line)
     df = r.metrics
     if len(df):
         print(f"metrics  {len(df)} rows, columns: {', '.join(c for c in df.columns if c != 'step')}")
-    arrays = r.arrays
     print(f"record   {r.steps_written} steps committed, {_human(r.size_bytes())} on disk")
-    for name, a in arrays.items():
+    for name, a in r.arrays.items():
         dims = ", ".join(f"{d}={s}" for d, s in zip(a.dims, a.shape))
         print(f"  {name:<20} {str(a.dtype):<8} ({dims})")
+    for n in r.notes:
+        print(f"note     {n}")
     for p in r.problems:
         print(f"problem  {p}")
+    if args.verify:
+        print(f"verify   {'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
+        return 1 if r.problems else 0
     return 0
 
 
+def cmd_check(args) -> int:
+    """Decode every committed chunk of each run; exit 1 when any run has a problem."""
+    from ..run import is_run_dir, list_runs, open_run
+    p = Path(args.run)
+    runs = [open_run(p)] if is_run_dir(p) else list_runs(p)
+    bad = 0
+    for r in runs:
+        problems = r.check(full=True)
+        if problems:
+            bad += 1
+            print(f"{r.path}: {len(problems)} problem(s)")
+            for q in problems:
+                print(f"  {q}")
+        else:
+            print(f"{r.path}: ok ({r.steps_written} steps committed)")
+    if len(runs) > 1:
+        print(f"{len(runs) - bad} of {len(runs)} run(s) ok")
+    return 1 if bad else 0
+
 
 def register(sub, simsub) -> None:
-    ls = sub.add_parser("ls", help="table of runs under RUNS_DIR")
+    ls = sub.add_parser("ls", help="table of runs under RUNS_DIR (a malformed run shows as 'corrupt')")
     ls.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS, metavar="RUNS_DIR",
                     help=f"folder holding runs and studies (default: {DEFAULT_RUNS})")
     ls.set_defaults(fn=cmd_ls)
 
-    info = sub.add_parser("info", help="config summary, arrays (shapes, dimension names), size of a run")
-    info.add_argument("run", metavar="RUN", help="a run directory")
+    info = sub.add_parser("info", help="config, arrays (shapes, dimension names), size and problems of a run; "
+                                       "a summary of a study")
+    info.add_argument("run", metavar="RUN_OR_STUDY", help="a run directory, or a study / folder of runs")
+    info.add_argument("--verify", action="store_true",
+                      help="also decode every committed chunk (as `dyntool check`); exit 1 on a problem")
     info.set_defaults(fn=cmd_info)
 
+    check = sub.add_parser("check", help="read every committed chunk of a run (or of every run in a folder); "
+                                         "exit 1 if anything is corrupt")
+    check.add_argument("run", metavar="RUN_OR_FOLDER")
+    check.set_defaults(fn=cmd_check)

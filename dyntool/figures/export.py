@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
+from ..errors import RunError
 from .registry import FigureError, FigureSkip, FigureSpec, load, plan
 
 
@@ -140,6 +141,8 @@ def export_all(runs: list, out_dir, formats=("pdf", "png"), only: list[str] | No
             rep.written[name] = export(spec, runs, out_dir, formats, dpi)
         except FigureSkip as e:
             rep.skipped[name] = str(e).removeprefix(f"{name}: ")
+        except RunError as e:                  # a corrupt chunk: say which, draw the other figures
+            rep.skipped[name] = f"recorded data can't be read: {e}"
         except Exception as e:
             if os.environ.get("DYNTOOL_DEBUG"):
                 raise

@@ -25,22 +25,20 @@ import torch
 from dyntool import quantities as Q
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.cli.app import load_app_package as register_app_package
 from dyntool.run import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]
-APP_DIR = REPO / "app"
+APP_DIR = Path(importlib.util.find_spec("dyntool.app").origin).parent     # the installed app package
 
 WORDS = ("the cat sat on the mat and then it ran to the door while a dog watched from the "
          "garden near an old tree").split()
 
 
 def load_app_package():
-    """Import ``app/`` as the package ``dyntool_app`` (the name its pages use), submodules loaded."""
-    register_app_package(APP_DIR)
+    """The package :mod:`dyntool.app` with its submodules imported."""
     for sub in ("data", "analysis", "plots", "export", "ui"):
-        importlib.import_module(f"dyntool_app.{sub}")
-    return sys.modules["dyntool_app"]
+        importlib.import_module(f"dyntool.app.{sub}")
+    return sys.modules["dyntool.app"]
 
 
 # ---------------------------------------------------------------------------------------

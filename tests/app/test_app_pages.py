@@ -236,21 +236,17 @@ def test_compare_mhsa_vs_ls(runs, monkeypatch):
 
 # -- export ----------------------------------------------------------------------------------
 
-def test_every_plot_kind_exports_through_matplotlib():
+def test_plots_without_a_figure_download_their_data_as_csv():
     pkg = fixtures.load_app_package()
     import pandas as pd
-    figs = [pkg.plots.heatmap(np.random.rand(6, 6), "advantage", "<b>A</b><br><sup>x</sup>", tokens=list("abcdef")),
-            pkg.plots.bands({"em": pd.DataFrame({"mean": [1.0, 0.5], "std": [0.1, 0.1], "n": [2, 2]}, index=[0, 1])},
-                            "loss", "loss", hline=(0.4, "H_min")),
-            pkg.plots.trajectories(np.random.rand(4, 3, 3), np.arange(4), np.arange(3), "step", None, "t",
-                                   ["PC1", "PC2", "PC3"]),
-            pkg.plots.layer_step_heatmap(np.random.rand(5, 3), np.arange(5), "lm", "max")]
-    for f in figs:
-        for fmt in ("png", "svg"):
-            out = pkg.export.render(f, fmt)
-            assert out[:4] == b"\x89PNG" if fmt == "png" else b"<svg" in out[:400]
-    from PIL import Image
-    assert Image.open(io.BytesIO(pkg.export.render(figs[0], "png"))).size[0] > 300
+    m = np.arange(6.0).reshape(2, 3)
+    csv = pd.read_csv(io.BytesIO(pkg.export.plot_data(pkg.plots.heatmap(m, "advantage", "A", row0=4, col0=1))))
+    assert len(csv) == 6 and csv.set_index(["y", "x"]).loc[(5, 3), "z"] == m[1, 2]
+    band = pkg.plots.bands({"em": pd.DataFrame({"mean": [1.0, 0.5], "std": [0.1, 0.1], "n": [2, 2]}, index=[0, 7])},
+                           "loss", "loss")
+    csv = pd.read_csv(io.BytesIO(pkg.export.plot_data(band)))
+    assert list(csv[csv["trace"] == "em (n=2)"]["y"]) == [1.0, 0.5]
+    assert not hasattr(pkg.export, "to_matplotlib")            # no second drawing pipeline
 
 
 # -- CLI -------------------------------------------------------------------------------------
@@ -267,14 +263,19 @@ def test_cli_app_command(tmp_path, monkeypatch, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_download_uses_the_figures_registry_when_it_has_the_figure(runs):
-    pytest.importorskip("dyntool.figures")
+def test_download_is_the_figures_pipeline_with_the_on_screen_selection(runs):
+    """The download is byte for byte what dyntool.figures renders, and the view's selection
+    (here the recorded step index f1 reads) reaches the figure."""
+    from dyntool.figures import FIGURES, render_bytes
+    from dyntool.run import open_run
     pkg = fixtures.load_app_package()
     toy = str(runs / "toy-a")
     assert pkg.export.pick(["no_such_figure", "f2_toy"], (toy,)) == "f2_toy"
     assert pkg.export.pick(["f6_value_pca"], (toy,)) is None          # a sticky figure: not for a toy run
-    png = pkg.export.render(pkg.plots.heatmap(np.eye(3), "attn", "x"), "png", "f2_toy", (toy,))
-    assert png[:4] == b"\x89PNG"
+    got = pkg.export.render("f1_feedback_loop", (toy,), "data", {"step_index": 3, "layer": 0})
+    assert got == render_bytes(FIGURES["f1_feedback_loop"], [open_run(toy)], "data", step_index=3)
+    assert got != pkg.export.render("f1_feedback_loop", (toy,), "data", {"step_index": 9})
+    assert pkg.export.render("f2_toy", (toy,), "png")[:4] == b"\x89PNG"
 
 
 def test_alpha_colour_range_fixed_or_fitted():
@@ -284,3 +285,47 @@ def test_alpha_colour_range_fixed_or_fitted():
     assert plots.heatmap(m, "attn", "t", zrange="auto").data[0].zmax == pytest.approx(0.002)
     signed = plots.heatmap(np.array([[-3.0, 1.0]]), "compat", "t").data[0]
     assert (signed.zmin, signed.zmid, signed.zmax) == (-3.0, 0.0, 3.0)
+
+
+def test_alpha_log_scale_by_default_for_large_T():
+    """At T = 96, α ≈ 1/T: drawn on a log scale that spans the data, stated on the colour bar;
+    the hover still shows α itself; small T stays on [0, 1]."""
+    plots = fixtures.load_app_package().plots
+    assert plots.alpha_scale("auto", 96) == "log" and plots.alpha_scale("auto", 5) == "[0, 1]"
+    assert plots.alpha_scale("fitted", 96) == "fitted"
+    T = 96
+    m = np.tril(np.full((T, T), 1.0))
+    m[:, 0] = 20.0                                          # a sink: the structure to show
+    m /= m.sum(1, keepdims=True)
+    h = plots.heatmap(m, "attn", "t", alpha=plots.alpha_scale("auto", T)).data[0]
+    assert "log scale" in h.colorbar.title.text
+    z = np.asarray(h.z, dtype=float)
+    assert np.allclose(z[np.tril_indices(T)], np.log10(np.clip(m, 10 ** h.zmin, None))[np.tril_indices(T)])
+    assert h.zmax == pytest.approx(np.log10(m.max())) and h.zmin < np.log10(np.median(m[m > 0]))
+    assert np.array_equal(np.asarray(h.customdata, dtype=float), m)
+    # the spread of the non-sink entries (the structure) spans < 2% of the colours on [0, 1],
+    # over ten times more on the log scale
+    rest = m[1:, 1:][np.tril_indices(T - 1)]
+    lo, hi = np.percentile(rest, [5, 95])
+    on_log = (np.log10(hi) - np.log10(lo)) / (h.zmax - h.zmin)
+    assert hi - lo < 0.02 and on_log > 0.15 and on_log > 10 * (hi - lo)
+
+
+def test_word_ticks_thinned_for_T_64():
+    plots = fixtures.load_app_package().plots
+    toks = [f"w{i}" for i in range(64)]
+    lay = plots.heatmap(np.full((64, 64), 1 / 64), "attn", "t", tokens=toks).layout
+    assert len(lay.xaxis.ticktext) <= plots.MAX_TICKS["x"] and len(lay.yaxis.ticktext) <= plots.MAX_TICKS["y"]
+    assert lay.xaxis.ticktext[0] == "w0·0" and lay.xaxis.tickvals[1] - lay.xaxis.tickvals[0] == 4
+
+
+def test_matrices_sticky_alpha_shows_structure_by_default(runs, monkeypatch):
+    import json
+    at = ok(app(runs, monkeypatch, "matrices", "sticky/seed0-em"))
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    alpha = [s["data"][0] for s in specs if "α (attention)" in s["layout"]["title"]["text"]]
+    assert alpha and all("log scale" in a["colorbar"]["title"]["text"] for a in alpha)
+    ok(at.selectbox(key="mx_alpha_scale").set_value("[0, 1]").run())
+    specs = [json.loads(c.proto.spec) for c in charts(at)]
+    alpha = [s["data"][0] for s in specs if "α (attention)" in s["layout"]["title"]["text"]]
+    assert all((a["zmin"], a["zmax"]) == (0.0, 1.0) for a in alpha)

@@ -1,7 +1,9 @@
 """Plotly figure builders.  One figure = one panel, so :mod:`export` can redraw it in matplotlib.
 
-Colour conventions: α on a fixed [0, 1] sequential scale; signed matrices (B, A, ∂L/∂S) on a
-diverging scale centred at 0 and symmetric in ±max|x|; hover always shows the exact value.
+Colour conventions: α on a sequential scale — [0, 1] for small T, a log scale by default from
+T = 32 on (where α ≈ 1/T would be uniformly dark on [0, 1]), or a range fitted to the data; the
+colour bar's title says which.  Signed matrices (B, A, ∂L/∂S) on a diverging scale centred at 0
+and symmetric in ±max|x|.  Hover always shows the exact value.
 """
 from __future__ import annotations
 
@@ -29,46 +31,113 @@ MATRIX_KINDS = {
 }
 
 
+ALPHA_SCALES = ("auto", "log", "fitted", "[0, 1]")
+LOG_FROM_T = 32          # "auto": a log colour scale for α from this T on
+MAX_TICKS = {"x": 20, "y": 32}     # word labels per axis beyond which every k-th one is shown
+
+
+def alpha_scale(choice: str, T: int) -> str:
+    """The α colour scale to draw: ``choice``, with "auto" = log for T ≥ 32, else [0, 1]."""
+    if choice != "auto":
+        return choice
+    return "log" if T >= LOG_FROM_T else "[0, 1]"
+
+
+def _decade_label(e: int) -> str:
+    return f"{10.0 ** e:g}" if -3 <= e <= 0 else f"1e{e}"
+
+
+def _alpha_colour(m: np.ndarray, scale: str) -> tuple[np.ndarray, dict]:
+    """(values to colour, Heatmap keywords) for an α matrix on ``scale``."""
+    finite = m[np.isfinite(m)]
+    if scale == "log":
+        pos = finite[finite > 0]
+        lo = max(float(np.percentile(pos, 1)) if pos.size else 1e-6, 1e-8)
+        hi = max(float(pos.max()) if pos.size else 1.0, lo * 10)
+        z = np.log10(np.clip(m, lo, None))
+        decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
+        ticks = [e for e in decades if np.log10(lo) - 1e-9 <= e <= np.log10(hi) + 1e-9] or [round(np.log10(hi))]
+        return z, dict(colorscale=SEQ_SCALE, zmin=np.log10(lo), zmax=np.log10(hi),
+                       colorbar=dict(thickness=12, title=dict(text="α, log scale", side="right"),
+                                     tickvals=ticks, ticktext=[_decade_label(e) for e in ticks]))
+    if scale == "fitted":
+        top = float(finite.max()) if finite.size else 1.0
+        return m, dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=top or 1.0,
+                       colorbar=dict(thickness=12, title=dict(text=f"α, range fitted: 0–{top:.2g}", side="right")))
+    return m, dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=1.0,
+                   colorbar=dict(thickness=12, title=dict(text="α on [0, 1]", side="right")))
+
+
+MAX_LEGEND_BELOW = 6      # more legend entries than this: a scrolling column on the right
+
+
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    """Shared layout: title on the left with the toolbar stacked vertically on the right edge (so
+    it never covers a title); a short legend below the plot, a long one in a scrolling column."""
+    n_legend = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    legend = (dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0) if n_legend <= MAX_LEGEND_BELOW
+              else dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02, font=dict(size=10)))
     fig.update_layout(title=dict(text=title, x=0, xanchor="left", font=dict(size=15)), height=height,
-                      margin=dict(l=10, r=10, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30), template="plotly_white",
-                      legend=dict(orientation="h", yanchor="top", y=-0.18, xanchor="left", x=0),
-                      **kw)
+                      margin=dict(l=10, r=40, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30),
+                      template="plotly_white", legend=legend, modebar=dict(orientation="v"), **kw)
     return fig
 
 
-def _axis_labels(n: int, start: int, step: int, tokens: list[str] | None):
-    """Tick text: tokens when they fit (≤ 64 shown), else plain positions."""
+def log_ticks(values) -> dict:
+    """Tick values and text for a log axis: 1, 2, 5 × 10^k inside the data's range, written plainly
+    (plotly's own log ticks mix digits and SI suffixes, e.g. "3, 2, 10k")."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not v.size:
+        return {}
+    lo, hi = np.log10(v.min()), np.log10(v.max())
+    ticks = [m * 10.0 ** e for e in range(int(np.floor(lo)), int(np.ceil(hi)) + 1) for m in (1, 2, 5)]
+    inside = [t for t in ticks if v.min() / 1.05 <= t <= v.max() * 1.05]
+    if len(inside) < 2:                      # a narrow range: the data's ends
+        inside = sorted({float(f"{v.min():.2g}"), float(f"{v.max():.2g}")})
+    if len(inside) > 8:                      # a wide range: decades only
+        inside = [t for t in inside if f"{t:g}".lstrip("0.").startswith("1")] or inside
+    return dict(tickvals=inside, ticktext=[f"{t:g}" for t in inside])
+
+
+def _axis_labels(n: int, start: int, step: int, tokens: list[str] | None, most: int = 32):
+    """(positions, tick positions, tick text): word ticks when the run has tokens and n ≤ 64, every
+    k-th one so that at most ``most`` are drawn (they stay readable; hover names every cell)."""
     pos = start + step * np.arange(n)
     if tokens is None or step != 1 or n > 64:
-        return pos, None
-    text = [f"{tokens[p]}·{p}" if 0 <= p < len(tokens) else str(p) for p in pos]
-    return pos, text
+        return pos, None, None
+    k = max(1, -(-n // most))
+    shown = pos[::k]
+    return pos, shown, [f"{tokens[p]}·{p}" if 0 <= p < len(tokens) else str(p) for p in shown]
 
 
 def heatmap(m: np.ndarray, kind: str, title: str, row0: int = 0, col0: int = 0, block: int = 1,
-            tokens: list[str] | None = None, zrange: float | None = None, rect: tuple | None = None,
-            height: int = 460) -> go.Figure:
+            tokens: list[str] | None = None, zrange: float | str | None = None, rect: tuple | None = None,
+            height: int = 460, alpha: str = "[0, 1]") -> go.Figure:
     """A (query × key) heatmap.  ``row0``/``col0``: position of the first row/column; ``block``: a
-    pooled view whose cells cover ``block`` positions; ``rect``: (q0, q1, k0, k1) to outline."""
+    pooled view whose cells cover ``block`` positions; ``rect``: (q0, q1, k0, k1) to outline;
+    ``alpha``: the colour scale of α ("[0, 1]", "fitted", "log"; see :func:`alpha_scale`);
+    ``zrange``: the ± range of a signed matrix (so side-by-side panels share colours)."""
     mode = MATRIX_KINDS.get(kind, ("", "plain", ""))[1]
-    rows, rtext = _axis_labels(m.shape[0], row0, block, tokens)
-    cols, ctext = _axis_labels(m.shape[1], col0, block, tokens)
-    if block > 1:
-        hover = f"queries %{{y}}…+{block - 1}<br>keys %{{x}}…+{block - 1}<br>block mean = %{{z:.6g}}<extra></extra>"
+    rows, rticks, rtext = _axis_labels(m.shape[0], row0, block, tokens, MAX_TICKS["y"])
+    cols, cticks, ctext = _axis_labels(m.shape[1], col0, block, tokens, MAX_TICKS["x"])
+    what = "block mean" if block > 1 else "value"
+    where = (f"queries %{{y}}…+{block - 1}<br>keys %{{x}}…+{block - 1}" if block > 1 else
+             "query i = %{y}<br>key j = %{x}")
+    z, kw = m, {}
+    if mode == "prob":
+        z, kw = _alpha_colour(m, "fitted" if zrange == "auto" else alpha)
+        kw["customdata"] = m                 # hover shows α itself, whatever the colour scale
+        hover = f"{where}<br>{what} = %{{customdata:.6g}}<extra></extra>"
     else:
-        hover = "query i = %{y}<br>key j = %{x}<br>value = %{z:.6g}<extra></extra>"
-    kw: dict = {}
-    if mode == "prob":      # [0, 1] unless asked to fit the data (α ≈ 1/T is invisible on [0, 1] at large T)
-        top = float(np.nanmax(m)) if zrange == "auto" and np.isfinite(m).any() else 1.0
-        kw = dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=top or 1.0)
-    elif mode == "signed":
-        r = zrange if zrange else float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
-        r = r or 1e-12
-        kw = dict(colorscale=DIV_SCALE, zmid=0.0, zmin=-r, zmax=r)
-    else:
-        kw = dict(colorscale=SEQ_SCALE)
-    fig = go.Figure(go.Heatmap(z=m, x=cols, y=rows, hovertemplate=hover, colorbar=dict(thickness=12), **kw))
+        hover = f"{where}<br>{what} = %{{z:.6g}}<extra></extra>"
+        if mode == "signed":
+            r = zrange if isinstance(zrange, (int, float)) else float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
+            kw = dict(colorscale=DIV_SCALE, zmid=0.0, zmin=-(r or 1e-12), zmax=r or 1e-12)
+        else:
+            kw = dict(colorscale=SEQ_SCALE)
+        kw["colorbar"] = dict(thickness=12)
+    fig = go.Figure(go.Heatmap(z=z, x=cols, y=rows, hovertemplate=hover, **kw))
     if rect is not None:
         q0, q1, k0, k1 = rect
         fig.add_shape(type="rect", x0=k0 - 0.5, x1=k1 - 0.5, y0=q0 - 0.5, y1=q1 - 0.5,
@@ -76,9 +145,9 @@ def heatmap(m: np.ndarray, kind: str, title: str, row0: int = 0, col0: int = 0, 
     fig.update_yaxes(autorange="reversed", title="query i", scaleanchor="x", constrain="domain")
     fig.update_xaxes(title="key j", constrain="domain")
     if rtext is not None:
-        fig.update_yaxes(tickvals=rows, ticktext=rtext, tickfont=dict(size=9))
+        fig.update_yaxes(tickvals=rticks, ticktext=rtext, tickfont=dict(size=10))
     if ctext is not None:
-        fig.update_xaxes(tickvals=cols, ticktext=ctext, tickangle=-60, tickfont=dict(size=9))
+        fig.update_xaxes(tickvals=cticks, ticktext=ctext, tickangle=-60, tickfont=dict(size=10))
     return _layout(fig, title, height=height)
 
 
@@ -93,6 +162,8 @@ def curves(df: pd.DataFrame, ys: list[str], title: str, x: str = "step", log_y: 
                                  hovertemplate=f"{(names or {}).get(col, col)}<br>step %{{x}}<br>%{{y:.6g}}<extra></extra>"))
     fig.update_xaxes(title=x)
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    if log_y:
+        fig.update_yaxes(**log_ticks(np.concatenate([df[c].to_numpy(dtype=float) for c in ys])))
     return _layout(fig, title, height=height, hovermode="x unified")
 
 
@@ -129,6 +200,9 @@ def bands(groups: dict[str, pd.DataFrame], title: str, y_title: str, log_y: bool
         fig.add_hline(y=hline[0], line_dash="dash", line_color="#555", annotation_text=hline[1])
     fig.update_xaxes(title="step")
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
+    if log_y and groups:
+        fig.update_yaxes(**log_ticks(np.concatenate([(b["mean"] + s * b["std"]).to_numpy(dtype=float)
+                                                     for b in groups.values() for s in (-1, 1)])))
     return _layout(fig, title, height=height, hovermode="x unified")
 
 
@@ -183,7 +257,7 @@ def trajectories(xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, colo
                     marker=dict(size=3 if three else 6, color="white", line=dict(width=1, color="#444")),
                     customdata=np.stack([positions, np.full(len(positions), steps[0])], axis=1),
                     hovertemplate=hover))
-    labels = len(positions) <= 30
+    labels = len(positions) <= 12            # more labels than this pile up: hover names each one
     fig.add_trace(S(**coords(end), mode="markers+text" if labels else "markers", marker=mk,
                     text=[f"{pos_name}={p}" for p in positions] if labels else None,
                     textposition="top center", textfont=dict(size=10),

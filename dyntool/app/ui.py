@@ -16,6 +16,7 @@ import streamlit as st
 
 from . import data
 from .data import AppInputError
+from ..errors import RunError
 
 LIVE_EVERY_S = 5.0
 FORMATS = ("png", "pdf", "svg")
@@ -54,7 +55,7 @@ def guard(body: Callable[[], None]) -> None:
     """Run a page body; user-facing problems become messages, never tracebacks."""
     try:
         body()
-    except AppInputError as e:
+    except (AppInputError, RunError) as e:          # bad input, a corrupt chunk: the reader's message
         st.error(str(e))
     except Exception as e:                                   # noqa: BLE001 — last-resort message
         st.error(f"This view could not be drawn: {type(e).__name__}: {e}. The run may be incomplete "
@@ -92,9 +93,9 @@ def newest_first(runs: list[str]) -> list[str]:
         p = abspath(r)
         try:
             s = data.summary(p, data.signature(p))
-            return (bool(s["problems"]) or s["status"] == "unknown", _neg(s.get("created", "")))
-        except Exception:
+        except AppInputError:
             return (True, "")
+        return (s["status"] in ("corrupt", "unknown"), _neg(s.get("created", "")))
     return sorted(runs, key=key)
 
 
@@ -140,6 +141,8 @@ def run_banner(path: str) -> None:
                    + ". Everything committed before that is shown.")
     for p in run.problems:
         st.warning(f"`{run.id}`: {p}")
+    for n in run.notes:
+        st.info(f"`{run.id}`: {n}")
 
 
 def live(fn: Callable[[], None], is_live: bool, key: str) -> None:

@@ -1,17 +1,17 @@
-"""Cached, marker-bounded reads of runs for the app (anchors.md §2.12, §4).
+"""Cached, marker-bounded reads of runs for the app, through the core reader (:mod:`dyntool.run`,
+:class:`dyntool.record.store.StoreReader`).
 
-* Store handles live in ``st.cache_resource`` keyed by ``(run path, steps_written)``: a live run
-  that commits more steps gets a fresh handle, old handles stay valid for the steps they know.
-* Small slices (one head's matrix at one step, a per-head curve, a PCA input) live in
-  ``st.cache_data`` keyed by run path + marker + the slice, so they invalidate naturally.
-* Nothing is read past the commit marker ``steps_written``; no array is loaded whole unless it is
-  per-step scalars; nothing is unpickled (JSON and zarr only).
-* Every path comes from :func:`runs_root` + :func:`resolve_inside`, which refuse anything that
-  resolves outside RUNS_DIR (``..``, absolute paths, symlinks out).
+* Every path comes from :func:`runs_root` + :func:`resolve_inside` (``..``, absolute paths, NUL
+  bytes and symlinks out are refused), and every run is opened with ``root=RUNS_DIR``, so no
+  file (meta.json, config.json, metrics.jsonl, record.zarr, a chunk) resolving outside RUNS_DIR
+  is ever read.
+* Store handles live in ``st.cache_resource`` keyed by ``(run path, marker)`` and are *bounded*
+  at that marker: a slice labelled with marker M holds exactly M rows even when the writer has
+  committed more since.  Small slices live in ``st.cache_data`` keyed by path + marker + slice.
+* Nothing is unpickled (JSON and zarr only); a corrupt chunk is a :class:`RecordError` message.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,7 +20,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool.run import RECORD_DIR, Run, is_run_dir, open_run
+from dyntool.errors import RunError
+from dyntool.record.store import RecordError, StoreReader, read_marker
+from dyntool.run import RECORD_DIR, Run, list_runs, open_run
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 MAX_DEPTH = 3
@@ -45,8 +47,13 @@ def runs_root() -> Path:
 
 
 def resolve_inside(root: Path, rel: str | Path) -> Path:
-    """``root / rel`` resolved; raises :class:`AppInputError` if it escapes ``root``."""
-    p = (root / rel).resolve()
+    """``root / rel`` resolved; raises :class:`AppInputError` if it escapes ``root`` or is not a path."""
+    if "\x00" in str(rel):
+        raise AppInputError("a folder name can't contain a NUL byte")
+    try:
+        p = (root / rel).resolve()
+    except (OSError, ValueError) as e:
+        raise AppInputError(f"'{rel}' is not a usable path ({e})") from None
     if not p.is_relative_to(root):
         raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
     return p
@@ -59,33 +66,15 @@ def rel(root: Path, path: Path | str) -> str:
 
 @st.cache_data(ttl=3, show_spinner=False)
 def discover(root: str, sub: str = "") -> list[str]:
-    """Run directories below ``root/sub`` (study directories included), as paths relative to
-    ``root``; symlinks that leave ``root`` are skipped.  Re-listed at most every 3 s."""
+    """Runs below ``root/sub`` (study directories included) as paths relative to ``root``, found by
+    :func:`dyntool.run.list_runs` (which skips folders resolving outside ``root``).  Re-listed at most
+    every 3 s."""
     base = Path(root)
     start = resolve_inside(base, sub)
     if not start.is_dir():
         raise AppInputError(f"'{sub or start}' is not a directory inside {base}")
-    found: list[str] = []
-
-    def walk(d: Path, depth: int):
-        real = d.resolve()
-        if not real.is_relative_to(base):
-            return
-        if is_run_dir(real):
-            found.append(rel(base, real))
-            return
-        if depth >= MAX_DEPTH:
-            return
-        try:
-            children = sorted(real.iterdir())
-        except OSError:
-            return
-        for c in children:
-            if c.is_dir() and not c.name.startswith(".") and not c.name.endswith(".zarr"):
-                walk(c, depth + 1)
-
-    walk(start, 0)
-    return found
+    runs = list_runs(start, MAX_DEPTH, root=base)
+    return sorted(rel(base, Path(os.path.realpath(r.path))) for r in runs)
 
 
 # ---------------------------------------------------------------------------------------
@@ -93,7 +82,8 @@ def discover(root: str, sub: str = "") -> list[str]:
 # ---------------------------------------------------------------------------------------
 
 def signature(path: str) -> tuple:
-    """Cheap change detector: (mtime, size) of meta.json, metrics.jsonl and the record's zarr.json."""
+    """Cheap change detector: (mtime, size) of meta.json, metrics.jsonl and the record's zarr.json
+    (stat only: nothing is read here)."""
     p = Path(path)
     out = []
     for f in (p / "meta.json", p / "metrics.jsonl", p / RECORD_DIR / "zarr.json"):
@@ -105,39 +95,52 @@ def signature(path: str) -> tuple:
     return tuple(out)
 
 
-def marker(path: str) -> int:
-    """The commit marker ``steps_written`` read straight from the group's zarr.json (no zarr open)."""
-    try:
-        attrs = json.loads((Path(path) / RECORD_DIR / "zarr.json").read_text()).get("attributes", {})
-        return int(attrs.get("steps_written", 0))
-    except (OSError, ValueError, AttributeError, TypeError):
-        return 0
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _open_run(path: str, sig: tuple) -> Run:
-    return open_run(path)
-
-
-def get_run(path: str) -> Run:
-    """The :class:`dyntool.run.Run` at ``path``, re-opened when its files change."""
-    return _open_run(path, signature(path))
-
-
-@st.cache_resource(max_entries=64, show_spinner=False)
-def _reader(path: str, mark: int):
-    from dyntool.record.store import StoreReader
+def _record(path: str) -> Path | None:
     rec = Path(path) / RECORD_DIR
-    if not rec.exists():
+    return rec if rec.exists() or rec.is_symlink() else None
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _reader(path: str, mark: int | None):
+    """A StoreReader bounded at ``mark`` committed steps (None: at the marker it finds)."""
+    rec = _record(path)
+    if rec is None:
         return None
     try:
-        return StoreReader(rec)
-    except Exception as e:                           # corrupted zarr metadata
-        raise AppInputError(f"the recording {rec.name} can't be read ({type(e).__name__}: {e})") from None
+        return StoreReader(rec, root=runs_root(), limit=mark)
+    except RecordError as e:
+        raise AppInputError(f"the recording can't be read: {e}") from None
+
+
+def marker(path: str) -> int:
+    """Committed steps the app may read: the core's commit marker, bounded by the data it finds
+    (a marker past the data is a problem of the run, and nothing past the data is read)."""
+    rec = _record(path)
+    if rec is None:
+        return 0
+    try:
+        r = _reader(path, read_marker(rec, runs_root()))
+    except (RecordError, AppInputError):
+        return 0
+    return r.steps_written if r is not None else 0
 
 
 def reader(path: str, mark: int | None = None):
     return _reader(path, marker(path) if mark is None else mark)
+
+
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _open_run(path: str, sig: tuple) -> Run:
+    try:
+        return open_run(path, root=runs_root())
+    except RunError as e:
+        raise AppInputError(str(e)) from None
+
+
+def get_run(path: str) -> Run:
+    """The :class:`dyntool.run.Run` at ``path`` (files outside RUNS_DIR refused), re-opened when
+    its files change."""
+    return _open_run(path, signature(path))
 
 
 def _array(path: str, mark: int, name: str):
@@ -146,10 +149,7 @@ def _array(path: str, mark: int, name: str):
         raise AppInputError("this run has no recording (record.zarr is missing)")
     if name not in r.names():
         raise AppInputError(f"this run did not record '{name}' (recorded: {', '.join(r.names()) or 'nothing'})")
-    try:
-        return r[name]
-    except Exception as e:
-        raise AppInputError(f"array '{name}' can't be read ({type(e).__name__}: {e})") from None
+    return r[name]
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,23 +158,26 @@ def _array(path: str, mark: int, name: str):
 
 @st.cache_data(max_entries=512, show_spinner=False)
 def summary(path: str, sig: tuple) -> dict:
-    """One row of the runs table."""
-    run = open_run(path)
+    """One row of the runs table; ``status`` is ``corrupt`` when anything can't be read as written
+    (the run's own status is kept in ``meta status``)."""
+    run = get_run(path)
     m = run.meta
     df = run.metrics
     final: dict = {}
     for col in ("loss", "val_loss", "val_ppl", "accuracy", "entropy"):
         if col in df.columns and df[col].notna().any():
             final[col] = float(df[col].dropna().iloc[-1])
-    return {"kind": run.kind, "status": run.status, "tags": list(m.get("tags", []) or []),
-            "created": m.get("created", ""), "steps": int(df["step"].max()) + 1 if "step" in df else 0,
-            "recorded": marker(path), "size_mb": run.size_bytes() / 2**20, **{f"final {k}": v for k, v in final.items()},
-            "problems": list(run.problems)}
+    return {"kind": run.kind, "status": "corrupt" if run.corrupt else run.status, "meta status": run.status,
+            "tags": list(m.get("tags", [])), "created": m.get("created", ""),
+            "steps": int(df["step"].max()) + 1 if "step" in df and len(df) else 0,
+            "recorded": marker(path), "size_mb": run.size_bytes() / 2**20,
+            **{f"final {k}": v for k, v in final.items()},
+            "problems": list(run.problems) + list(run.notes)}
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def metrics(path: str, sig: tuple) -> pd.DataFrame:
-    df = open_run(path).metrics
+    df = get_run(path).metrics
     if "step" in df.columns:
         df = df.sort_values("step").drop_duplicates("step", keep="last").reset_index(drop=True)
     return df
@@ -182,7 +185,8 @@ def metrics(path: str, sig: tuple) -> pd.DataFrame:
 
 @st.cache_data(max_entries=128, show_spinner=False)
 def array_info(path: str, mark: int) -> dict:
-    """``{"arrays": {name: {dims, shape, dtype, attrs}}, "attrs": group attrs, "static": {name: shape}}``."""
+    """``{"arrays": {name: {dims, shape, dtype, attrs}}, "attrs": group attrs, "static": {name: shape},
+    "problems": [...]}`` (the readable arrays; the problems of the rest)."""
     out: dict = {"arrays": {}, "attrs": {}, "static": {}, "problems": []}
     try:
         r = reader(path, mark)
@@ -191,20 +195,15 @@ def array_info(path: str, mark: int) -> dict:
         return out
     if r is None:
         return out
-    out["attrs"] = {k: v for k, v in r.attrs.items()}
-    for n in r.names():
-        try:
-            a = r[n]
-            out["arrays"][n] = {"dims": tuple(a.dims), "shape": tuple(a.shape), "dtype": str(a.dtype),
-                                "attrs": dict(a.attrs)}
-        except Exception as e:
-            out["problems"].append(f"array '{n}' can't be read ({type(e).__name__})")
+    out["problems"] += r.problems
+    out["attrs"] = dict(r.attrs)
+    for n, a in r.arrays().items():
+        out["arrays"][n] = {"dims": tuple(a.dims), "shape": tuple(a.shape), "dtype": str(a.dtype),
+                            "attrs": dict(a.attrs)}
     try:
-        if "static" in r.group.group_keys():
-            g = r.group["static"]
-            out["static"] = {k: tuple(g[k].shape) for k in g.array_keys()}
-    except Exception as e:
-        out["problems"].append(f"static arrays can't be read ({type(e).__name__})")
+        out["static"] = r.static_shapes()
+    except RecordError as e:
+        out["problems"].append(str(e))
     return out
 
 
@@ -271,19 +270,27 @@ def head_outputs(path: str, mark: int, layer: int, head: int, seq: int, idx: tup
 
 @st.cache_data(max_entries=64, show_spinner=False)
 def static(path: str, mark: int) -> dict[str, np.ndarray]:
-    """Small arrays of ``record.zarr/static`` (no step axis), e.g. ``bayes_entropy``, ``targets``."""
+    """Small numeric arrays of ``record.zarr/static`` (no step axis), e.g. ``bayes_entropy``,
+    ``targets``; unreadable ones are left out (and reported by the run's problems)."""
     try:
         r = reader(path, mark)
     except AppInputError:
         return {}
     out: dict[str, np.ndarray] = {}
-    if r is None or "static" not in r.group.group_keys():
+    if r is None:
         return out
-    g = r.group["static"]
-    for k in g.array_keys():
-        z = g[k]
-        if np.prod(z.shape) <= MAX_STATIC and z.dtype.kind in "biuf":
-            out[k] = np.asarray(z[...])
+    try:
+        shapes = r.static_shapes()
+    except RecordError:
+        return out
+    for k, shape in shapes.items():
+        if int(np.prod(shape)) <= MAX_STATIC:
+            try:
+                x = np.asarray(r.static(k))
+            except RecordError:
+                continue
+            if x.dtype.kind in "biuf":
+                out[k] = x
     return out
 
 
@@ -300,7 +307,7 @@ def probe_tokens(info: dict, seq: int = 0) -> list[str] | None:
 
 def is_live(run: Run) -> bool:
     """Still being written (status running and touched in the last 10 minutes)."""
-    return run.status == "running" and not any("killed?" in p for p in run.problems)
+    return run.status == "running" and not run.notes
 
 
 def clear_caches() -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from dyntool_app import data, ui
+from dyntool.app import data, ui
+from dyntool.app.data import AppInputError
 
 
 def table(paths: list[str]) -> pd.DataFrame:
@@ -13,8 +14,8 @@ def table(paths: list[str]) -> pd.DataFrame:
         ap = ui.abspath(rp)
         try:
             s = data.summary(ap, data.signature(ap))
-        except Exception as e:                            # unreadable run: still listed
-            s = {"kind": "?", "status": "unreadable", "tags": [], "problems": [f"{type(e).__name__}: {e}"]}
+        except AppInputError as e:                        # gone or unreadable since listed: still shown
+            s = {"kind": "?", "status": "corrupt", "tags": [], "problems": [str(e)]}
         rows.append({"run": rp, **s})
     df = pd.DataFrame(rows)
     if len(df) and "created" in df:
@@ -85,11 +86,11 @@ def body() -> None:
 
 
 def page() -> None:
-    live_any = False
     try:
-        live_any = any(s == "running" for s in table(ui.all_runs())["status"]) if ui.all_runs() else False
-    except Exception:
-        pass
+        paths = ui.all_runs()
+    except AppInputError:
+        paths = []
+    live_any = bool(paths) and any(s == "running" for s in table(paths)["status"])
     ui.live(lambda: ui.guard(body), live_any, "runs")
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool_app import data, export, plots, ui
+from dyntool.app import data, export, plots, ui
 
 MAX_LINES = 8          # more (layer, head) curves than this: a layer × step heatmap instead
 
@@ -47,6 +47,24 @@ def per_head_figure(arr: np.ndarray, steps: np.ndarray, title: str, z_title: str
     return plots.layer_step_heatmap(v, steps, f"{title} ({how})", z_title)
 
 
+def logged_per_head(df: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """(steps, values (steps, layer, head)) from metrics ``NAME/L{l}H{h}``, or None if not logged."""
+    import re
+    cells = {}
+    for c in df.columns:
+        m = re.fullmatch(rf"{re.escape(name)}/L(\d+)H(\d+)", c)
+        if m:
+            cells[int(m.group(1)), int(m.group(2))] = c
+    if not cells:
+        return None
+    L, H = max(l for l, _ in cells) + 1, max(h for _, h in cells) + 1
+    rows = df.dropna(subset=list(cells.values()), how="all")
+    out = np.full((len(rows), L, H), np.nan)
+    for (l, h), c in cells.items():
+        out[:, l, h] = rows[c].to_numpy(dtype=float)
+    return rows["step"].to_numpy(), out
+
+
 def curves(path: str) -> None:
     mark = data.marker(path)
     df = data.metrics(path, data.signature(path))
@@ -63,7 +81,8 @@ def curves(path: str) -> None:
     with left:
         ys = [c for c in ("loss", "val_loss") if c in cols]
         if ys:
-            fig = plots.curves(df, ys, "Loss (train / validation)", log_y=log_y, y_title="cross-entropy (nats)",
+            title = "Loss (train / validation)" if "val_loss" in ys else "Training loss"
+            fig = plots.curves(df, ys, title, log_y=log_y, y_title="cross-entropy (nats)",
                                names={"loss": "train", "val_loss": "validation"})
             st.plotly_chart(fig, key="ov-loss", config=plots.CONFIG)
             export.download(fig, "ov-loss", "loss", ["f3_em_vs_sgd", "ls_loss_logits", "span_val_loss"], [path])
@@ -96,7 +115,11 @@ def curves(path: str) -> None:
             export.download(fig, "ov-ent", "attention_entropy", ["f5_attention"], [path])
     with right:
         lm_cols = sorted(c for c in cols if c.startswith("logit_max"))
-        if "logit_max" in arrays and len(steps):
+        per_step = logged_per_head(df, "logit_max")
+        if per_step is not None:          # logged every step: finer than the recorded steps
+            fig = per_head_figure(per_step[1], per_step[0], "max |logit| per layer and head (every step)",
+                                  "max |s_ij|", "lmax")
+        elif "logit_max" in arrays and len(steps):
             fig = per_head_figure(data.head_series(path, mark, "logit_max"), steps,
                                   "max |logit| per layer and head", "max |s_ij|", "lmax")
         elif lm_cols:
@@ -155,10 +178,9 @@ def body() -> None:
     st.title("Overview")
     path = ui.pick_run("Run", key="ov_run")
     run = data.get_run(path)
-    ui.run_banner(path)
 
-    def panel():
-        ui.guard(lambda: (facts(path), curves(path)))
+    def panel():                  # the banner re-runs with the curves, so it never goes stale
+        ui.guard(lambda: (ui.run_banner(path), facts(path), curves(path)))
     ui.live(panel, data.is_live(run), "ov")
     with st.expander("Config, meta and recorded arrays", expanded=False):
         details(path)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 MAX_STEPS = 200          # steps drawn along each path (evenly spaced, first and last kept; stated)
 VECTORS = {              # option -> (arrays, position letter, label, symbol)
@@ -106,6 +106,11 @@ def body() -> None:
     if st.session_state.get("tr_col") not in modes:
         st.session_state["tr_col"] = "class" if "class" in modes else modes[0]
     colour = st.radio("Colour by", modes, key="tr_col", horizontal=True)
+    if colour == "class":
+        st.caption("**class** = " + (
+            "the target class of the query that attends to this key most at the final recorded step "
+            "(a value or key vector is coloured by who uses it)" if "uses it most" in col_opts["class"][1]
+            else "the target class recorded for this position") + "; one colour per class.")
 
     if proj == "raw 2-D":
         B = None

@@ -10,8 +10,8 @@ import pandas as pd
 import streamlit as st
 
 from dyntool.stats import mean_std
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 REC_LMAX = "max |logit| (recorded, max over layers and heads)"
 REC_ENT = "attention entropy (recorded, mean over layers, heads, queries)"
@@ -100,7 +100,7 @@ def body() -> None:
     configs = [data.get_run(p).config for p in paths]
     keys = analysis.differing_keys(configs)
     groupings = keys + ["kind", NO_GROUP]
-    default_group = "arm" if "arm" in keys else (keys[0] if keys else NO_GROUP)
+    default_group = analysis.default_grouping(keys, [Path(p).parent for p in paths])
 
     c = st.columns([2, 2, 1, 1, 1])
     if st.session_state.get("cmp_metric") not in metrics_avail:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dyntool_app import analysis, data, export, plots, ui
-from dyntool_app.data import AppInputError
+from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app.data import AppInputError
 
 MAX_CELLS = 128          # largest matrix drawn entry by entry (per axis)
 PLAY_EVERY_S = 0.8
@@ -51,14 +51,13 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
     if not (layer < g["L"] and head < g["H"] and seq < g["S"]):
         raise AppInputError(f"`{label}` has no layer {layer} / head {head} (it has {g['L']} × {g['H']}).")
     name = plots.MATRIX_KINDS[kind][0]
-    if plots.MATRIX_KINDS[kind][1] == "prob" and st.session_state.get("mx_alpha_auto"):
-        zrange = "auto"
+    alpha = plots.alpha_scale(st.session_state.get("mx_alpha_scale", "auto"), g["T"])
     toks = data.probe_tokens(info, seq)
     where = f"L{layer} H{head}" + (f" seq {seq}" if g["S"] > 1 else "")
     if zoom is None:
         m = data.matrix(path, mark, kind, idx, layer, head, seq)
         return [plots.heatmap(m, kind, f"<b>{name}</b><br><span style='font-size:12px'>{label} · step {step} · {where}</span>", g["q0"], g["k0"],
-                              tokens=toks, zrange=zrange)]
+                              tokens=toks, zrange=zrange, alpha=alpha)]
     qs, ks, size = zoom
     rows, cols = (qs, min(qs + size, g["nq"])), (ks, min(ks + size, g["nk"]))
     rect = (g["q0"] + rows[0], g["q0"] + rows[1], g["k0"] + cols[0], g["k0"] + cols[1])
@@ -74,10 +73,10 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
         ov_title = f"<b>{name}</b> · overview<br><span style='font-size:12px'>{label} · step {step} · recorded window, {block}×{block} block means</span>"
         ov_q0, ov_k0 = g["q0"], g["k0"]
     zm = data.matrix(path, mark, kind, idx, layer, head, seq, rows, cols)
-    return [plots.heatmap(ov, kind, ov_title, ov_q0, ov_k0, block=block, rect=rect, zrange=zrange),
+    return [plots.heatmap(ov, kind, ov_title, ov_q0, ov_k0, block=block, rect=rect, zrange=zrange, alpha=alpha),
             plots.heatmap(zm, kind, f"<b>{name}</b> · zoom (real entries)<br><span style='font-size:12px'>{label} · step {step} · {where}</span>",
                           rect[0], rect[2],
-                          tokens=toks, zrange=zrange)]
+                          tokens=toks, zrange=zrange, alpha=alpha)]
 
 
 def _step_index(steps: np.ndarray, step: int) -> int:
@@ -114,7 +113,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
                    f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
                    "the zoom). Right: the real entries inside the box.")
     label = data.get_run(path).id
-    fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step}
+    fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step, "step_index": idx}
 
     if mode == MODES[0]:
         if not big:                            # small matrices: a grid, two per row
@@ -160,7 +159,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
         cols = st.columns(2)
         for n, (c, (p, i, s, lb), f) in enumerate(zip(cols, targets, figs)):
             with c:
-                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s}, kind)
+                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s, "step_index": i}, kind)
         st.caption(plots.MATRIX_KINDS[kind][2] + (" Both panels share one colour range."
                                                   if plots.MATRIX_KINDS[kind][1] == "signed" else ""))
 
@@ -169,7 +168,6 @@ def body() -> None:
     st.title("Matrices")
     top = st.columns([3, 1, 1, 1])
     path = ui.pick_run("Run", key="mx_run", container=top[0])
-    ui.run_banner(path)
     info = data.array_info(path, data.marker(path))
     avail = [k for k in plots.MATRIX_KINDS if k in info["arrays"]]
     if not avail:
@@ -197,14 +195,19 @@ def body() -> None:
         st.session_state["mx_play"] = not playing
         playing = not playing
     mode = c3.radio("Show", MODES, key="mx_mode", horizontal=True, label_visibility="collapsed")
-    c4.toggle("α colour range from the data", key="mx_alpha_auto",
-              help="α is drawn on [0, 1] by default; at large T its entries are ~1/T, so fit the range instead")
+    c4.selectbox("α colour scale", plots.ALPHA_SCALES, key="mx_alpha_scale",
+                 format_func=lambda s: {"auto": f"auto (log from T = {plots.LOG_FROM_T})"}.get(s, s),
+                 help="At large T most α entries are ≈ 1/T, uniformly dark on [0, 1]: the default draws "
+                      "them on a log scale from T = 32 on; 'fitted' spans 0 to the largest entry. "
+                      "The colour bar says which scale is shown.")
     other = None
     if mode == MODES[2]:
         opts = [r for r in ui.candidates() if ui.abspath(r) != path] or ui.candidates()
         other = ui.pick_run("Second run", key="mx_other", options=opts, container=c4)
     every = PLAY_EVERY_S if playing else (ui.LIVE_EVERY_S if data.is_live(data.get_run(path)) else None)
-    st.fragment(lambda: ui.guard(lambda: panel(path, kinds, layer, head, seq, mode, other)), run_every=every)()
+    # the banner lives in the fragment too, so "still being written" goes away when the run finishes
+    st.fragment(lambda: ui.guard(lambda: (ui.run_banner(path), panel(path, kinds, layer, head, seq, mode, other))),
+                run_every=every)()
 
 
 ui.guard(body)

@@ -107,6 +107,21 @@ def differing_keys(configs: list[dict]) -> list[str]:
     return out
 
 
+GROUP_FIRST = ("arm", "model.attention", "value_lr_mult", "variant")   # study axes, in order of preference
+
+
+def default_grouping(keys: list[str], folders: list) -> str:
+    """The grouping Compare starts with: a known study axis among the differing config ``keys``;
+    else the only differing key when all runs sit in one study folder; else each run on its own
+    (grouping unrelated runs by whatever happens to differ, e.g. a batch size, misleads)."""
+    for k in GROUP_FIRST:
+        if k in keys:
+            return k
+    if len(keys) == 1 and len(set(map(str, folders))) == 1:
+        return keys[0]
+    return "(each run on its own)"
+
+
 def band(curves: list[pd.Series]) -> pd.DataFrame:
     """Mean ± std across runs of curves indexed by step; ``n`` = runs with a value at that step
     (steps where some runs stopped early are averaged over the runs that reached them)."""

@@ -1,0 +1,1 @@
+"""Page scripts (run by Streamlit by path, not imported)."""
