@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..train.runner import DEFAULT_OUT, load_config, run_training
+from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
 
 
 # -- command line -----------------------------------------------------------------------------
@@ -26,13 +26,20 @@ def cmd_train(args) -> int:
                                       "or --resume RUN")
     cfg = load_config(args.config, args.preset, overrides, args.resume)
     out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
-    path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
-                               quiet=args.quiet)
+    try:
+        path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
+                                   quiet=args.quiet)
+    except NothingToDo as e:          # a finished run resumed without a higher --max-steps
+        print(f"dyntool: {e}")
+        return 0
     if path is not None:
         extra = ""
+        if "best_val_ppl" in final:
+            extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step'] + 1}"
         if "valid_ppl" in final:
-            extra = f" (valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f})"
-        print(f"train run written to {path}{extra}")
+            extra += ("; " if extra else " (") + \
+                f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}"
+        print(f"train run written to {path}{extra + ')' if extra else ''}")
     return 0
 
 
@@ -53,7 +60,9 @@ def register(sub, simsub) -> None:
     t.add_argument("--out", default=None, help=f"runs directory (default {DEFAULT_OUT})")
     t.add_argument("--name", default=None, help="run directory name (default: train-date-random)")
     t.add_argument("--resume", default=None, metavar="RUN",
-                   help="continue RUN from its checkpoint.pt into a new run (exact on CPU)")
+                   help="continue RUN from its checkpoint.pt into a new run (exact on CPU; on CUDA "
+                        "with --train.deterministic=true); a run at its max_steps needs "
+                        "--max-steps N higher, else 'nothing to do' (exit 0, no run created)")
     t.add_argument("--tag", action="append", default=[])
     t.add_argument("--quiet", action="store_true", help="no progress lines")
     t.set_defaults(fn=cmd_train)
