@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -122,7 +123,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             cbs = []
             if run is not None:
                 cbs = [RecordingCallback(run, cfg)] + \
-                      ([] if quiet else [ConsoleCallback(), TrainProgress()]) + \
+                      ([] if quiet else [ConsoleCallback(stream=sys.stderr), TrainProgress()]) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:
