@@ -40,7 +40,8 @@ def _sims_file(name: str) -> Path:
 def _train(study_dir: Path, name: str, config: Path, preset, overrides, quiet, tag):
     from ..run import open_run
     from .runner import load_config, run_training
-    cfg = load_config(str(config), preset, overrides)
+    # no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
+    cfg = load_config(str(config), preset, ["--train.checkpoint=false", *overrides])
     if not quiet:
         print(f"[{tag}] {name}", flush=True)
     try:

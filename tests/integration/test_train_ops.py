@@ -280,16 +280,32 @@ def _wait_rows(proc, run: Path, n: int, timeout: float = 120):
     raise AssertionError("training too slow")
 
 
-CAMPAIGN_STEPS = 60
+CAMPAIGN_STEPS = 48
+CAMPAIGN_ARGS = ["--train.checkpoint_interval=5"]
 
 
-def test_kill_9_campaign_resumes_bitwise(tmp_path):
+@pytest.fixture(scope="module")
+def ref_run(tmp_path_factory):
+    """The uninterrupted run every kill/signal test compares with (made once)."""
+    out = tmp_path_factory.mktemp("ref")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(out / "xdg")
+    try:
+        rc, ref = train(out, "--max-steps", str(CAMPAIGN_STEPS), *CAMPAIGN_ARGS, name="ref")
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME", None)
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+    assert rc == 0
+    return ref
+
+
+def test_kill_9_campaign_resumes_bitwise(tmp_path, ref_run):
     """kill -9 at 5 moments of a small-preset run (tiny model/corpus, checkpoint every 5 steps):
     every resume from the checkpoint left behind reproduces the uninterrupted run bitwise."""
-    extra = ["--train.checkpoint_interval=5"]
-    rc, ref = train(tmp_path, "--max-steps", str(CAMPAIGN_STEPS), *extra, name="ref")
-    assert rc == 0
-    for i, moment in enumerate((7, 18, 29, 41, 52)):
+    extra, ref = CAMPAIGN_ARGS, ref_run
+    for i, moment in enumerate((7, 16, 25, 34, 43)):
         name = f"k{i}"
         proc = _spawn(tmp_path, name, CAMPAIGN_STEPS, *extra)
         _wait_rows(proc, tmp_path / name, moment)
@@ -307,11 +323,11 @@ def test_kill_9_campaign_resumes_bitwise(tmp_path):
 
 @pytest.mark.parametrize("sig,ignored", [(signal.SIGTERM, False), (signal.SIGINT, True)],
                          ids=["sigterm", "sigint-inherited-ignored"])
-def test_signal_checkpoints_the_step_reached(tmp_path, sig, ignored):
-    extra = ["--train.checkpoint_interval=1000"]                     # only the signal writes one
-    rc, ref = train(tmp_path, "--max-steps", str(CAMPAIGN_STEPS), *extra, name="ref")
-    proc = _spawn(tmp_path, "s", CAMPAIGN_STEPS, *extra, ignore_sigint=ignored)
-    _wait_rows(proc, tmp_path / "s", 20)
+def test_signal_checkpoints_the_step_reached(tmp_path, sig, ignored, ref_run):
+    # checkpoint_interval 1000: only the signal writes a checkpoint (same numbers as the ref)
+    ref = ref_run
+    proc = _spawn(tmp_path, "s", CAMPAIGN_STEPS, "--train.checkpoint_interval=1000", ignore_sigint=ignored)
+    _wait_rows(proc, tmp_path / "s", 17)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
