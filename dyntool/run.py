@@ -1,15 +1,20 @@
 """One directory per run: config.json, meta.json, metrics.jsonl, record.zarr (docs/FORMAT.md).
 
 Writing: ``RunWriter.create(...)`` as a context manager.  It never deletes or overwrites an
-existing run; SIGTERM is turned into :class:`Interrupted` (SIGINT already raises
-KeyboardInterrupt); on the way out the recorder is flushed and ``meta.status`` becomes
-``finished``, ``interrupted`` or ``failed``.
+existing run; SIGTERM and SIGINT (also when SIGINT was inherited as ignored, e.g. a job started
+with ``&`` by a script) raise :class:`Interrupted`, except inside :func:`critical_section`
+(one training step), where the signal is held until the section ends so a step is never half
+applied (a second signal interrupts at once).  On the way out the recorder is flushed and
+``meta.status`` becomes ``finished``, ``interrupted`` or ``failed``; if the disk is full the
+status is still written (in place when no new file fits) and no ``meta.json.tmp`` is left.
 
 Reading: :func:`open_run` and :func:`list_runs` (re-exported as ``dyntool.open_run`` etc.).
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import errno
 import json
 import math
 import os
@@ -30,7 +35,39 @@ RECORD_DIR = "record.zarr"
 
 
 class Interrupted(KeyboardInterrupt):
-    """Raised in the main thread on SIGTERM so runs close cleanly."""
+    """Raised in the main thread on SIGTERM/SIGINT so runs close cleanly."""
+
+
+class _Signals:
+    depth = 0                   # > 0 inside critical_section()
+    pending: int | None = None  # a signal held until the section ends
+
+
+def _on_signal(signum, frame):
+    if _Signals.depth > 0 and _Signals.pending is None:
+        _Signals.pending = signum          # finish the step first; a second signal is not held
+        return
+    _Signals.pending = None
+    raise Interrupted(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def critical_section():
+    """Hold SIGTERM/SIGINT (as installed by RunWriter) until the block ends, then raise
+    :class:`Interrupted`: used around one training step so parameters, optimizer, RNG and
+    metrics always describe the same step when a run is interrupted and checkpointed."""
+    _Signals.depth += 1
+    try:
+        yield
+    finally:
+        _Signals.depth -= 1
+    if _Signals.depth == 0 and _Signals.pending is not None:
+        signum, _Signals.pending = _Signals.pending, None
+        raise Interrupted(f"signal {signum}")
+
+
+def interrupt_pending() -> bool:
+    return _Signals.pending is not None
 
 
 def _now() -> str:
@@ -72,10 +109,23 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def _write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) -> None:
+    """Temp file + ``os.replace``.  On failure the temp file is removed (never a 0-byte
+    ``.tmp`` left behind); with ``in_place_fallback`` a full disk (ENOSPC/EDQUOT) falls back to
+    rewriting the existing file in place, which reuses its blocks (used for the final status)."""
+    text = json.dumps(_jsonable(obj), indent=2)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_jsonable(obj), indent=2))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if not (in_place_fallback and e.errno in (errno.ENOSPC, errno.EDQUOT) and path.exists()):
+            raise
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
 
 
 def ensure_out_dir(out_dir: str | Path) -> Path:
@@ -127,40 +177,57 @@ class RunWriter:
         """Append one row to metrics.jsonl (``step`` first)."""
         self._metrics.write(json.dumps(_jsonable({"step": int(step), **metrics})) + "\n")
 
-    def update_meta(self, **kv: Any) -> None:
+    def update_meta(self, _final_status: bool = False, **kv: Any) -> None:
         self.meta.update(kv, updated=_now())
-        _write_json_atomic(self.path / "meta.json", self.meta)
+        _write_json_atomic(self.path / "meta.json", self.meta, in_place_fallback=_final_status)
 
     def finish(self, status: str = "finished", **kv: Any) -> None:
+        """Flush and close everything, then write the final status.  A failure while flushing
+        (e.g. disk full) turns ``finished`` into ``failed`` and is re-raised after the status
+        is written, so meta.json never stays ``running`` after the process is gone."""
         assert status in STATUSES
-        try:
-            if self.store is not None:
-                self.store.close()
-        finally:
-            self._metrics.close()
-            self.update_meta(status=status, **kv)
+        errors: list[BaseException] = []
+        for close in ((self.store.close if self.store is not None else None), self._metrics.close):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:
+                errors.append(e)
+        if errors and status == "finished":
+            e = errors[0]
+            status, kv = "failed", {**kv, "error": f"{type(e).__name__}: {e}"}
+        self.update_meta(_final_status=True, status=status, **kv)
+        if errors:
+            raise errors[0]
 
     # -- context manager: signals and final status ----------------------------------------
     def __enter__(self) -> "RunWriter":
-        def on_term(signum, frame):
-            raise Interrupted(f"signal {signum}")
-        try:
-            self._old_handlers[signal.SIGTERM] = signal.signal(signal.SIGTERM, on_term)
-        except ValueError:     # not the main thread (e.g. inside a test runner thread)
-            pass
+        # SIGINT too: when it was inherited as ignored (a background job of a script) Python
+        # installs no KeyboardInterrupt handler, and `kill -INT` would do nothing at all
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, _on_signal)
+            except ValueError:     # not the main thread (e.g. inside a test runner thread)
+                pass
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         for sig, h in self._old_handlers.items():
             signal.signal(sig, h)
+        _Signals.pending = None
         if exc_type is None:
             self.finish("finished")
-        elif issubclass(exc_type, KeyboardInterrupt):
-            self.finish("interrupted", error=str(exc) or "interrupted")
-        elif issubclass(exc_type, NonFiniteLossError):
-            self.finish("failed", error=str(exc), failed_step=exc.step)
-        else:
-            self.finish("failed", error=f"{exc_type.__name__}: {exc}")
+            return False
+        try:
+            if issubclass(exc_type, KeyboardInterrupt):
+                self.finish("interrupted", error=str(exc) or "interrupted")
+            elif issubclass(exc_type, NonFiniteLossError):
+                self.finish("failed", error=str(exc), failed_step=exc.step)
+            else:
+                self.finish("failed", error=f"{exc_type.__name__}: {exc}")
+        except Exception:
+            pass               # the original exception is the one to report
         return False
 
 

@@ -11,6 +11,7 @@
 # 2. draws every figure those runs support as small PNGs (dpi $DPI, default 110) and copies only
 #    the PNGs into $OUT (default figures/); data files and captions are dropped (run
 #    `dyntool figures RUN... --out DIR` for the full set: PDF/PNG/SVG + CSV/JSON + caption).
+#    A PNG in $OUT is rewritten only when its decoded pixels differ (so the tree stays clean).
 #
 # Env: RUNS, OUT, DPI, PYTHON.  Figures alone (runs present) take well under a minute on 2 cores.
 set -euo pipefail
@@ -55,7 +56,8 @@ build="$OUT/.build"
 rm -rf "$build"
 dt figures "${inputs[@]}" --out "$build" --format png --dpi "$DPI"
 mkdir -p "$OUT"
-rm -f "$OUT"/*.png
-cp "$build"/*.png "$OUT"/
+# copy a PNG only when its decoded pixels changed (byte-level differences from the encoder alone
+# would dirty the tracked figures/ for nothing); drop PNGs that are no longer produced
+"$PY" scripts/png_sync.py "$build" "$OUT"
 rm -rf "$build"
 echo "gallery: $(ls "$OUT"/*.png | wc -l) PNGs in $OUT/"

@@ -19,19 +19,26 @@ OVERRIDES = "Any config key can also be set as --section.key=value, e.g. --model
 
 def cmd_train(args) -> int:
     from ..errors import ConfigError
-    from ..train.runner import DEFAULT_OUT, load_config, run_training
+    from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.config is None and args.resume is None:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
     out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
-    path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
-                               quiet=args.quiet)
+    try:
+        path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
+                                   quiet=args.quiet)
+    except NothingToDo as e:          # a finished run resumed without a higher --max-steps
+        print(f"dyntool: {e}")
+        return 0
     if path is not None:
         extra = ""
+        if "best_val_ppl" in final:
+            extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step'] + 1}"
         if "valid_ppl" in final:
-            extra = f" (valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f})"
-        print(f"train run written to {path}{extra}")
+            extra += ("; " if extra else " (") + \
+                f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}"
+        print(f"train run written to {path}{extra + ')' if extra else ''}")
     return 0
 
 
@@ -57,7 +64,9 @@ def register(sub, simsub) -> None:
     config_option(t, TRAIN, "train.max_steps", "--max-steps", metavar="N",
                   help="optimizer steps; the LR schedule spans them (>= 1)")
     t.add_argument("--resume", default=None, metavar="RUN",
-                   help="continue RUN from its checkpoint.pt into a new run (exact on CPU)")
+                   help="continue RUN from its checkpoint.pt into a new run (exact on CPU; on CUDA "
+                        "with --train.deterministic=true); a run at its max_steps needs "
+                        "--max-steps N higher, else 'nothing to do' (exit 0, no run created)")
     common_output_options(t, None, what="run", default_says="runs/wikitext, or the folder of the --resume run")
     t.set_defaults(fn=cmd_train, takes_overrides=True, writes=True)
 

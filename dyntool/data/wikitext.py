@@ -18,9 +18,9 @@ Cache: ``<cache_dir>/wt-<key16>.cache.int32`` holds train|valid|test ids back to
 ``files.json`` fast path reuses a file's sha256 while its size and mtime_ns are unchanged.
 Both files are written to a temp name and ``os.replace``d, ids first, meta last, so the meta
 file is the commit marker: a killed build leaves no meta and is simply rebuilt; a corrupt or
-truncated id file fails the checksum and is rebuilt.  Default ``cache_dir``:
-``<data_dir>/.dyntool-cache`` if writable, else ``~/.cache/dyntool/wikitext/<sha(path)16>``
-(the shared copy is read-only, so it lands in the home cache).
+truncated id file fails the checksum and is rebuilt.  Default ``cache_dir``: the user cache
+directory, ``$XDG_CACHE_HOME/dyntool/wikitext/<sha(path)16>`` (``~/.cache`` when unset).  The
+data folder is never written to (it may be shared or read-only by convention).
 """
 from __future__ import annotations
 
@@ -113,29 +113,16 @@ def resolve_data_dir(path: str | os.PathLike | None = None) -> Path:
     raise DataError(f"wikitext-2 directory not found at {where}: {_EXPECTED}")
 
 
-def _writable(d: Path) -> bool:
-    # os.access alone says yes to root even on a dir marked read-only (r-x, like the shared
-    # copy); honour the mode bits too, so a read-only data dir is never written into
-    try:
-        return os.access(d, os.W_OK | os.X_OK) and bool(d.stat().st_mode & 0o222)
-    except OSError:
-        return False
+def user_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/dyntool`` (``~/.cache/dyntool`` when unset or not absolute)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "dyntool"
 
 
 def _default_cache_dir(data_dir: Path) -> Path:
-    local = data_dir / ".dyntool-cache"
-    if _writable(local if local.is_dir() else data_dir):
-        try:
-            local.mkdir(exist_ok=True)
-            ignore = local / ".gitignore"
-            if not ignore.exists():  # like .pytest_cache: a data dir inside a repo stays clean
-                ignore.write_text("# created by dyntool: token-id cache\n*\n")
-            return local
-        except OSError:
-            pass
     tag = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dyntool" / "wikitext" / tag
+    return user_cache_dir() / "wikitext" / tag
 
 
 # ----------------------------------------------------------------------------- reading

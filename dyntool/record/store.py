@@ -9,6 +9,9 @@ therefore writes data for all arrays first and only then bumps the group attribu
 ``steps_written``; readers never read past it.  Floats use NaN as the fill value so a bug shows.
 Writes happen on one background thread in whole chunks along ``step``; a ``kill -9`` leaves
 everything up to the last bumped marker readable (zarr ≥ 3.1.3 writes chunks atomically).
+Buffered steps are handed over when a chunk is full or, by a timer thread, at most
+``flush_seconds`` after they were appended, so the last recorded step of a run that then goes
+quiet (or is killed) is on disk after ``flush_seconds``.
 """
 from __future__ import annotations
 
@@ -65,11 +68,17 @@ class StoreWriter:
         self._buffer: list[dict[str, np.ndarray]] = []
         self._n_submitted = 0
         self._last_step: int | None = None
-        self._last_flush = time.monotonic()
+        self._last_flush = self._first_buffered = time.monotonic()
         self._queue: queue.Queue = queue.Queue(maxsize=4)   # bounded: backpressure on slow disks
         self._error: BaseException | None = None
+        self._lock = threading.Lock()                      # buffer: appends vs the flush timer
+        self._closed = threading.Event()
         self._thread = threading.Thread(target=self._worker, name="dyntool-writer", daemon=True)
         self._thread.start()
+        self._timer = None
+        if self.flush_seconds > 0 and math.isfinite(self.flush_seconds):
+            self._timer = threading.Thread(target=self._flush_timer, name="dyntool-flush", daemon=True)
+            self._timer.start()
 
     # -- public API ---------------------------------------------------------------------
     def declare(self, name: str, dims: tuple[str, ...] | None = None, attrs: dict | None = None):
@@ -90,14 +99,19 @@ class StoreWriter:
         elif spec != self._specs:
             diff = sorted(set(spec.items()) ^ set(self._specs.items()))
             raise ValueError(f"step {step}: recorded arrays differ from the first step's: {diff[:3]}")
-        self._buffer.append({names.STEP: np.asarray(step, dtype=np.int64), **arrays})
-        self._last_step = step
-        if len(self._buffer) >= self.chunk_steps or time.monotonic() - self._last_flush > self.flush_seconds:
-            self._submit()
+        with self._lock:
+            if not self._buffer:
+                self._first_buffered = time.monotonic()
+            self._buffer.append({names.STEP: np.asarray(step, dtype=np.int64), **arrays})
+            self._last_step = step
+            if len(self._buffer) >= self.chunk_steps or \
+                    time.monotonic() - self._last_flush > self.flush_seconds:
+                self._submit()
 
     def flush(self) -> None:
         """Hand buffered steps to the writer thread and wait until they are committed."""
-        self._submit()
+        with self._lock:
+            self._submit()
         self._queue.join()
         self._raise_if_failed()
 
@@ -105,6 +119,9 @@ class StoreWriter:
         try:
             self.flush()
         finally:
+            self._closed.set()
+            if self._timer is not None:
+                self._timer.join(timeout=60)
             self._queue.put(None)
             self._thread.join(timeout=60)
 
@@ -128,7 +145,17 @@ class StoreWriter:
         if self._error is not None:
             raise RuntimeError(f"recording writer failed: {self._error}") from self._error
 
+    def _flush_timer(self) -> None:
+        """Submit rows that have waited ``flush_seconds`` even when no further append comes."""
+        tick = min(max(self.flush_seconds / 4, 0.01), 1.0)
+        while not self._closed.wait(tick):
+            if self._buffer and time.monotonic() - self._first_buffered >= self.flush_seconds:
+                with self._lock:
+                    if self._buffer and self._error is None:
+                        self._submit()
+
     def _submit(self) -> None:
+        """Queue the buffered rows (call with ``self._lock`` held)."""
         self._last_flush = time.monotonic()
         if not self._buffer:
             return

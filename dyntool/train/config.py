@@ -95,7 +95,7 @@ class TrainLoopConfig:
     max_steps: PosInt = 500         # optimizer steps; the LR schedule spans these
     stop_at: int = 0                # stop (checkpointed) after this many steps; 0 = max_steps
     eval_interval: int = 100        # validation every N steps and at the last; 0 = none (final_eval only)
-    checkpoint_interval: int = 0    # checkpoint every N steps (0 = only at the end / stop_at)
+    checkpoint_interval: int = 100  # checkpoint every N steps (0 = only at the end, stop_at, signal)
     checkpoint: bool = True         # write checkpoint.pt (needed for --resume)
     final_eval: bool = True         # full validation + test perplexity at the end (meta.final)
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | float64 | bfloat16
@@ -103,6 +103,7 @@ class TrainLoopConfig:
     logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
     log_interval: int = 1           # metrics row every N steps (recording steps always)
     threads: NonNegInt = 0          # torch.set_num_threads (0 = leave)
+    deterministic: bool = False     # deterministic kernels (exact resume on CUDA; slower)
 
     def validate(self, prefix: str = "") -> None:
         p = prefix

@@ -51,7 +51,11 @@ def setup(device: str = "auto") -> DistInfo:
     if not dist.is_initialized():
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+            # device_id binds the NCCL communicator to this rank's GPU up front (no guessing,
+            # no hang when a rank's first collective would otherwise pick device 0)
+            dist.init_process_group("nccl", device_id=dev)
+        else:
+            dist.init_process_group("gloo")
         created = True
     return DistInfo(rank, world, local, dev, created)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,43 @@ def _check_device(cfg: TrainConfig, preset: str | None) -> None:
                                       "add --device=cpu to run it on the CPU anyway")
 
 
+class NothingToDo(Exception):
+    """``--resume`` of a run whose checkpoint is already at ``train.max_steps``."""
+
+
+def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
+    """Load ``RUN/checkpoint.pt`` (weights_only) and pick the new run's default name.
+
+    Raises :class:`RunError` with the reason when there is nothing to resume from, and
+    :class:`NothingToDo` when the checkpoint is already at ``train.max_steps``."""
+    from . import checkpoint
+    run = Path(resume)
+    src = run / "checkpoint.pt"
+    if not src.is_file():
+        try:
+            old = json.loads((run / "config.json").read_text()).get("train", {})
+        except (OSError, ValueError, AttributeError):
+            old = {}
+        if old.get("checkpoint") is False:
+            why = "it was trained with train.checkpoint=false"
+        else:
+            iv = old.get("checkpoint_interval", 0)
+            every = f"every {iv} steps, " if iv else ""
+            why = (f"it stopped before its first checkpoint (written {every}at the end and on "
+                   f"SIGTERM/SIGINT; a kill -9 before step {iv or 'the end'} leaves none)")
+        raise RunError(f"cannot resume {resume}: no checkpoint.pt, {why}")
+    ck = checkpoint.load(src)
+    step = int(ck["step"])
+    if step >= cfg.train.max_steps:
+        raise NothingToDo(f"{resume} is already at step {step} = train.max_steps: nothing to do "
+                          f"(to train on, pass --max-steps N with N > {step})")
+    base = f"{run.name}-resume{step}"
+    name, i = base, 2
+    while (run.parent / name).exists():                # a second resume gets a fresh name
+        name, i = f"{base}-{i}", i + 1
+    return ck, name
+
+
 def _seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -70,19 +108,18 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
     from ..run import RunWriter
     from . import ddp
     from .gpt import GPT
+    from ..progress import TrainProgress
     from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
-    from .trainer import Trainer
+    from .trainer import Trainer, restore_deterministic, set_deterministic
 
     ckpt = None
     if resume is not None:
-        src = Path(resume) / "checkpoint.pt"
-        if not src.is_file():
-            raise RunError(f"cannot resume {resume}: no checkpoint.pt (run with train.checkpoint=true)")
-        ckpt = torch.load(src, map_location="cpu", weights_only=False)
-        name = name or f"{Path(resume).name}-resume{ckpt['step']}"
+        ckpt, default_name = resume_source(resume, cfg)
+        name = name or default_name
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     dist = ddp.setup(cfg.device)
+    det = set_deterministic(cfg.train.deterministic)
     try:
         corpus = load_wikitext(cfg.data.path or None)
         _seed_all(cfg.seed)                                  # identical init on every rank
@@ -104,12 +141,14 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         with run if run is not None else _Null():
             cbs = []
             if run is not None:
-                cbs = [RecordingCallback(run, cfg)] + ([] if quiet else [ConsoleCallback()]) + \
+                cbs = [RecordingCallback(run, cfg)] + \
+                      ([] if quiet else [ConsoleCallback(stream=sys.stderr), TrainProgress()]) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:
                 ck_path = run.path / "checkpoint.pt" if run is not None else Path(os.devnull)
             trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
+            trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
                 trainer.load_state_dict(ckpt)
             final = trainer.fit()
@@ -117,6 +156,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
     finally:
+        restore_deterministic(det)
         ddp.cleanup(dist)
 
 

@@ -31,6 +31,9 @@ from ..stats import mean_std
 LS_LOGITS = {"data.block_size": 256, "data.batch_size": 8, "optim.lr": 1e-2, "optim.warmup_steps": 20,
              "model.window": 16, "train.eval_interval": 50, "record.every": 50}
 
+# no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
+STUDY_DEFAULTS = {"train.checkpoint": False}
+
 
 @dataclass
 class StudyConfig:
@@ -59,7 +62,8 @@ def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyCon
     for seed in study.seeds:
         for arm, f in files.items():
             fixed = {"seed": seed, **({"train.max_steps": study.max_steps} if study.max_steps else {})}
-            values = merge(merge(merge(nest(base_values or {}), user), nest(arm_values.get(arm, {}))),
+            values = merge(merge(merge(nest({**STUDY_DEFAULTS, **(base_values or {})}), user),
+                                 nest(arm_values.get(arm, {}))),
                            nest(fixed))
             cfgs[arm, seed] = load_config(f, preset, [], values=values)
     return cfgs

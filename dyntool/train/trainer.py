@@ -11,8 +11,13 @@ The loop knows nothing about recording or logging: it calls, in list order,
 
 Training: AdamW (decay on 2-D weights) with linear warmup + cosine decay, global-norm clipping,
 gradient accumulation (loss / accum), bf16 autocast on CUDA, optional ``torch.compile``, DDP.
-Checkpoints hold model, optimizer, scheduler, step and every RNG state (torch, CUDA, numpy, python,
-and each rank's data generator), so ``resume`` continues bit for bit (tested on CPU).
+Checkpoints (:mod:`.checkpoint`, loaded with ``weights_only=True``) hold model, optimizer,
+scheduler, step and every RNG state (torch, numpy, python, and each rank's data generator and
+CUDA state), so ``resume`` continues bit for bit (tested on CPU; on CUDA with
+``train.deterministic``).  They are written every ``train.checkpoint_interval`` steps, at the end,
+and when SIGTERM/SIGINT stops the run (each step runs in a :func:`critical_section`, so the
+checkpoint is at the step reached).  Best validation loss (and its step) is tracked.  The loop
+makes one host sync per step (loss and grad norm read together).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import torch
 
 from ..data.wikitext import eval_batches, get_batch
 from ..errors import NonFiniteLossError
+from . import checkpoint as ckpt
 from .config import OptimConfig, TrainConfig
 from .ddp import DistInfo
 
@@ -54,6 +60,32 @@ def lr_factor(opt: OptimConfig, max_steps: int):
         t = min(1.0, (step - opt.warmup_steps) / span)
         return opt.min_lr_ratio + 0.5 * (1 - opt.min_lr_ratio) * (1 + math.cos(math.pi * t))
     return f
+
+
+def set_deterministic(on: bool) -> dict:
+    """``train.deterministic``: deterministic kernels everywhere (exact resume on CUDA).  Sets
+    ``CUBLAS_WORKSPACE_CONFIG`` (cuBLAS needs it before its first call), cuDNN deterministic and
+    no autotuning, ``torch.use_deterministic_algorithms``.  Returns the previous settings for
+    :func:`restore_deterministic`."""
+    prev = {"algos": torch.are_deterministic_algorithms_enabled(),
+            "cudnn_det": torch.backends.cudnn.deterministic, "cudnn_bench": torch.backends.cudnn.benchmark,
+            "env": os.environ.get("CUBLAS_WORKSPACE_CONFIG")}
+    if on:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic = True
+        torch.backends.cudnn.benchmark = False
+    return prev
+
+
+def restore_deterministic(prev: dict) -> None:
+    torch.use_deterministic_algorithms(prev["algos"])
+    torch.backends.cudnn.deterministic = prev["cudnn_det"]
+    torch.backends.cudnn.benchmark = prev["cudnn_bench"]
+    if prev["env"] is None:
+        os.environ.pop("CUBLAS_WORKSPACE_CONFIG", None)
+    else:
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = prev["env"]
 
 
 def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
@@ -85,6 +117,9 @@ class Trainer:
         self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (dist.rank + 1))
         self.amp = amp_dtype(cfg, self.device)
         self.step = 0                                      # the next step to run
+        self.best: dict | None = None                      # best periodic validation so far
+        self._consistent = True                            # model/optimizer/RNG describe self.step
+        self.quiet = True                                  # final-eval announcement and bar
         self.grad_scale = 1.0 / o.accum                    # what each micro-step's loss is scaled by
 
     # -- pieces ---------------------------------------------------------------------------
@@ -97,18 +132,37 @@ class Trainer:
         d = self.cfg.data
         return get_batch(self.corpus.train, d.batch_size, d.block_size, self.gen, self.device)
 
-    @torch.no_grad()
-    def evaluate(self, split: str = "valid", max_batches: int | None = None) -> float:
-        """Mean token cross-entropy over a split (non-overlapping windows; exact when uncapped)."""
+    def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
+                 bar: bool = False) -> float:
+        """Mean token cross-entropy over a split (non-overlapping windows; exact when uncapped).
+
+        Runs in eval mode (dropout off; train mode restored after) under ``inference_mode``;
+        the loss is summed on the device and read once at the end (no sync per batch)."""
         d = self.cfg.data
-        total, n = 0.0, 0
-        for x, y in eval_batches(self.corpus.split(split), d.eval_batch_size, d.block_size,
-                                 max_batches or None, self.device):
-            with self.autocast():
-                _, loss = self.raw(x, y)
-            total += loss.item() * y.numel()
-            n += y.numel()
-        return total / max(n, 1)
+        data = self.corpus.split(split)
+        bs = batch_size or d.eval_batch_size
+        batches = eval_batches(data, bs, d.block_size, max_batches or None, self.device)
+        if bar:
+            from ..progress import progress
+            n_win = (len(data) - 1) // d.block_size
+            total_b = -(-n_win // bs) + (1 if (len(data) - 1) % d.block_size else 0)
+            batches = progress(batches, desc=f"final eval ({split})", total=total_b, unit="batch")
+        was_training = self.raw.training
+        self.raw.eval()
+        total, n = None, 0
+        try:
+            with torch.inference_mode():
+                for x, y in batches:
+                    with self.autocast():
+                        _, loss = self.raw(x, y)
+                    part = loss.double() * y.numel()
+                    total = part if total is None else total + part
+                    n += y.numel()
+        finally:
+            self.raw.train(was_training)
+            if bar:
+                batches.close()
+        return float(total) / n if n else float("nan")
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -136,61 +190,105 @@ class Trainer:
         params = self.raw.parameters()
         gn = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         lr = self.opt.param_groups[0]["lr"]
-        loss_v = loss_t.item()
+        # the step's one host sync: loss and grad norm together
+        loss_v, gn_v = torch.stack([loss_t.detach().double(), gn.detach().double()]).tolist()
         if math.isfinite(loss_v):
             self.opt.step()
             self.sched.step()
         self.opt.zero_grad(set_to_none=True)
-        return {"loss": loss_v, "lr": lr, "grad_norm": gn.item()}
+        return {"loss": loss_v, "lr": lr, "grad_norm": gn_v}
 
     # -- the loop -------------------------------------------------------------------------
+    def _one_step(self, stop: int, tokens: int) -> None:
+        """Train step ``self.step`` with its evaluation, callbacks and periodic checkpoint."""
+        cfg = self.cfg.train
+        step = self.step
+        t0 = time.perf_counter()
+        for cb in self.callbacks:
+            cb.on_step_start(step)
+        metrics = self.train_step(step)
+        dt = time.perf_counter() - t0
+        metrics["tokens_per_s"] = tokens / dt
+        metrics["step_time"] = dt
+        self.step = step + 1
+        if not math.isfinite(metrics["loss"]):
+            self._consistent = False                 # no checkpoint of a diverged model
+            for cb in self.callbacks:
+                cb.on_step_end(step, metrics)
+            raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
+        last = self.step == cfg.max_steps
+        if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
+            vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
+            ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
+            if self.best is None or vl < self.best["val_loss"]:
+                self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
+            metrics.update(ev)
+            for cb in self.callbacks:
+                cb.on_eval(step, ev)
+        for cb in self.callbacks:
+            cb.on_step_end(step, metrics)
+        if self.ckpt_path is not None and cfg.checkpoint_interval and \
+                self.step % cfg.checkpoint_interval == 0 and self.step < stop:
+            self.save_checkpoint(self.ckpt_path)
+
     def fit(self) -> dict:
+        from ..run import critical_section
         cfg = self.cfg.train
         stop = min(cfg.stop_at or cfg.max_steps, cfg.max_steps)
         tokens = self.cfg.data.batch_size * self.cfg.data.block_size * self.cfg.optim.accum * self.dist.world
         for cb in self.callbacks:
             cb.on_train_start(self)
         self.raw.train()
-        while self.step < stop:
-            step = self.step
-            t0 = time.perf_counter()
-            for cb in self.callbacks:
-                cb.on_step_start(step)
-            metrics = self.train_step(step)
-            dt = time.perf_counter() - t0
-            metrics["tokens_per_s"] = tokens / dt
-            metrics["step_time"] = dt
-            self.step = step + 1
-            if not math.isfinite(metrics["loss"]):
-                for cb in self.callbacks:
-                    cb.on_step_end(step, metrics)
-                raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
-            last = self.step == cfg.max_steps
-            if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
-                vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
-                ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
-                metrics.update(ev)
-                for cb in self.callbacks:
-                    cb.on_eval(step, ev)
-            for cb in self.callbacks:
-                cb.on_step_end(step, metrics)
-            if self.ckpt_path is not None and cfg.checkpoint_interval and \
-                    self.step % cfg.checkpoint_interval == 0 and self.step < stop:
+        try:
+            while self.step < stop:
+                # a SIGTERM/SIGINT lands between steps: the checkpoint below is at the step reached
+                self._consistent = False
+                with critical_section():
+                    self._one_step(stop, tokens)
+                    self._consistent = True
+        except KeyboardInterrupt:
+            # single process only: under DDP the ranks could be at different steps
+            if self._consistent and self.ckpt_path is not None and self.dist.world == 1:
                 self.save_checkpoint(self.ckpt_path)
+            raise
         if self.ckpt_path is not None:
             self.save_checkpoint(self.ckpt_path)
         final = {"steps": self.step, "param_sha256": self.param_digest()}
+        if self.best is not None:
+            final.update(best_val_loss=self.best["val_loss"], best_val_ppl=self.best["val_ppl"],
+                         best_val_step=self.best["step"])
         if self.dist.world > 1:                             # proof that the replicas agree
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests
         if self.dist.is_main and cfg.final_eval and self.step == cfg.max_steps:
-            for split in ("valid", "test"):
-                loss = self.evaluate(split)
-                final[f"{split}_loss"], final[f"{split}_ppl"] = loss, math.exp(min(loss, 700.0))
+            final.update(self.final_evaluation())
         for cb in self.callbacks:
             cb.on_train_end(final)
         return final
+
+    def final_evaluation(self) -> dict:
+        """Exact validation and test perplexity over the whole splits, announced on stderr with
+        a progress bar (a log line per ~30 s when stderr is not a terminal)."""
+        import sys
+        sizes = {s: len(self.corpus.split(s)) - 1 for s in ("valid", "test")}
+        if not self.quiet:
+            print(f"final evaluation: valid ({sizes['valid']:,} tokens) + test ({sizes['test']:,} tokens), "
+                  f"batch {self.final_eval_batch()}  (--train.final_eval=false skips it)",
+                  file=sys.stderr, flush=True)
+        out, t0 = {}, time.perf_counter()
+        for split in ("valid", "test"):
+            loss = self.evaluate(split, batch_size=self.final_eval_batch(), bar=not self.quiet)
+            out[f"{split}_loss"], out[f"{split}_ppl"] = loss, math.exp(min(loss, 700.0))
+        out["final_eval_seconds"] = time.perf_counter() - t0
+        return out
+
+    def final_eval_batch(self) -> int:
+        """Sequences per final-eval batch: at least ``eval_batch_size``, grown to 8,192 tokens
+        (fewer, larger matmuls: 0.75-0.85× the time of 2,048-token batches on 2 CPU cores; the
+        logits are B·T·V floats, 1.1 GB at V = 33k, which is why it stops there)."""
+        d = self.cfg.data
+        return max(d.eval_batch_size, 8192 // d.block_size)
 
     def param_digest(self) -> str:
         """sha256 of every parameter's bytes (in state_dict order): equal digests = equal models."""
@@ -201,36 +299,42 @@ class Trainer:
         return h.hexdigest()
 
     # -- checkpoints ----------------------------------------------------------------------
+    def _gather(self, obj):
+        if self.dist.world == 1:
+            return [obj]
+        out = [None] * self.dist.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
     def state_dict(self) -> dict:
-        gens = [self.gen.get_state()]
-        if self.dist.world > 1:                             # every rank's data order
-            gens = [None] * self.dist.world
-            torch.distributed.all_gather_object(gens, self.gen.get_state())
+        """Plain tensors/numbers only (``weights_only`` loadable); collective under DDP."""
+        cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         return {"step": self.step, "model": self.raw.state_dict(), "optim": self.opt.state_dict(),
-                "sched": self.sched.state_dict(), "data_gen": gens,
-                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                        "python": random.getstate(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}}
+                "sched": self.sched.state_dict(), "data_gen": self._gather(self.gen.get_state()),
+                "rng": {**ckpt.capture_rng(), "cuda": self._gather(cuda)},
+                "best": dict(self.best) if self.best else None}
 
     def load_state_dict(self, sd: dict) -> None:
+        gens = sd["data_gen"]
+        if len(gens) != self.dist.world:
+            raise ValueError(f"checkpoint was written by {len(gens)} rank(s), resuming on {self.dist.world}")
         self.raw.load_state_dict(sd["model"])
         self.opt.load_state_dict(sd["optim"])
         self.sched.load_state_dict(sd["sched"])
         self.step = int(sd["step"])
-        gens = sd["data_gen"]
-        if len(gens) != self.dist.world:
-            raise ValueError(f"checkpoint was written by {len(gens)} rank(s), resuming on {self.dist.world}")
+        # the lr of the next step under *this* config's schedule (max_steps may have been raised;
+        # unchanged, this is bitwise the value the scheduler stored)
+        for g, base in zip(self.opt.param_groups, self.sched.base_lrs):
+            g["lr"] = base * self.sched.lr_lambdas[0](self.step)
         self.gen.set_state(gens[self.dist.rank])
         r = sd["rng"]
-        torch.set_rng_state(r["torch"])
-        np.random.set_state(r["numpy"])
-        random.setstate(r["python"])
-        if r.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(r["cuda"])
+        ckpt.restore_rng(r)
+        cuda = r.get("cuda") or []
+        if self.device.type == "cuda" and len(cuda) > self.dist.rank and cuda[self.dist.rank] is not None:
+            torch.cuda.set_rng_state(cuda[self.dist.rank], self.device)     # this rank's own state
+        self.best = sd.get("best")
 
     def save_checkpoint(self, path: Path) -> None:
         sd = self.state_dict()                              # collective under DDP: all ranks call
         if self.dist.is_main:
-            tmp = Path(str(path) + ".tmp")
-            torch.save(sd, tmp)
-            os.replace(tmp, path)                           # never a half-written checkpoint
+            ckpt.save(sd, path)                             # atomic: never a half-written checkpoint

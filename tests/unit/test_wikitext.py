@@ -114,21 +114,41 @@ def test_no_cache_writes_nothing(tiny):
     assert c.cache_file is None and not (tiny / ".dyntool-cache").exists()
 
 
-def test_default_cache_dir_in_writable_data_dir(tiny):
-    c = load_wikitext(tiny)
-    assert c.cache_file.parent == tiny / ".dyntool-cache"
-    assert (tiny / ".dyntool-cache" / ".gitignore").read_text().splitlines()[-1] == "*"
+def _snapshot(d):
+    return sorted((str(p.relative_to(d)), p.stat().st_size, p.stat().st_mtime_ns) for p in d.rglob("*"))
 
 
-def test_read_only_data_dir_uses_home_cache(tiny, tmp_path, monkeypatch):
+def test_default_cache_is_user_cache_dir_never_data_dir(tiny, tmp_path, monkeypatch):
+    """Even a writable data folder is left alone: the cache goes to $XDG_CACHE_HOME/dyntool."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    before = _snapshot(tiny)
+    c = load_wikitext(tiny)
+    assert (tmp_path / "xdg" / "dyntool" / "wikitext") in c.cache_file.parents
+    assert _snapshot(tiny) == before
+    assert load_wikitext(tiny).cache_file == c.cache_file          # and it is reused
+
+
+def test_home_cache_when_xdg_unset(tiny, tmp_path, monkeypatch):
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    c = load_wikitext(tiny)
+    assert (tmp_path / "home" / ".cache" / "dyntool" / "wikitext") in c.cache_file.parents
+
+
+def test_read_only_data_dir_works_and_is_untouched(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    before = _snapshot(tiny)
+    for f in tiny.iterdir():
+        f.chmod(0o444)
     tiny.chmod(0o555)
     try:
         c = load_wikitext(tiny)
+        again = load_wikitext(tiny)                                 # from the cache
     finally:
         tiny.chmod(0o755)
+    assert c.vocab_size > 0 and np.array_equal(again.train, c.train)
     assert (tmp_path / "xdg" / "dyntool" / "wikitext") in c.cache_file.parents
-    assert not (tiny / ".dyntool-cache").exists()
+    assert _snapshot(tiny) == before
 
 
 def _one_line(e: pytest.ExceptionInfo) -> str:
