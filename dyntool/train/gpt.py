@@ -13,6 +13,12 @@ same way for all) and differs only in the mask, the q/k normalisation, or the ba
   reconstruction of arXiv 2512.13033, see dyntool/span.py).
 - ``qknorm``: LayerNorm on q and k per head (the LS paper's stabilisation baseline).
 
+Regularisation: ``model.dropout`` (nanoGPT's placement: the embedding sum, each block's attention
+output and MLP output; never the attention probabilities, so recorded α are unaffected); active in
+``.train()``, off in ``.eval()``.  ``model.vocab_multiple`` pads wte/lm_head to a multiple of it
+(64 on GPU: the lm_head is the largest matmul and 33,278 is not a multiple of 8); the padded
+logits are sliced off, so ``forward`` returns (B, T, vocab_size) and the loss is over the true vocab.
+
 ``track_qk(True)`` makes every block keep a detached reference to its last q, k (no copy), so a
 callback can compute per-step logit statistics without touching the attention code.
 """
@@ -46,13 +52,14 @@ def build_mask(cfg: ModelConfig) -> masks.Mask:
 
 
 class MLP(nn.Module):
-    def __init__(self, n_embd: int, bias: bool):
+    def __init__(self, n_embd: int, bias: bool, dropout: float = 0.0):
         super().__init__()
         self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
+        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return self.c_proj(F.gelu(self.c_fc(x)))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
 
 class Block(nn.Module):
@@ -63,7 +70,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, mask, backend, cfg.bias, qk_norm)
         self.attn.core.layer_index = layer
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg.n_embd, cfg.bias)
+        self.mlp = MLP(cfg.n_embd, cfg.bias, cfg.dropout)
+        self.attn_dropout = nn.Dropout(cfg.dropout)     # on the attention output (after c_proj)
         # q, k stash for logit statistics: forward hooks on the modules that *produce* q and k
         # (c_attn, or the q/k LayerNorms), because CausalSelfAttention keeps them local
         self.keep_qk = False
@@ -93,7 +101,7 @@ class Block(nn.Module):
         return None
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
+        x = x + self.attn_dropout(self.attn(self.ln_1(x)))
         return x + self.mlp(self.ln_2(x))
 
 
@@ -107,11 +115,14 @@ class GPT(nn.Module):
             raise ConfigError("model.backend", "flex needs CUDA (flex_attention has no CPU backward); "
                                                "use auto or sdpa")
         mask = build_mask(cfg)
-        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        m = cfg.vocab_multiple
+        self.padded_vocab = -(-vocab_size // m) * m           # rows >= vocab_size: never indexed
+        self.wte = nn.Embedding(self.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(block_size, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg, i, mask, self.backend) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.lm_head = nn.Linear(cfg.n_embd, self.padded_vocab, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
@@ -144,7 +155,7 @@ class GPT(nn.Module):
                 blk._qk.clear()
 
     def num_params(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())      # tied weights counted once
+        n = sum(p.numel() for p in self.parameters())      # tied weights once, vocab padding included
         if non_embedding:
             n -= self.wpe.weight.numel() + self.wte.weight.numel()
         return n
@@ -155,14 +166,16 @@ class GPT(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} > block_size {self.block_size}")
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)                   # (B, T, C)
+        x = self.drop(self.wte(idx) + self.wpe(pos))        # (B, T, C)
         for blk in self.h:
             x = blk(x)
-        logits = self.lm_head(self.ln_f(x))                 # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))                 # (B, T, V_padded)
+        if self.padded_vocab != self.vocab_size:
+            logits = logits[..., :self.vocab_size]          # (B, T, V): padding never predicted
         loss = None
         if targets is not None:
             lg = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-            loss = F.cross_entropy(lg.view(-1, lg.size(-1)), targets.view(-1))
+            loss = F.cross_entropy(lg.reshape(-1, lg.size(-1)), targets.reshape(-1))
         return logits, loss
 
     def param_groups(self, weight_decay: float) -> list[dict]:
