@@ -8,9 +8,8 @@ A study writes ``<out>/<study>-<date>-<rand>/`` holding its runs (ordinary run d
   span forward is bitwise the mhsa forward).  Reported: final validation loss per run and the
   relative change ``100·(L_span − L_base)/L_base`` per seed, mean ± std (sample std) over seeds.
   The paper reports −0.56 % (setting unknown; our span is a reconstruction).
-- ``ls-logits``: ``mhsa`` vs ``ls`` vs ``qknorm`` at a longer context and a high learning rate
-  (LS paper's stability figure): per layer, max|logit| (``logit_max/L{l}``, every step) at the
-  first step, the last step and its peak, growth = last/first, and whether the run diverged.
+- ``ls-logits``: ``mhsa`` vs ``ls`` vs ``qknorm`` (and MHSA eager fp32 on GPU) in the LS paper's
+  regime, max|logit| per head with local/global marked: see :mod:`dyntool.train.ls_logits`.
 """
 from __future__ import annotations
 
@@ -24,9 +23,6 @@ from pathlib import Path
 from ..errors import NonFiniteLossError
 
 SIMS = Path(__file__).resolve().parents[2] / "sims"
-# long context + high lr, scaled to what a CPU does in minutes; override any key on the CLI
-LS_LOGITS = ["--data.block_size=256", "--data.batch_size=8", "--optim.lr=1e-2", "--optim.warmup_steps=20",
-             "--model.window=16", "--train.eval_interval=50", "--record.every=50"]
 
 
 def _sims_file(name: str) -> Path:
@@ -106,35 +102,9 @@ def study_span(out, seeds, max_steps, preset, overrides, quiet) -> dict:
 
 
 def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
-    d = _study_dir(out, "ls-logits")
-    extra = LS_LOGITS + list(overrides) + ([f"--train.max_steps={max_steps}"] if max_steps else [])
-    arms = {"mhsa": "wikitext_mhsa.toml", "ls": "wikitext_ls.toml", "qknorm": "wikitext_qknorm.toml"}
-    runs = {}
-    for seed in range(seeds):
-        for arm, f in arms.items():
-            r = _train(d, f"{arm}-s{seed}", _sims_file(f), preset, extra + [f"--seed={seed}"], quiet,
-                       "study-ls-logits")
-            df = r.metrics
-            layers = sorted(int(c.split("/L")[1]) for c in df.columns
-                            if c.startswith("logit_max/L") and "H" not in c.split("/L")[1])
-            per_layer = []
-            for l in layers:
-                s = df[f"logit_max/L{l}"].dropna()
-                first, last, peak = float(s.iloc[0]), float(s.iloc[-1]), float(s.max())
-                per_layer.append({"layer": l, "first": first, "last": last, "peak": peak,
-                                  "growth": last / first if first else None})
-            final = r.meta.get("final", {})
-            runs[r.id] = {"arm": arm, "seed": seed, "status": r.status, "diverged": r.status == "failed",
-                          "steps": int(df["step"].max()) + 1, "valid_ppl": final.get("valid_ppl"),
-                          "per_layer": per_layer}
-    summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "overrides": extra, "runs": runs}
-    print(f"\nstudy ls-logits ({d}): max|logit| per layer, first → last step (peak), growth ×")
-    for rid, r in runs.items():
-        cells = "  ".join(f"L{x['layer']} {x['first']:.2f}→{x['last']:.2f} ({x['peak']:.2f}) ×{x['growth']:.1f}"
-                          for x in r["per_layer"])
-        ppl = f"{r['valid_ppl']:.1f}" if r["valid_ppl"] else "-"
-        print(f"{rid:<10} {r['status']:<9} ppl {ppl:>7}  {cells}")
-    return summary
+    """The LS logit study lives in :mod:`dyntool.train.ls_logits` (its presets, arms, per-head table)."""
+    from .ls_logits import study_ls_logits as run
+    return run(out, seeds, max_steps, preset, overrides, quiet)
 
 
 def run_study(which: str, out: str, seeds: int = 3, max_steps: int | None = None,
