@@ -197,3 +197,25 @@ class GPT(nn.Module):
         if not self.cfg.tie_weights:
             groups["lm_head"] = [self.lm_head.weight]
         return groups
+
+
+@torch.no_grad()
+def group_grad_norms(groups: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """L2 norm of the gradients of each parameter group, as 0-d tensors (no host sync).
+
+    One ``torch._foreach_norm`` over every gradient (a fused multi-tensor kernel on CUDA, not a
+    kernel per parameter), then per-group sums of squares.  Groups without gradients are left out."""
+    names, grads, owner = [], [], []
+    for name, ps in groups.items():
+        gs = [p.grad for p in ps if p.grad is not None]
+        if gs:
+            owner += [len(names)] * len(gs)
+            names.append(name)
+            grads += gs
+    if not grads:
+        return {}
+    norms = torch.stack(torch._foreach_norm(grads)).float()               # (n_params,)
+    idx = torch.tensor(owner, device=norms.device)
+    sq = torch.zeros(len(names), device=norms.device).index_add_(0, idx, norms * norms)
+    return dict(zip(names, sq.sqrt().unbind()))
+

@@ -183,3 +183,18 @@ def test_span_gpt_compiles_without_graph_breaks(cand):
     loss.backward()
     assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
     assert all(p.grad is not None for p in m.parameters())
+
+
+# ----------------------------------------------------------------------------- fused grad norm
+def test_group_grad_norms_equal_per_parameter_norms_in_float64():
+    from dyntool.train.gpt import group_grad_norms
+    m = make("mhsa")
+    x, y = batch()
+    m(x, y)[1].backward()
+    groups = m.grad_groups()
+    groups["no_grad"] = [torch.nn.Parameter(torch.ones(3))]        # never gets a gradient
+    got = group_grad_norms(groups)
+    assert "no_grad" not in got and set(got) == set(m.grad_groups())
+    for name, ps in m.grad_groups().items():
+        ref = sum(float((p.grad.double() ** 2).sum()) for p in ps) ** 0.5
+        assert abs(float(got[name]) - ref) <= 1e-5 * ref
