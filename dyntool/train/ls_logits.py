@@ -95,9 +95,18 @@ def summarise_run(run, arm: str, T: int, seed: int) -> dict:
             "model_peak": max((h["peak"] for h in heads), default=None)}
 
 
+def runner():
+    """``(load_config, run_training)``: in dyntool.train.runner, or dyntool.train.cli before that split."""
+    try:
+        from .runner import load_config, run_training
+    except ImportError:
+        from .cli import load_config, run_training
+    return load_config, run_training
+
+
 def _train(study_dir: Path, name: str, preset: str, overrides: list[str], quiet: bool):
     from ..run import open_run
-    from .cli import load_config, run_training
+    load_config, run_training = runner()
     cfg_file = SIMS / CONFIG
     if not cfg_file.is_file():
         raise ConfigError("study", f"needs {cfg_file} (run from a dyntool checkout)")
