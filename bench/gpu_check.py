@@ -18,11 +18,12 @@ throughput    tokens/s (median step time after warmup) of the trainer for mhsa /
               autocast, compile, fused AdamW and clipping) on the same device; MFU from nanoGPT's
               6N + 12·L·H·hs·T FLOPs per token (the dense count for every variant) against
               ``--peak-tflops`` (H100/H200 bf16 dense: 989); peak CUDA memory per run.  On CPU:
-              the small preset for a few steps (a smoke run, not a measurement).
+              a 2-layer, 64-wide model for 4 steps (a smoke run of the code path, not a measurement).
 resume        N steps straight vs N/2, checkpoint, resume to N: the parameter sha256 must match.
               On CUDA with the deterministic switch (``train.deterministic`` if the config has it;
               otherwise this script sets ``torch.use_deterministic_algorithms`` and
-              ``CUBLAS_WORKSPACE_CONFIG`` itself: TODO(trainops) use the trainer's switch).
+              ``CUBLAS_WORKSPACE_CONFIG`` itself: TODO(trainops) use the trainer's switch).  On CPU:
+              the tiny model for 6 steps.
 ddp           a 2-process torchrun: nccl when 2 GPUs exist, else gloo on CPU; the ranks' parameter
               digests must agree.
 
@@ -61,6 +62,7 @@ SECTIONS = ("parity", "graph_breaks", "throughput", "resume", "ddp")
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A40": 149.7}
 VOCAB = 33278
 RESULTS: list[dict] = []
+TINY = ["--model.n_layer=2", "--model.n_embd=64", "--data.batch_size=4", "--data.block_size=32"]  # CPU smoke
 
 
 def report(section: str, name: str, status: str, **info) -> None:
@@ -241,7 +243,7 @@ def _ref_throughput(cfg, device, steps, warm) -> tuple[float, float]:
 def check_throughput(device, args, tmp: Path) -> None:
     load_config, run_training = runner()
     gpu = device.type == "cuda"
-    preset, steps = ("gpu", args.steps) if gpu else ("small", 6)
+    preset, steps = ("gpu", args.steps) if gpu else ("small", 4)
     warm = min(20, steps // 3) if gpu else 2
     if not gpu:
         print("  note  no CUDA: throughput is a smoke run of the small preset (not a measurement; no MFU, "
@@ -253,7 +255,7 @@ def check_throughput(device, args, tmp: Path) -> None:
     dpath = data_path(tmp)
     base = [f"--train.max_steps={steps}", "--train.eval_interval=0", "--train.final_eval=false",
             "--train.checkpoint=false", f"--data.path={dpath}", "--train.log_interval=1",
-            f"--device={'cuda' if gpu else 'cpu'}"]
+            f"--device={'cuda' if gpu else 'cpu'}"] + ([] if gpu else TINY)
     rec = {"off": ["--record.enabled=false", "--train.logit_stat=off"],
            "every50": ["--record.every=50", "--train.logit_stat=exact"]}
     out = {}
@@ -313,7 +315,7 @@ def check_resume(device, args, tmp: Path) -> None:
     base = [f"--data.path={data_path(tmp)}", f"--train.max_steps={n}", "--train.eval_interval=0",
             "--train.final_eval=false", "--record.every=0", f"--device={'cuda' if gpu else 'cpu'}"] + det
     if not gpu:
-        base += ["--model.n_layer=2", "--model.n_embd=64", "--data.batch_size=4"]
+        base += TINY
     cfg_file = str(ROOT / "sims" / "wikitext_mhsa.toml")
     preset = "gpu" if gpu else "small"
     try:
@@ -341,7 +343,7 @@ def check_ddp(device, args, tmp: Path) -> None:
            "train", "--config", str(ROOT / "sims" / "wikitext_mhsa.toml"), "--preset", "small",
            "--out", str(tmp / "ddp"), "--name", "ddp", "--quiet", f"--data.path={data_path(tmp)}",
            f"--device={dev}", "--train.max_steps=4", "--train.eval_interval=0", "--train.final_eval=false",
-           "--record.every=0", "--model.n_layer=2", "--model.n_embd=64", "--data.batch_size=4"]
+           "--record.every=0"] + TINY
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if p.returncode != 0:
