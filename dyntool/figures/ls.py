@@ -306,7 +306,9 @@ def _head_type_runs(runs):
     if not grp:
         return []
     T = max(_T(r) for r in grp)                      # the longest context of a sweep
-    return [r for r in grp if _T(r) == T]
+    grp = [r for r in grp if _T(r) == T]
+    ls_main = _main_variant([r for r in grp if attention(r) == "ls"]) if any(attention(r) == "ls" for r in grp) else []
+    return [r for r in grp if attention(r) != "ls"] + ls_main      # LS ablation variants left out
 
 
 def _check_head_type(runs):
@@ -330,9 +332,9 @@ def ls_logits_head_type(runs, **opts):
             if not curves:
                 continue
             s, mu, sd = mean_curve(curves)
-            who = f"{ARM_LABEL.get(arm, arm)} {kind} head{'s' if kind == 'local' or arm != 'ls' else ''}"
+            who = f"{ARM_LABEL.get(arm, arm)} {kind} heads"
             style.band(ax, s, mu, sd, style.attn_color("mhsa" if arm == "mhsa_eager" else arm, k), ls=ls_,
-                       label=f"{who} (n = {len(curves)})")
+                       label=f"{who} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
             peaks.append(f"{who} {np.nanmax(mu):.2f}")
             rows.append(pd.DataFrame({"arm": arm, "heads": kind, "step": s, "max_logit_mean": mu, "std": sd}))
     ls_run = next(r for r in sorted(runs, key=seed) if attention(r) == "ls" and "local" in layer_logits(r))
@@ -343,13 +345,12 @@ def ls_logits_head_type(runs, **opts):
             sub = ls_run.metrics[["step", col]].dropna()
             h = int(g.group(2))
             kind = "local" if h < n_local else "global"
-            bx.plot(sub["step"], sub[col], lw=0.6 if kind == "local" else 1.2,
-                    color=style.attn_color("ls") if kind == "local" else style.REF_COLOR,
-                    label=None)
+            bx.plot(sub["step"], sub[col], lw=0.6 if kind == "local" else 1.2, color=style.attn_color("ls"),
+                    ls="--" if kind == "local" else "-")
             rows.append(pd.DataFrame({"arm": "ls", "heads": f"L{g.group(1)}H{h} {kind}", "step": sub["step"],
                                       "max_logit_mean": sub[col], "std": 0.0}))
-    bx.plot([], [], color=style.attn_color("ls"), lw=0.6, label="local head")
-    bx.plot([], [], color=style.REF_COLOR, lw=1.2, label="global head")
+    bx.plot([], [], color=style.attn_color("ls"), lw=0.6, ls="--", label="local head")
+    bx.plot([], [], color=style.attn_color("ls"), lw=1.2, label="global head")
     bx.set_title(f"LS run {ls_run.id}: every head", fontsize="small")
     for a, letter in ((ax, "a"), (bx, "b")):
         a.set_yscale("log")
