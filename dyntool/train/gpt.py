@@ -1,5 +1,11 @@
 """A pre-LN GPT (nanoGPT-like) whose attention is chosen by config: mhsa | ls | span | qknorm.
 
+Regularisation: ``model.dropout`` (nanoGPT's placement: the embedding sum, each block's attention
+output and MLP output; never the attention probabilities, so recorded α are unaffected); active in
+``.train()``, off in ``.eval()``.  ``model.vocab_multiple`` pads wte/lm_head to a multiple of it
+(64 on GPU: the lm_head is the largest matmul and 33,278 is not a multiple of 8); the padded
+logits are sliced off, so ``forward`` returns (B, T, vocab_size) and the loss is over the true vocab.
+
 Every variant uses the core :class:`dyntool.attention.CausalSelfAttention` (so recording works the
 same way for all) and differs only in the mask, the q/k normalisation, or the backward:
 
@@ -12,12 +18,6 @@ same way for all) and differs only in the mask, the q/k normalisation, or the ba
 - ``span``: forward bitwise unchanged, backward from :func:`dyntool.span.span_attention` (a
   reconstruction of arXiv 2512.13033, see dyntool/span.py).
 - ``qknorm``: LayerNorm on q and k per head (the LS paper's stabilisation baseline).
-
-Regularisation: ``model.dropout`` (nanoGPT's placement: the embedding sum, each block's attention
-output and MLP output; never the attention probabilities, so recorded α are unaffected); active in
-``.train()``, off in ``.eval()``.  ``model.vocab_multiple`` pads wte/lm_head to a multiple of it
-(64 on GPU: the lm_head is the largest matmul and 33,278 is not a multiple of 8); the padded
-logits are sliced off, so ``forward`` returns (B, T, vocab_size) and the loss is over the true vocab.
 
 ``track_qk(True)`` makes every block keep a detached reference to its last q, k (no copy), so a
 callback can compute per-step logit statistics without touching the attention code.
@@ -52,26 +52,26 @@ def build_mask(cfg: ModelConfig) -> masks.Mask:
 
 
 class MLP(nn.Module):
-    def __init__(self, n_embd: int, bias: bool, dropout: float = 0.0):
+    def __init__(self, n_embd: int, bias: bool):
         super().__init__()
         self.c_fc = nn.Linear(n_embd, 4 * n_embd, bias=bias)
         self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
-        self.dropout = nn.Dropout(dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        return self.c_proj(F.gelu(self.c_fc(x)))
 
 
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, mask: masks.Mask, backend: str):
         super().__init__()
+        self.attn_dropout = nn.Dropout(cfg.dropout)     # on the attention output (after c_proj)
+        self.mlp_dropout = nn.Dropout(cfg.dropout)      # on the MLP output
         qk_norm = cfg.qk_norm or cfg.attention == "qknorm"
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, mask, backend, cfg.bias, qk_norm)
         self.attn.core.layer_index = layer
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg.n_embd, cfg.bias, cfg.dropout)
-        self.attn_dropout = nn.Dropout(cfg.dropout)     # on the attention output (after c_proj)
+        self.mlp = MLP(cfg.n_embd, cfg.bias)
         # q, k stash for logit statistics: forward hooks on the modules that *produce* q and k
         # (c_attn, or the q/k LayerNorms), because CausalSelfAttention keeps them local
         self.keep_qk = False
@@ -102,7 +102,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         x = x + self.attn_dropout(self.attn(self.ln_1(x)))
-        return x + self.mlp(self.ln_2(x))
+        return x + self.mlp_dropout(self.mlp(self.ln_2(x)))
 
 
 class GPT(nn.Module):

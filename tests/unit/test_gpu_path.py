@@ -50,8 +50,8 @@ def test_dropout_is_active_in_train_and_off_in_eval():
 def test_dropout_sits_on_embedding_attention_and_mlp_outputs():
     m = make(dropout=0.25)
     ps = {n: mod.p for n, mod in m.named_modules() if isinstance(mod, torch.nn.Dropout)}
-    assert ps == {"drop": 0.25, "h.0.mlp.dropout": 0.25, "h.0.attn_dropout": 0.25,
-                  "h.1.mlp.dropout": 0.25, "h.1.attn_dropout": 0.25}
+    assert ps == {"drop": 0.25, "h.0.mlp_dropout": 0.25, "h.0.attn_dropout": 0.25,
+                  "h.1.mlp_dropout": 0.25, "h.1.attn_dropout": 0.25}
     assert all(mod.p == 0 for mod in make().modules() if isinstance(mod, torch.nn.Dropout))
 
 
