@@ -246,7 +246,7 @@ def check_throughput(device, args, tmp: Path) -> None:
     preset, steps = ("gpu", args.steps) if gpu else ("small", 4)
     warm = min(20, steps // 3) if gpu else 2
     if not gpu:
-        print("  note  no CUDA: throughput is a smoke run of the small preset (not a measurement; no MFU, "
+        print("  note  no CUDA: throughput is a smoke run of a tiny model (not a measurement; no MFU, "
               "no peak memory)", flush=True)
     peak_tf = args.peak_tflops
     if peak_tf is None and gpu:

@@ -27,8 +27,16 @@ from pathlib import Path
 
 from ..errors import ConfigError, NonFiniteLossError
 
-SIMS = Path(__file__).resolve().parents[2] / "sims"
 CONFIG = "ls_logits.toml"
+
+
+def config_file() -> Path:
+    """``ls_logits.toml``: packaged (``dyntool/presets/``) if present, else the checkout's ``sims/``."""
+    pkg = Path(__file__).resolve().parents[1]
+    for p in (pkg / "presets" / CONFIG, pkg.parent / "sims" / CONFIG):
+        if p.is_file():
+            return p
+    raise ConfigError("study", f"needs {CONFIG} (in dyntool/presets/ or a checkout's sims/)")
 GPU_SWEEP = ("gpu512", "gpu1024", "gpu2048")
 ARMS_GPU = {"mhsa": ["--model.attention=mhsa"],
             "mhsa-eager-fp32": ["--model.attention=mhsa", "--model.backend=manual", "--train.dtype=float32"],
@@ -104,17 +112,14 @@ def runner():
     return load_config, run_training
 
 
-def _train(study_dir: Path, name: str, preset: str, overrides: list[str], quiet: bool):
+def _train(study_dir: Path, name: str, preset: str, overrides: list[str], quiet: bool, tags=()):
     from ..run import open_run
     load_config, run_training = runner()
-    cfg_file = SIMS / CONFIG
-    if not cfg_file.is_file():
-        raise ConfigError("study", f"needs {cfg_file} (run from a dyntool checkout)")
-    cfg = load_config(str(cfg_file), preset, overrides)
+    cfg = load_config(str(config_file()), preset, overrides)
     if not quiet:
         print(f"[study-ls-logits] {name}", flush=True)
     try:
-        run_training(cfg, str(study_dir), name=name, tags=["study-ls-logits"], quiet=quiet)
+        run_training(cfg, str(study_dir), name=name, tags=["study-ls-logits", *tags], quiet=quiet)
     except NonFiniteLossError:
         pass                                          # the run is marked failed; the study goes on
     return open_run(study_dir / name), cfg.data.block_size
@@ -131,17 +136,19 @@ def print_summary(summary: dict) -> None:
                   f"(peak {h['peak']:8.2f} @ {h['peak_step']})")
 
 
-def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet) -> dict:
+def study_ls_logits(out, seeds, max_steps, preset, overrides, quiet, name=None, tags=()) -> dict:
+    """``seeds``: a count (seeds 0..N-1) or a list of seeds."""
     presets, arms = presets_for(preset)
+    seeds = list(range(seeds)) if isinstance(seeds, int) else list(seeds)
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    d = Path(out) / f"ls-logits-{stamp}-{secrets.token_hex(2)}"
+    d = Path(out) / (name or f"ls-logits-{stamp}-{secrets.token_hex(2)}")
     d.mkdir(parents=True)
     extra = list(overrides) + ([f"--train.max_steps={max_steps}"] if max_steps else [])
     runs = {}
     for p in presets:
-        for seed in range(seeds):
+        for seed in seeds:
             for arm, o in arms.items():
-                run, T = _train(d, f"{arm}-{p}-s{seed}", p, extra + o + [f"--seed={seed}"], quiet)
+                run, T = _train(d, f"{arm}-{p}-s{seed}", p, extra + o + [f"--seed={seed}"], quiet, tags)
                 runs[run.id] = summarise_run(run, arm, T, seed)
     summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "presets": presets,
                "arms": list(arms), "overrides": extra, "runs": runs}
