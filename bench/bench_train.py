@@ -58,7 +58,8 @@ def bench_models(cfg, corpus, reps: int, steps: int) -> dict:
     d, m = cfg.data, cfg.model
     models = {}
     torch.manual_seed(0)
-    models["ref"] = RefGPT(corpus.vocab_size, d.block_size, m.n_layer, m.n_head, m.n_embd, m.bias)
+    models["ref"] = RefGPT(corpus.vocab_size, d.block_size, m.n_layer, m.n_head, m.n_embd, m.bias,
+                           dropout=m.dropout, vocab_multiple=m.vocab_multiple)
     from dataclasses import replace
     for att in ("mhsa", "span"):
         torch.manual_seed(0)
@@ -94,6 +95,7 @@ def bench_models(cfg, corpus, reps: int, steps: int) -> dict:
 def bench_parts(cfg, corpus, reps: int) -> dict:
     """Cost of each recording piece relative to one plain step, interleaved in one process."""
     from dyntool.capture import Capture
+    from dyntool.train.gpt import group_grad_norms
     from dyntool.train.recording import logit_absmax, logit_bound
     d = cfg.data
     torch.manual_seed(0)
@@ -125,7 +127,7 @@ def bench_parts(cfg, corpus, reps: int) -> dict:
 
     parts = {"step": step, "logit_exact": lambda: stat(logit_absmax),
              "logit_bound": lambda: stat(lambda q, k, a, s: logit_bound(q, k, s)),
-             "grad_norms": lambda: [g.norm() for g in (p.grad for p in model.parameters()) if g is not None],
+             "grad_norms": lambda: group_grad_norms(model.grad_groups()),
              "probe_record": probe}
     step()
     out = {n: [] for n in parts}

@@ -33,8 +33,9 @@ class RefAttention(nn.Module):
 
 
 class RefBlock(nn.Module):
-    def __init__(self, n_embd, n_head, bias=False):
+    def __init__(self, n_embd, n_head, bias=False, dropout=0.0):
         super().__init__()
+        self.drop = nn.Dropout(dropout)
         self.ln_1 = nn.LayerNorm(n_embd, bias=bias)
         self.attn = RefAttention(n_embd, n_head, bias)
         self.ln_2 = nn.LayerNorm(n_embd, bias=bias)
@@ -42,18 +43,22 @@ class RefBlock(nn.Module):
         self.c_proj = nn.Linear(4 * n_embd, n_embd, bias=bias)
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.c_proj(F.gelu(self.c_fc(self.ln_2(x))))
+        x = x + self.drop(self.attn(self.ln_1(x)))
+        return x + self.drop(self.c_proj(F.gelu(self.c_fc(self.ln_2(x)))))
 
 
 class RefGPT(nn.Module):
-    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, bias=False):
+    def __init__(self, vocab_size, block_size, n_layer, n_head, n_embd, bias=False, dropout=0.0,
+                 vocab_multiple=1):
         super().__init__()
-        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.vocab_size = vocab_size
+        padded = -(-vocab_size // vocab_multiple) * vocab_multiple       # nanoGPT pads to 50304
+        self.drop = nn.Dropout(dropout)
+        self.wte = nn.Embedding(padded, n_embd)
         self.wpe = nn.Embedding(block_size, n_embd)
-        self.h = nn.ModuleList(RefBlock(n_embd, n_head, bias) for _ in range(n_layer))
+        self.h = nn.ModuleList(RefBlock(n_embd, n_head, bias, dropout) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(n_embd, bias=bias)
-        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.lm_head = nn.Linear(n_embd, padded, bias=False)
         self.lm_head.weight = self.wte.weight                               # tied
         for name, p in self.named_parameters():
             if p.dim() >= 2:
@@ -62,10 +67,10 @@ class RefGPT(nn.Module):
 
     def forward(self, idx, targets=None):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))     # (B, T, C)
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(T, device=idx.device)))   # (B, T, C)
         for blk in self.h:
             x = blk(x)
-        logits = self.lm_head(self.ln_f(x))                                 # (B, T, V)
-        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)),
-                                                            targets.view(-1))
+        logits = self.lm_head(self.ln_f(x))[..., :self.vocab_size]         # (B, T, V)
+        loss = None if targets is None else F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                            targets.reshape(-1))
         return logits, loss

@@ -11,8 +11,11 @@ Backends:
   it also exposes ``∂L/∂S`` from autograd so the routing-law residual can be recorded.
 - ``sdpa``: ``F.scaled_dot_product_attention`` (fused; ``is_causal`` for the causal mask, a boolean
   ``attn_mask`` otherwise, which is how local/global heads run on CPU).
-- ``flex``: ``flex_attention`` with a block mask built from the same :class:`~dyntool.masks.Mask`;
-  CUDA only (its backward is not implemented on CPU in torch 2.13).
+- ``flex``: ``flex_attention`` with a block mask built from the same :class:`~dyntool.masks.Mask`.
+  On CUDA one module-level ``torch.compile``d kernel (:func:`flex_kernel`) serves every layer and
+  every step, eager (recording) steps included, so the T×T scores are never materialised; block
+  masks are cached per (mask, heads, T, device) (:func:`block_mask`).  On CPU only the forward
+  without grad runs (torch 2.13 has no CPU flex backward): enough for parity checks.
 
 Recording: when a :class:`dyntool.capture.Capture` is active it sets ``self._capture``; ``attend``
 then hands it the detached q, k, v and the output ``y`` (the tensor the forward consumes next), on
@@ -41,7 +44,6 @@ class AttentionCore(nn.Module):
         self._capture = None          # an active dyntool.capture.Capture, else None
         self.attend_fn = None         # optional replacement core, e.g. the span variant's backward
         self._dense_cache: dict = {}
-        self._block_cache: dict = {}
 
     def allowed(self, T: int, device) -> torch.Tensor:
         """Cached dense boolean mask ``(nh or 1, T, T)``."""
@@ -80,15 +82,45 @@ class AttentionCore(nn.Module):
         return torch.matmul(a.to(v.dtype), v), s
 
     def _flex(self, q, k, v, scale):
-        if q.device.type != "cuda":
-            raise ValueError("the flex backend needs CUDA (flex_attention has no CPU backward); use sdpa")
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        T = q.shape[-2]
-        key = (T, str(q.device))
-        if key not in self._block_cache:
-            H = self.n_head if self.mask.per_head else None
-            self._block_cache[key] = create_block_mask(self.mask.mask_mod(), None, H, T, T, device=q.device)
-        return flex_attention(q, k, v, block_mask=self._block_cache[key], scale=scale)
+        if q.device.type != "cuda" and torch.is_grad_enabled() and \
+                (q.requires_grad or k.requires_grad or v.requires_grad):
+            raise ValueError("the flex backend needs CUDA to train (flex_attention has no CPU backward); "
+                             "use sdpa")
+        bm = block_mask(self.mask, self.n_head, q.shape[-2], q.device)
+        return flex_kernel(q.device.type)(q, k, v, block_mask=bm, scale=scale)
+
+
+# --------------------------------------------------------------------------- flex, module level
+_FLEX_COMPILED = None
+_BLOCK_MASKS: dict = {}
+
+
+def flex_kernel(device_type: str):
+    """The flex_attention callable: one ``torch.compile``d kernel per process on CUDA (compiled
+    once, shared by every layer; uncompiled flex_attention materialises the full score matrix),
+    plain ``flex_attention`` elsewhere (CPU forward for parity checks) and inside an outer
+    ``torch.compile`` (which compiles it with the model)."""
+    global _FLEX_COMPILED
+    from torch.nn.attention.flex_attention import flex_attention
+    if device_type != "cuda" or torch.compiler.is_compiling():
+        return flex_attention
+    if _FLEX_COMPILED is None:
+        _FLEX_COMPILED = torch.compile(flex_attention, dynamic=False)
+    return _FLEX_COMPILED
+
+
+def block_mask(mask: Mask, n_head: int, T: int, device):
+    """Cached ``BlockMask`` for ``mask`` at length T on ``device`` (built once, shared by layers).
+
+    Keyed by the mask's name (which spells its parameters, e.g. the window), the head count when
+    the mask depends on the head, T and the device."""
+    H = n_head if mask.per_head else None
+    key = (mask.name, H, T, str(device))
+    bm = _BLOCK_MASKS.get(key)
+    if bm is None:
+        from torch.nn.attention.flex_attention import create_block_mask
+        bm = _BLOCK_MASKS[key] = create_block_mask(mask.mask_mod(), None, H, T, T, device=device)
+    return bm
 
 
 class SingleHeadAttention(nn.Module):

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -183,18 +182,21 @@ def _span_backward(cfg: SpanConfig, q, k, v, do, attn_mask, is_causal, scale):
     qs = q * tau                                                  # fold τ into the small side
     s = torch.matmul(qs, k.transpose(-2, -1))                     # (B, nh, L, S)
     mask = _allowed(attn_mask, is_causal, L, S, q.device)
-    empty_rows = False
+    empty = None                                                  # fully masked rows, (…, L, 1)
     if mask is not None:
         if mask.dtype == torch.bool:
             s.masked_fill_(~mask, float("-inf"))
-            empty_rows = not is_causal and bool((~mask).all(-1).any())
+            if not is_causal:
+                empty = (~mask).all(-1, keepdim=True)
         else:
             s.add_(mask.to(s.dtype))                              # additive float mask
-            empty_rows = bool(torch.isneginf(mask).all(-1).any())
+            empty = torch.isneginf(mask).all(-1, keepdim=True)
     p = torch.softmax(s, dim=-1)
     del s
-    if empty_rows:
-        p.nan_to_num_(nan=0.0)                                    # fully masked rows -> P = 0
+    if empty is not None:
+        # fully masked rows -> P = 0 (softmax gave NaN); no host sync (a Python bool on a
+        # tensor), so the backward traces whole under torch.compile
+        p.masked_fill_(empty, 0.0)
     dv = torch.matmul(p.transpose(-2, -1), do)                    # (B, nh, S, hs_v)
     dp = torch.matmul(do, v.transpose(-2, -1))                    # (B, nh, L, S)
     delta = torch.linalg.vecdot(p, dp).unsqueeze(-1)              # (B, nh, L, 1)
@@ -247,9 +249,11 @@ class _ProjectGrad(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------- Function
 
-@lru_cache(maxsize=None)
-def _function_for(device_type: str):
-    """One autograd.Function per device type: custom_fwd/bwd need it at decoration time."""
+def _make_function(device_type: str):
+    """One autograd.Function per device type: custom_fwd/bwd need it at decoration time.
+
+    Built once per device type *at import* (``_FUNCTIONS``), never inside a traced call: a class
+    statement executed under ``torch.compile`` is a graph break (``__build_class__``)."""
 
     class SpanAttentionFn(torch.autograd.Function):
         @staticmethod
@@ -283,6 +287,16 @@ def _function_for(device_type: str):
 
     SpanAttentionFn.__name__ = SpanAttentionFn.__qualname__ = f"SpanAttentionFn_{device_type}"
     return SpanAttentionFn
+
+
+_FUNCTIONS = {dt: _make_function(dt) for dt in ("cpu", "cuda")}
+
+
+def _function_for(device_type: str):
+    fn = _FUNCTIONS.get(device_type)
+    if fn is None:                                   # e.g. "mps", "xpu": built on first use (eager)
+        fn = _FUNCTIONS[device_type] = _make_function(device_type)
+    return fn
 
 
 def span_attention(q, k, v, cfg: SpanConfig, attn_mask=None, is_causal: bool = False,

@@ -205,10 +205,10 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
 def make_train_run(out, name: str, attention: str = "mhsa", seed: int = 0, steps: int = 80, n_layer: int = 2,
                    n_head: int = 4, n_local: int = 3, window: int = 16, span: dict | None = None,
                    val_every: int = 20, record_every: int = 20, diverge_at: int | None = None,
-                   loss_shift: float = 0.0, per_head: bool = True) -> Path:
+                   loss_shift: float = 0.0, per_head: bool = True, block_size: int = 64) -> Path:
     """One ``train`` run shaped like ``dyntool train`` output (see the module docstring)."""
     cfg = {"seed": seed, "device": "cpu",
-           "data": {"path": "", "batch_size": 4, "block_size": 64},
+           "data": {"path": "", "batch_size": 4, "block_size": block_size},
            "model": {"attention": attention, "n_layer": n_layer, "n_head": n_head, "n_embd": 64,
                      "n_local": n_local, "n_global": n_head - n_local, "window": window,
                      "qk_norm": attention == "qknorm"},
@@ -218,7 +218,7 @@ def make_train_run(out, name: str, attention: str = "mhsa", seed: int = 0, steps
            "optim": {"lr": 2e-3}, "train": {"max_steps": steps, "eval_interval": val_every},
            "record": {"every": record_every}}
     rng = np.random.default_rng(seed * 31 + len(attention) + window + n_local)
-    growth = {"mhsa": 2.2, "ls": 0.7, "qknorm": 0.25, "span": 2.0}.get(attention, 1.0)
+    growth = {"mhsa": 2.2, "ls": 0.7, "qknorm": 0.25, "span": 2.0}.get(attention, 1.0) * (block_size / 64) ** 0.5
     run = RunWriter.create(out, "train", cfg, name=name, seeds=[seed], tags=["wikitext", attention])
     st = run.open_store(chunk_steps=8, attrs={"task": "wikitext", "attention": attention})
     last_val = None
@@ -273,6 +273,18 @@ def make_ls_study(out, name: str = "ls-logits", seeds=(0, 1), steps: int = 80, a
             for w in (4, 64):
                 make_train_run(d, f"ls-w{w}-s{s}", "ls", s, steps, window=w, loss_shift=0.02 * math.log2(16 / w))
             make_train_run(d, f"ls-g2-s{s}", "ls", s, steps, n_local=2, loss_shift=-0.01)
+    (d / "summary.json").write_text(json.dumps({"study": "ls-logits", "seeds": list(seeds)}))
+    return d
+
+
+def make_ls_context_study(out, name: str = "ls-context", seeds=(0, 1), Ts=(128, 256, 512), steps: int = 30) -> Path:
+    """The ls-logits sweep over context length: mhsa and ls at several data.block_size."""
+    d = Path(out) / name
+    d.mkdir(parents=True)
+    for T in Ts:
+        for s in seeds:
+            make_train_run(d, f"mhsa-T{T}-s{s}", "mhsa", s, steps, block_size=T)
+            make_train_run(d, f"ls-T{T}-s{s}", "ls", s, steps, block_size=T)
     (d / "summary.json").write_text(json.dumps({"study": "ls-logits", "seeds": list(seeds)}))
     return d
 

@@ -52,6 +52,8 @@ class ModelConfig:
     window: int = 16                # ls: query i sees keys i-window+1 .. i (window includes itself)
     qk_norm: bool = False           # LayerNorm on q, k per head (implied by attention = "qknorm")
     init_std: NonNegFloat = 0.02
+    dropout: Annotated[float, Range(0, 1)] = 0.0  # on the embedding sum, the attention output and the MLP output
+    vocab_multiple: PosInt = 1        # pad wte/lm_head rows to a multiple (64 on GPU: tensor-core shapes)
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -68,6 +70,10 @@ class ModelConfig:
                                                  f"(got {self.n_local} + {self.n_global})")
             if self.window < 1:
                 raise ConfigError(p + "window", f"must be >= 1, got {self.window}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(p + "dropout", f"must be in [0, 1), got {self.dropout}")
+        if self.vocab_multiple < 1:
+            raise ConfigError(p + "vocab_multiple", f"must be >= 1, got {self.vocab_multiple}")
         if self.attention == "span" and self.backend in ("manual", "flex"):
             raise ConfigError(p + "backend", "span runs on sdpa (its backward replaces SDPA's); use auto or sdpa")
 

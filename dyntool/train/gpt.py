@@ -1,5 +1,11 @@
 """A pre-LN GPT (nanoGPT-like) whose attention is chosen by config: mhsa | ls | span | qknorm.
 
+Regularisation: ``model.dropout`` (nanoGPT's placement: the embedding sum, each block's attention
+output and MLP output; never the attention probabilities, so recorded α are unaffected); active in
+``.train()``, off in ``.eval()``.  ``model.vocab_multiple`` pads wte/lm_head to a multiple of it
+(64 on GPU: the lm_head is the largest matmul and 33,278 is not a multiple of 8); the padded
+logits are sliced off, so ``forward`` returns (B, T, vocab_size) and the loss is over the true vocab.
+
 Every variant uses the core :class:`dyntool.attention.CausalSelfAttention` (so recording works the
 same way for all) and differs only in the mask, the q/k normalisation, or the backward:
 
@@ -59,6 +65,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, mask: masks.Mask, backend: str):
         super().__init__()
+        self.attn_dropout = nn.Dropout(cfg.dropout)     # on the attention output (after c_proj)
+        self.mlp_dropout = nn.Dropout(cfg.dropout)      # on the MLP output
         qk_norm = cfg.qk_norm or cfg.attention == "qknorm"
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg.n_embd, cfg.n_head, mask, backend, cfg.bias, qk_norm)
@@ -94,8 +102,8 @@ class Block(nn.Module):
         return None
 
     def forward(self, x):
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        x = x + self.attn_dropout(self.attn(self.ln_1(x)))
+        return x + self.mlp_dropout(self.mlp(self.ln_2(x)))
 
 
 class GPT(nn.Module):
@@ -108,11 +116,14 @@ class GPT(nn.Module):
             raise ConfigError("model.backend", "flex needs CUDA (flex_attention has no CPU backward); "
                                                "use auto or sdpa")
         mask = build_mask(cfg)
-        self.wte = nn.Embedding(vocab_size, cfg.n_embd)
+        m = cfg.vocab_multiple
+        self.padded_vocab = -(-vocab_size // m) * m           # rows >= vocab_size: never indexed
+        self.wte = nn.Embedding(self.padded_vocab, cfg.n_embd)
         self.wpe = nn.Embedding(block_size, cfg.n_embd)
         self.h = nn.ModuleList(Block(cfg, i, mask, self.backend) for i in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, vocab_size, bias=False)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.lm_head = nn.Linear(cfg.n_embd, self.padded_vocab, bias=False)
         if cfg.tie_weights:
             self.lm_head.weight = self.wte.weight
         self.apply(self._init_weights)
@@ -145,7 +156,7 @@ class GPT(nn.Module):
                 blk._qk.clear()
 
     def num_params(self, non_embedding: bool = False) -> int:
-        n = sum(p.numel() for p in self.parameters())      # tied weights counted once
+        n = sum(p.numel() for p in self.parameters())      # tied weights once, vocab padding included
         if non_embedding:
             n -= self.wpe.weight.numel() + self.wte.weight.numel()
         return n
@@ -156,14 +167,16 @@ class GPT(nn.Module):
         if T > self.block_size:
             raise ValueError(f"sequence of length {T} > block_size {self.block_size}")
         pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)                   # (B, T, C)
+        x = self.drop(self.wte(idx) + self.wpe(pos))        # (B, T, C)
         for blk in self.h:
             x = blk(x)
-        logits = self.lm_head(self.ln_f(x))                 # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))                 # (B, T, V_padded)
+        if self.padded_vocab != self.vocab_size:
+            logits = logits[..., :self.vocab_size]          # (B, T, V): padding never predicted
         loss = None
         if targets is not None:
             lg = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-            loss = F.cross_entropy(lg.view(-1, lg.size(-1)), targets.view(-1))
+            loss = F.cross_entropy(lg.reshape(-1, lg.size(-1)), targets.reshape(-1))
         return logits, loss
 
     def param_groups(self, weight_decay: float) -> list[dict]:
@@ -185,3 +198,25 @@ class GPT(nn.Module):
         if not self.cfg.tie_weights:
             groups["lm_head"] = [self.lm_head.weight]
         return groups
+
+
+@torch.no_grad()
+def group_grad_norms(groups: dict[str, list[torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """L2 norm of the gradients of each parameter group, as 0-d tensors (no host sync).
+
+    One ``torch._foreach_norm`` over every gradient (a fused multi-tensor kernel on CUDA, not a
+    kernel per parameter), then per-group sums of squares.  Groups without gradients are left out."""
+    names, grads, owner = [], [], []
+    for name, ps in groups.items():
+        gs = [p.grad for p in ps if p.grad is not None]
+        if gs:
+            owner += [len(names)] * len(gs)
+            names.append(name)
+            grads += gs
+    if not grads:
+        return {}
+    norms = torch.stack(torch._foreach_norm(grads)).float()               # (n_params,)
+    idx = torch.tensor(owner, device=norms.device)
+    sq = torch.zeros(len(names), device=norms.device).index_add_(0, idx, norms * norms)
+    return dict(zip(names, sq.sqrt().unbind()))
+

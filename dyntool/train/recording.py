@@ -170,14 +170,10 @@ class RecordingCallback(Callback):
 
     @torch.no_grad()
     def _grad_norms(self) -> None:
-        names, norms = [], []
-        for name, ps in self.groups.items():
-            gs = [p.grad for p in ps if p.grad is not None]
-            if gs:
-                names.append(name)
-                norms.append(torch.linalg.vector_norm(torch.stack([g.float().norm() for g in gs])))
+        from .gpt import group_grad_norms            # one fused norm kernel, not one per parameter
+        norms = group_grad_norms(self.groups)
         if norms:
-            for name, v in zip(names, torch.stack(norms).tolist()):
+            for name, v in zip(norms, torch.stack(list(norms.values())).tolist()):
                 self._extra[mn.grad_norm(name)] = v
 
     def on_step_end(self, step: int, metrics: dict) -> None:

@@ -24,12 +24,7 @@ from typing import Optional
 
 from ..config import PosInt, Seed, merge, nest
 from ..errors import NonFiniteLossError, RunError
-from ..record import metric_names as mn
 from ..stats import mean_std
-
-# long context + high lr, scaled to what a CPU does in minutes; any key can be overridden on the CLI
-LS_LOGITS = {"data.block_size": 256, "data.batch_size": 8, "optim.lr": 1e-2, "optim.warmup_steps": 20,
-             "model.window": 16, "train.eval_interval": 50, "record.every": 50}
 
 # no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
 STUDY_DEFAULTS = {"train.checkpoint": False}
@@ -141,34 +136,9 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
 
 
 def study_ls_logits(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
-    arms = {"mhsa": "wikitext_mhsa.toml", "ls": "wikitext_ls.toml", "qknorm": "wikitext_qknorm.toml"}
-    cfgs = _configs(arms, {}, study, preset, overrides, base_values=LS_LOGITS)
-    d = _study_dir(out, "ls-logits", name)
-    runs = {}
-    for seed in study.seeds:
-        for arm in arms:
-            r = _train(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-ls-logits", *tags])
-            df = r.metrics
-            layers = sorted(mn.per_layer(df.columns, mn.LOGIT_MAX))
-            per_layer = []
-            for l in layers:
-                s = df[mn.layer(mn.LOGIT_MAX, l)].dropna()
-                first, last, peak = float(s.iloc[0]), float(s.iloc[-1]), float(s.max())
-                per_layer.append({"layer": l, "first": first, "last": last, "peak": peak,
-                                  "growth": last / first if first else None})
-            final = r.meta.get("final", {})
-            runs[r.id] = {"arm": arm, "seed": seed, "status": r.status, "diverged": r.status == "failed",
-                          "steps": int(df["step"].max()) + 1, "valid_ppl": final.get("valid_ppl"),
-                          "per_layer": per_layer}
-    summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "defaults": LS_LOGITS,
-               "overrides": list(overrides), "max_steps": study.max_steps, "runs": runs}
-    print(f"\nstudy ls-logits ({d}): max|logit| per layer, first → last step (peak), growth ×")
-    for rid, r in runs.items():
-        cells = "  ".join(f"L{x['layer']} {x['first']:.2f}→{x['last']:.2f} ({x['peak']:.2f}) ×{x['growth']:.1f}"
-                          for x in r["per_layer"])
-        ppl = f"{r['valid_ppl']:.1f}" if r["valid_ppl"] else "-"
-        print(f"{rid:<10} {r['status']:<9} ppl {ppl:>7}  {cells}")
-    return summary
+    """The LS logit study lives in :mod:`dyntool.train.ls_logits` (its presets, arms, per-head table)."""
+    from .ls_logits import study_ls_logits as run
+    return run(out, study, preset, overrides, quiet, name, tags)
 
 
 def run_study(which: str, out: str, study: StudyConfig | None = None, preset: str | None = "small",

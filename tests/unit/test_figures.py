@@ -29,6 +29,7 @@ def root(tmp_path_factory) -> Path:
     fx.make_toy(d, steps=40)
     fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, window=16, pool=8)
     fx.make_ls_study(d, seeds=(0, 1), steps=40)
+    fx.make_ls_context_study(d, seeds=(0, 1), steps=20)
     fx.make_span_study(d, seeds=(0, 1), steps=40)
     return d
 
