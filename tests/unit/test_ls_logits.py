@@ -51,8 +51,9 @@ def test_presets_and_arms():
 
 @pytest.mark.parametrize("preset,T", [("cpu", 512), ("gpu512", 512), ("gpu1024", 1024), ("gpu2048", 2048)])
 def test_presets_are_in_the_papers_regime(preset, T):
-    load_config, _ = L.runner()
-    cfg = load_config(str(L.config_file()), preset, [])
+    from dyntool import config
+    from dyntool.train.config import TrainConfig
+    cfg = config.load(TrainConfig, L.CONFIG, preset, [])     # no device check: gpu presets load on CPU
     m = cfg.model
     hd = m.n_embd // m.n_head
     assert cfg.data.block_size == T and (m.n_local, m.n_global, m.window) == (5, 1, 50)
