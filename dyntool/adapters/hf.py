@@ -129,7 +129,7 @@ class HFAdapter(Adapter):
 
 
 def detect(model):
-    if not any(type(m).__module__.startswith("transformers.") for m in (model, *model.children())):
+    if not any(type(m).__module__.startswith("transformers.") for m in model.modules()):
         return None
     mods = [m for m in model.modules() if _is_attention(m) and not getattr(m, "is_cross_attention", False)]
     if not mods:
