@@ -36,7 +36,7 @@ class HFRecorderCallback(TrainerCallback):
         cfg = {"trainer": {"learning_rate": args.learning_rate, "per_device_train_batch_size":
                            args.per_device_train_batch_size, "seed": args.seed,
                            "gradient_accumulation_steps": args.gradient_accumulation_steps},
-               "seed": args.seed, **(self.kw.pop("config") or {})}
+               "seed": args.seed, "world_size": args.world_size, **(self.kw.pop("config") or {})}
         self.rec = RunRecorder(model, max_steps=state.max_steps, config=cfg, **self.kw)
 
     def on_step_begin(self, args, state, control, model=None, **kw):
