@@ -17,9 +17,12 @@ Backends:
   masks are cached per (mask, heads, T, device) (:func:`block_mask`).  On CPU only the forward
   without grad runs (torch 2.13 has no CPU flex backward): enough for parity checks.
 
-Recording: when a :class:`dyntool.capture.Capture` is active it sets ``self._capture``; ``attend``
-then hands it the detached q, k, v and the output ``y`` (the tensor the forward consumes next), on
-which the capture registers a *tensor* hook to receive ``U = ∂L/∂y``.
+Recording: ``attend`` feeds the observer contract of :mod:`dyntool.observe` while an observer is
+attached (``attach``/``detach``; a :class:`dyntool.capture.Capture`, the per-step logit statistics,
+or both): q, k, v, the output ``y`` (the tensor the forward consumes next, on which a capture puts
+a *tensor* hook to receive ``U = ∂L/∂y``), the mask and the scale.  With a replacement backward
+(``attend_fn``, the span variant) it says ``grads="applied"`` so the capture records the dQ, dK
+that really reach q and k.  No observer: one attribute test, nothing else.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .masks import Mask, causal
+from .observe import Fanout, Site
 
 BACKENDS = ("manual", "sdpa", "flex")
 
@@ -41,7 +45,8 @@ class AttentionCore(nn.Module):
             raise ValueError(f"unknown attention backend {backend!r} (one of {', '.join(BACKENDS)})")
         self.mask, self.n_head, self.backend = mask, n_head, backend
         self.layer_index = 0          # set by the owning model; orders layers in recordings
-        self._capture = None          # an active dyntool.capture.Capture, else None
+        self._capture = None          # the attached observer (a Fanout when several), else None
+        self._observers: list = []
         self.attend_fn = None         # optional replacement core, e.g. the span variant's backward
         self._dense_cache: dict = {}
 
@@ -51,6 +56,18 @@ class AttentionCore(nn.Module):
         if key not in self._dense_cache:
             self._dense_cache[key] = self.mask.dense(T, self.n_head, device=device)
         return self._dense_cache[key]
+
+    def site(self) -> Site:
+        return Site(self.layer_index, id(self))
+
+    def attach(self, observer) -> None:
+        self._observers.append(observer)
+        self._capture = self._observers[0] if len(self._observers) == 1 else Fanout(self._observers)
+
+    def detach(self, observer) -> None:
+        self._observers = [o for o in self._observers if o is not observer]
+        self._capture = (None if not self._observers else self._observers[0]
+                         if len(self._observers) == 1 else Fanout(self._observers))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """``(B, nh, T, hs)`` ×3 → ``(B, nh, T, hs_v)``."""
@@ -66,8 +83,9 @@ class AttentionCore(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, scale=scale, **self._sdpa_mask_args(T, q.device))
         else:
             y = self._flex(q, k, v, scale)
-        if cap is not None:
-            cap.stash(self, q, k, v, y, scores, scale)
+        if cap is not None and not torch.compiler.is_compiling():
+            cap.observe(self.site(), q, k, v, y, self.allowed(T, q.device).unsqueeze(0), scale,
+                        grads="standard" if self.attend_fn is None else "applied", scores=scores)
         return y
 
     def _sdpa_mask_args(self, T: int, device) -> dict:

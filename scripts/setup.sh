@@ -8,4 +8,7 @@ PY=${PYTHON:-python3}
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-"$PY" -m pip install -q -e ".[test,export,tensorboard]"
+# the adapter extras (hf, tl, lightning) so the adapter tests run; the torch pin keeps pip from
+# replacing the installed torch with another build while resolving them
+TORCH=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+"$PY" -m pip install -q -e ".[test,hf,tl,lightning,export,tensorboard]" "torch==$TORCH"

@@ -19,8 +19,9 @@ same way for all) and differs only in the mask, the q/k normalisation, or the ba
   reconstruction of arXiv 2512.13033, see dyntool/span.py).
 - ``qknorm``: LayerNorm on q and k per head (the LS paper's stabilisation baseline).
 
-``track_qk(True)`` makes every block keep a detached reference to its last q, k (no copy), so a
-callback can compute per-step logit statistics without touching the attention code.
+``track_qk(True)`` attaches a forward-only observer (:class:`dyntool.observe.KeepQK`) to every
+attention core, so each block keeps a detached reference to its last q, k (no copy) and a callback
+can compute per-step logit statistics through the same seam as recording.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import torch.nn.functional as F
 from .. import masks
 from ..attention import CausalSelfAttention
 from ..errors import ConfigError
+from ..observe import KeepQK
 from ..span import SpanConfig
 from .config import ModelConfig
 
@@ -73,33 +75,17 @@ class Block(nn.Module):
         self.attn.core.layer_index = layer
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.mlp = MLP(cfg.n_embd, cfg.bias)
-        # q, k stash for logit statistics: forward hooks on the modules that *produce* q and k
-        # (c_attn, or the q/k LayerNorms), because CausalSelfAttention keeps them local
-        self.keep_qk = False
-        self._qk: dict[str, torch.Tensor] = {}
-        if qk_norm:
-            self.attn.q_norm.register_forward_hook(self._stash("q"))
-            self.attn.k_norm.register_forward_hook(self._stash("k"))
-        else:
-            self.attn.c_attn.register_forward_hook(self._stash("qkv"))
-
-    def _stash(self, name: str):
-        def hook(module, inputs, out):
-            if self.keep_qk:
-                self._qk[name] = out.detach()
-        return hook
+        # q, k for per-step logit statistics come through the attention's observer seam
+        # (dyntool.observe.KeepQK, attached by GPT.track_qk): a detached reference, no copy
+        self._keep: KeepQK | None = None
 
     def last_qk(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The last forward's per-head ``(q, k)``, each (B, nh, T, hs), or None."""
-        if "qkv" in self._qk:
-            qkv = self._qk["qkv"]                                   # (B, T, 3C)
-            B, T, C3 = qkv.shape
-            nh = self.attn.n_head
-            q, k, _ = qkv.view(B, T, 3, nh, C3 // (3 * nh)).unbind(2)
-            return q.transpose(1, 2), k.transpose(1, 2)             # (B, nh, T, hs)
-        if "q" in self._qk and "k" in self._qk:
-            return self._qk["q"], self._qk["k"]
-        return None
+        return None if self._keep is None else self._keep.last()
+
+    def clear_qk(self) -> None:
+        if self._keep is not None:
+            self._keep.clear()
 
     def forward(self, x):
         x = x + self.attn_dropout(self.attn(self.ln_1(x)))
@@ -151,9 +137,13 @@ class GPT(nn.Module):
 
     def track_qk(self, on: bool = True) -> None:
         for blk in self.h:
-            blk.keep_qk = on
-            if not on:
-                blk._qk.clear()
+            core = blk.attn.core
+            if on and blk._keep is None:
+                blk._keep = KeepQK()
+                core.attach(blk._keep)
+            elif not on and blk._keep is not None:
+                core.detach(blk._keep)
+                blk._keep = None
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())      # tied weights once, vocab padding included

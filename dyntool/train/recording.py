@@ -14,7 +14,7 @@
 2. **Every step, max|logit| per layer and head** (``train.logit_stat``) on the training
    micro-batches (max over micro-steps): ``exact`` = ``max |τ q_i·k_j|`` over the allowed (i, j)
    of each head, computed under no_grad from the q, k the step's forward produced (the model
-   keeps a detached *reference*, no copy: ``GPT.track_qk``), in query chunks of 256 (memory
+   keeps a detached *reference*, no copy, through the observer seam: ``GPT.track_qk``), in query chunks of 256 (memory
    B·nh·256·T floats; causal chunks only read keys < chunk end).  Cost ≈ one QKᵀ per layer,
    i.e. ~1/3 of the attention forward; well under 1% of a step at our sizes (see bench).
    ``bound`` = ``τ · max_i‖q_i‖ · max_j‖k_j‖`` (Cauchy–Schwarz, O(B·nh·T·hs), an upper bound
@@ -88,7 +88,9 @@ class RecordingCallback(Callback):
             check_budget(rc, n, self.run.path, **self.rec_dims)
             store = self.run.open_store(rc.chunk_steps, rc.flush_seconds, attrs={
                 "task": "wikitext", "attention": m.attention, "record_batch": rc.batch,
-                "grad_scale": tr.grad_scale, "accum": cfg.optim.accum, "block_size": T})
+                "grad_scale": tr.grad_scale, "accum": cfg.optim.accum, "block_size": T,
+                # span's backward rescales dQ/dK: query_grad/key_grad hold the applied ones
+                "adapter": "dyntool", "qk_grads": "applied" if m.attention == "span" else "standard"})
             self.rec = Recorder(store, rc, cfg.train.max_steps, T)
             if rc.batch == "probe":
                 d = cfg.data
@@ -164,7 +166,7 @@ class RecordingCallback(Callback):
                 rows.append(logit_absmax(q, k, core.allowed(q.shape[-2], q.device), scale))
             else:
                 rows.append(logit_bound(q, k, scale))
-            blk._qk.clear()                 # drop the reference: memory back before backward ends
+            blk.clear_qk()                  # drop the reference: memory back before backward ends
         lm = torch.stack(rows)                                          # (L, nh)
         self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
 

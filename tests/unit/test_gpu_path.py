@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from dyntool import attention, masks
 from dyntool.errors import ConfigError
 from dyntool.span import CANDIDATES, SpanConfig, span_attention
-from dyntool.train.config import ModelConfig, SpanSection
+from dyntool.span import SpanConfig
+from dyntool.train.config import ModelConfig
 from dyntool.train.gpt import GPT
 
 V, T = 50, 16
@@ -173,7 +174,7 @@ def test_span_gpt_compiles_without_graph_breaks(cand):
     from torch._dynamo.utils import counters
     torch.manual_seed(0)
     m = GPT(ModelConfig(attention="span", n_layer=2, n_head=4, n_embd=32), V, T,
-            span=SpanSection(candidate=cand, alpha_q=2.0, alpha_k=2.0, alpha0=0.5))
+            span=SpanConfig(candidate=cand, alpha_q=2.0, alpha_k=2.0, alpha0=0.5))
     counters.clear()
     torch._dynamo.reset()
     x, y = batch()

@@ -213,3 +213,25 @@ def test_entropy_and_logit_stats_closed_form():
     torch.testing.assert_close(got["attn_entropy_norm"][0, 0, 1:], torch.ones(T - 1))
     torch.testing.assert_close(got["column_usage"][0, 0], (1 / support).flip(0).cumsum(0).flip(0))
     assert got["logit_max"].item() == 0.0
+
+
+def test_span_records_the_gradients_it_applies():
+    """A replacement backward (span) rescales dQ/dK: the record holds the applied ones."""
+    from dyntool.attention import AttentionCore
+    from dyntool.span import SpanConfig, span_attention
+    torch.manual_seed(0)
+    core = AttentionCore(masks.causal(), n_head=2)
+    cfg = SpanConfig(alpha_q=2.0, beta_q=0.5, alpha_k=1.5, beta_k=0.25)
+    core.attend_fn = lambda q, k, v, mask_args, scale: span_attention(q, k, v, cfg, scale=scale, **mask_args)
+    q, k, v = (torch.randn(2, 2, 6, 4, requires_grad=True) for _ in range(3))
+    W = torch.randn(4, 3)
+    with Capture(core) as cap:
+        (core.attend(q, k, v) @ W).pow(2).sum().backward()
+    got = cap.compute()
+    assert cap.attrs["qk_grads"] == "applied"
+    torch.testing.assert_close(got["query_grad"][0].transpose(0, 1), q.grad, **TOL)
+    torch.testing.assert_close(got["key_grad"][0].transpose(0, 1), k.grad, **TOL)
+    torch.testing.assert_close(got["value_grad"][0].transpose(0, 1), v.grad, **TOL)   # dV untouched
+    std = head_quantities(q.detach(), k.detach(), v.detach(), got["upstream"][0].transpose(0, 1),
+                          masks.causal().dense(6))
+    assert not torch.allclose(std["query_grad"], q.grad)          # the standard dQ differs

@@ -1,0 +1,54 @@
+"""Adapters: how :class:`dyntool.Capture` reaches the attention of a model it did not build.
+
+Each adapter finds the attention layers of one family of models and, while a Capture is open,
+makes them call the observer contract of :mod:`dyntool.observe`; on exit everything is put back,
+so a non-recording step runs the model exactly as before.  ``find_adapter`` tries, in order:
+
+- ``core``: dyntool's own :class:`~dyntool.attention.AttentionCore` modules;
+- ``hf``: Hugging Face transformers models (attention-function registry, any implementation);
+- ``tlens``: TransformerLens ``HookedTransformer`` (hook points ``hook_q/k/v/z``);
+- ``sdpa``: nanoGPT-style modules calling ``F.scaled_dot_product_attention`` (found by their
+  source, or named with ``Capture(model, attention="CausalSelfAttention")``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..observe import Observer, Site
+
+
+class AdapterError(RuntimeError):
+    pass
+
+
+class Adapter:
+    name = "?"
+
+    def sites(self) -> list[Site]:
+        """Every site that must report on a captured step, in layer order."""
+        raise NotImplementedError
+
+    def attach(self, observer: Observer) -> None:
+        raise NotImplementedError
+
+    def detach(self) -> None:
+        raise NotImplementedError
+
+    def attrs(self) -> dict:
+        """Facts stored with a recording (implementation, kv-head map, ...)."""
+        return {"adapter": self.name}
+
+
+def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
+    """The adapter for ``model``; ``attention`` (class name(s) or classes) forces the SDPA one."""
+    from . import core, hf, sdpa, tlens
+    if attention is not None:
+        return sdpa.SDPAAdapter(model, attention)
+    for mod in (core, hf, tlens, sdpa):
+        ad = mod.detect(model)
+        if ad is not None:
+            return ad
+    raise AdapterError(
+        f"no attention found in {type(model).__name__} that dyntool can record: supported are dyntool's "
+        "own modules, Hugging Face transformers models, TransformerLens HookedTransformer, and modules "
+        "calling F.scaled_dot_product_attention (name them: Capture(model, attention='ClassName'))")

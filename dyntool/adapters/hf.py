@@ -1,0 +1,137 @@
+"""Hugging Face transformers (5.x) through its attention-function registry.
+
+While a Capture is open, every config of the model gets ``_attn_implementation =
+"dyntool_<impl>"``, a registry entry (``AttentionInterface``, plus the matching
+``AttentionMaskInterface`` entry so masks are built exactly as for ``<impl>``) that calls the
+original function (``sdpa``, ``eager``, ``flash_attention_*``, ...) and then feeds the observer.
+On exit the original name is restored: a non-recording step runs the model as you set it up.
+
+What the function sees (``module, query, key, value, attention_mask, scaling=, sliding_window=``):
+``query`` (B, nh, T, d) after RoPE / QK-norm, ``key``/``value`` (B, nh_kv, Tk, d) before
+``repeat_kv``; it returns ``attn_output`` (B, T, nh, d), the tensor ``o_proj``/``c_proj`` consumes,
+which gets the tensor hook for U.  Masks: a 4-D mask (boolean for sdpa, additive for eager) already
+holds causal + padding + sliding window; ``None`` means causal (with ``sliding_window`` if given);
+flash's 2-D padding mask is combined with causal + window.
+
+Not supported (a clear error): attention dropout while recording (use ``model.eval()`` or 0 dropout),
+GPT-2's ``reorder_and_upcast_attn`` under eager (it bypasses the registry).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ..observe import Site, allowed_from
+from . import Adapter, AdapterError
+
+PREFIX = "dyntool_"
+_ACTIVE: dict[int, tuple] = {}          # id(attention module) -> (observer, site) while capturing
+
+
+def _is_attention(m) -> bool:
+    return hasattr(m, "config") and hasattr(m, "layer_idx") and any(
+        hasattr(m, a) for a in ("q_proj", "c_attn", "qkv_proj", "query_key_value", "q_attn"))
+
+
+def _inner(impl: str, module):
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    if impl in ALL_ATTENTION_FUNCTIONS and impl != "eager":
+        return ALL_ATTENTION_FUNCTIONS[impl]
+    fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+    if fn is None:
+        raise AdapterError(f"{type(module).__name__}: no eager_attention_forward in its module")
+    return fn
+
+
+def _recording_fn(impl: str):
+    def attention(module, query, key, value, attention_mask, **kw):
+        out, weights = _inner(impl, module)(module, query, key, value, attention_mask, **kw)
+        entry = _ACTIVE.get(id(module))
+        if entry is not None and not torch.compiler.is_compiling():
+            obs, site = entry
+            if kw.get("dropout", 0.0):
+                raise AdapterError(f"layer {site.layer}: attention dropout p={kw['dropout']} is on while "
+                                   "recording; recorded α would not be the one used (model.eval() or 0 dropout)")
+            T, Tk = query.shape[-2], key.shape[-2]
+            scale = kw.get("scaling") or query.shape[-1] ** -0.5
+            mask = attention_mask if torch.is_tensor(attention_mask) else None
+            allowed = allowed_from(mask, T, Tk, causal=getattr(module, "is_causal", True),
+                                   window=kw.get("sliding_window"), device=query.device)
+            obs.observe(site, query, key, value, out, allowed, scale, heads_dim=2)
+        return out, weights
+    attention.__name__ = f"{PREFIX}{impl}"
+    return attention
+
+
+def _register(impl: str) -> str:
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+    name = PREFIX + impl
+    AttentionInterface.register(name, _recording_fn(impl))
+    mask_fn = ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(impl)
+    if mask_fn is not None:
+        AttentionMaskInterface.register(name, mask_fn)
+    return name
+
+
+def _configs(model) -> list:
+    seen, out = set(), []
+    for m in model.modules():
+        c = getattr(m, "config", None)
+        if c is not None and hasattr(c, "_attn_implementation") and id(c) not in seen:
+            seen.add(id(c))
+            out.append(c)
+    return out
+
+
+class HFAdapter(Adapter):
+    name = "hf"
+
+    def __init__(self, model, modules):
+        self.model, self.modules = model, modules
+        self._saved: list = []
+
+    def sites(self):
+        return [Site(int(m.layer_idx), id(m), type(m).__name__) for m in self.modules]
+
+    def attach(self, observer) -> None:
+        for c in _configs(self.model):
+            impl = c._attn_implementation or "eager"
+            if impl.startswith(PREFIX):
+                raise AdapterError("this model is already being recorded (nested Capture)")
+            self._saved.append((c, c._attn_implementation))
+        for m in self.modules:
+            if m.config._attn_implementation == "eager" and getattr(m, "reorder_and_upcast_attn", False):
+                raise AdapterError("GPT-2 reorder_and_upcast_attn bypasses the attention registry; turn it off")
+        for c, impl in self._saved:
+            # the setter recurses into sub-configs; order matters little as we restore all
+            c._attn_implementation = _register(impl or "eager")
+        for s, m in zip(self.sites(), self.modules):
+            _ACTIVE[id(m)] = (observer, s)
+
+    def detach(self) -> None:
+        for m in self.modules:
+            _ACTIVE.pop(id(m), None)
+        for c, impl in reversed(self._saved):
+            c._attn_implementation = impl
+        self._saved.clear()
+
+    def attrs(self):
+        impl = getattr(self.model.config, "_attn_implementation", None) if hasattr(self.model, "config") else None
+        cfg = getattr(self.model, "config", None)
+        out = {"adapter": self.name, "attn_implementation": self._saved[0][1] if self._saved else impl,
+               "model_type": getattr(cfg, "model_type", None)}
+        if getattr(cfg, "sliding_window", None):
+            out["sliding_window"] = cfg.sliding_window
+            out["layer_types"] = list(getattr(cfg, "layer_types", None) or [])
+        return out
+
+
+def detect(model):
+    if not any(type(m).__module__.startswith("transformers.") for m in model.modules()):
+        return None
+    mods = [m for m in model.modules() if _is_attention(m) and not getattr(m, "is_cross_attention", False)]
+    if not mods:
+        return None
+    return HFAdapter(model, sorted(mods, key=lambda m: int(m.layer_idx)))

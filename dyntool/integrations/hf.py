@@ -1,0 +1,57 @@
+"""A Hugging Face ``TrainerCallback`` that records a probe batch every N optimizer steps.
+
+Usage::
+
+    rec = HFRecorderCallback("runs", probe={"input_ids": ids, "labels": ids}, every=50)
+    Trainer(model=model, args=args, train_dataset=ds, callbacks=[rec]).train()
+
+On ``on_step_begin`` of a scheduled step (``state.global_step``, the optimizer step about to run)
+the probe batch goes through the unwrapped model in eval mode with a Capture; training gradients
+are set aside and restored.  ``on_log`` rows (loss, learning rate, ...) go to ``metrics.jsonl``.
+Only the world-process-zero writes; the run directory is created at ``on_train_begin`` with
+``max_steps`` from the Trainer state.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import TrainerCallback
+
+from .loop import RunRecorder
+
+
+class HFRecorderCallback(TrainerCallback):
+    def __init__(self, out_dir="runs", probe=None, every: int = 50, steps=None, name=None, seqs: int = 1,
+                 config: dict | None = None, tokens=None, **record_kw):
+        self.kw = dict(out_dir=out_dir, probe=probe, every=every, steps=steps, name=name, seqs=seqs,
+                       config=config, tokens=tokens, **record_kw)
+        self.rec: RunRecorder | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kw):
+        if not state.is_world_process_zero:
+            return
+        probe = self.kw["probe"]
+        if isinstance(probe, dict):
+            dev = next(model.parameters()).device
+            self.kw["probe"] = {k: v.to(dev) if torch.is_tensor(v) else v for k, v in probe.items()}
+        cfg = {"trainer": {"learning_rate": args.learning_rate, "per_device_train_batch_size":
+                           args.per_device_train_batch_size, "seed": args.seed,
+                           "gradient_accumulation_steps": args.gradient_accumulation_steps},
+               "seed": args.seed, "world_size": args.world_size, **(self.kw.pop("config") or {})}
+        self.rec = RunRecorder(model, max_steps=state.max_steps, config=cfg, **self.kw)
+
+    def on_step_begin(self, args, state, control, model=None, **kw):
+        if self.rec is not None:
+            self.rec.probe_step(state.global_step, model)
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if self.rec is not None and logs:
+            self.rec.log(max(state.global_step - 1, 0),
+                         **{k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    def on_train_end(self, args, state, control, **kw):
+        if self.rec is not None:
+            self.rec.close()
+
+    @property
+    def path(self):
+        return self.rec.path if self.rec is not None else None

@@ -1,0 +1,195 @@
+"""A plain-loop recording helper: one run directory, the same format as ``dyntool train``.
+
+Usage::
+
+    rec = RunRecorder(model, "runs", max_steps=300, every=50, probe=probe_batch)
+    for step in range(300):
+        rec.probe_step(step)                      # extra fwd/bwd on the probe batch, when scheduled
+        with rec.train_step(step):                # or: Capture around the real step (batch="train")
+            loss = model(**batch).loss
+            loss.backward()
+        rec.log(step, loss=loss.item())
+        opt.step(); opt.zero_grad()
+    rec.close()                                   # or use it as a context manager
+
+``probe`` is what ``loss_fn(model, probe)`` turns into a scalar loss; the default ``loss_fn`` handles
+a dict of keyword arguments (Hugging Face: ``model(**probe).loss``), a tuple ``(x, y)`` of a model
+returning ``(logits, loss)`` or a loss, and a single tensor of token ids (next-token loss on
+``logits``).  The probe runs in eval mode (no dropout: α recomputed must be the α used), with the
+model's current gradients set aside and restored, so training is not touched.  Under DDP pass the
+unwrapped model; ranks other than 0 record nothing.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..capture import Capture
+from ..record.policy import RecordConfig, check_budget, schedule
+from ..record.recorder import Recorder
+
+
+def rank() -> int:
+    d = torch.distributed
+    return d.get_rank() if d.is_available() and d.is_initialized() else 0
+
+
+def default_loss(model, batch):
+    if isinstance(batch, dict):
+        out = model(**batch)
+        return out.loss if hasattr(out, "loss") else out["loss"]
+    if isinstance(batch, (tuple, list)):
+        out = model(*batch)
+        if isinstance(out, tuple):
+            out = out[-1]
+        return out.loss if hasattr(out, "loss") else out
+    out = model(batch)                      # token ids → next-token cross-entropy
+    logits = out.logits if hasattr(out, "logits") else out
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), batch[:, 1:].flatten())
+
+
+class RunRecorder:
+    def __init__(self, model: torch.nn.Module, out_dir: str | Path = "runs", max_steps: int = 1000,
+                 every: int = 50, steps: list[int] | None = None, probe=None, loss_fn=default_loss,
+                 batch: str | None = None, seqs: int = 1, name: str | None = None, config: dict | None = None,
+                 tokens: list[list[str]] | None = None, attention=None, **record_kw):
+        self.model, self.probe, self.loss_fn, self.attention = model, probe, loss_fn, attention
+        batch = batch or ("probe" if probe is not None else "train")
+        self.cfg = RecordConfig(every=every, steps=list(steps or []), batch=batch, seqs=seqs, **record_kw)
+        self.cfg.validate("record.")
+        if batch == "probe" and probe is None:
+            raise ValueError("batch='probe' needs a probe batch (probe=...)")
+        self.max_steps = int(max_steps)
+        self.active = rank() == 0
+        self.run = self.rec = None
+        self.tokens = tokens
+        self._wanted = set(int(s) for s in schedule(self.cfg, self.max_steps))
+        self._attrs_done = False
+        self._pending = None
+        if not self.active:
+            return
+        from ..run import RunWriter
+        full = {"source": type(model).__name__, "max_steps": self.max_steps,
+                "model": _model_config(model), "record": asdict(self.cfg), **(config or {})}
+        self.run = RunWriter.create(out_dir, "train", full, name=name, device=_device(model))
+        self.t0 = time.perf_counter()
+
+    # -- schedule -------------------------------------------------------------------------
+    def wants(self, step: int) -> bool:
+        return self.active and int(step) in self._wanted
+
+    def _recorder(self, qs: dict) -> Recorder:
+        if self.rec is None:
+            L, H, S, T, Tk = qs["attn"].shape
+            dims = dict(L=L, H=H, T=T, d_k=qs["queries"].shape[-1], d_v=qs["values"].shape[-1])
+            check_budget(self.cfg, len(self._wanted), self.run.path, **dims)
+            store = self.run.open_store(self.cfg.chunk_steps, self.cfg.flush_seconds,
+                                        attrs={"task": "custom", "record_batch": self.cfg.batch, "block_size": T})
+            if self.tokens:
+                store.group.attrs.update({"probe_tokens": self.tokens[: self.cfg.seqs]})
+            self.rec = Recorder(store, self.cfg, self.max_steps, T)
+            self.rec._wanted = self._wanted
+        return self.rec
+
+    def _store(self, step: int, cap: Capture, extra: dict | None = None, grad_scale: float = 1.0):
+        qs = cap.compute()
+        rec = self._recorder(qs)
+        if not self._attrs_done:
+            rec.store.group.attrs.update(cap.attrs)
+            self.run.update_meta(adapter=cap.attrs.get("adapter"))
+            self._attrs_done = True
+        rec.record(step, qs, extra=extra, grad_scale=grad_scale)
+        ent = qs["attn_entropy"].float().mean(dim=(2, 3))                  # (L, nh)
+        lmax = qs["logit_max"].float()
+        row = {f"attn_entropy/L{l}H{h}": v for l, r in enumerate(ent.tolist()) for h, v in enumerate(r)}
+        row.update({f"logit_max/L{l}H{h}": v for l, r in enumerate(lmax.tolist()) for h, v in enumerate(r)})
+        row["recorded_logit_max"] = float(lmax.max())
+        row.update(extra or {})
+        self._flush_pending()
+        self._pending = (step, row)         # merged into this step's log() row
+
+    # -- recording ------------------------------------------------------------------------
+    def probe_step(self, step: int, model: torch.nn.Module | None = None) -> bool:
+        """Record ``step`` on the probe batch if scheduled (call before the step's forward)."""
+        if not self.wants(step) or self.cfg.batch != "probe":
+            return False
+        model = model or self.model
+        was_training = model.training
+        saved = [(p, p.grad) for p in model.parameters()]
+        try:
+            for p, _ in saved:
+                p.grad = None
+            model.eval()
+            with torch.enable_grad(), Capture(model, seqs=self.cfg.seqs, attention=self.attention) as cap:
+                loss = self.loss_fn(model, self.probe)
+                loss.backward()
+            self._store(step, cap, extra={"probe_loss": loss.item()})
+        finally:
+            for p, g in saved:
+                p.grad = g
+            model.train(was_training)
+        return True
+
+    @contextmanager
+    def train_step(self, step: int, grad_scale: float = 1.0):
+        """Around one micro-step's forward and backward: records the training batch if scheduled."""
+        if not self.wants(step) or self.cfg.batch != "train":
+            yield None
+            return
+        with Capture(self.model, seqs=self.cfg.seqs, grad_scale=grad_scale, attention=self.attention) as cap:
+            yield cap
+        self._store(step, cap, grad_scale=grad_scale)
+
+    def log(self, step: int, **metrics) -> None:
+        if not self.active:
+            return
+        if self._pending is not None and self._pending[0] == step:
+            metrics = {**self._pending[1], **metrics}
+            self._pending = None
+        self._flush_pending()
+        self.run.log(step, elapsed_s=time.perf_counter() - self.t0, **metrics)
+
+    def _flush_pending(self) -> None:
+        if self._pending is not None:
+            self.run.log(self._pending[0], **self._pending[1])
+            self._pending = None
+
+    def close(self, status: str = "finished") -> None:
+        if self.active and self.run is not None:
+            self._flush_pending()
+            self.run.finish(status, steps_recorded=self.rec.n_recorded if self.rec else 0)
+            self.active = False
+
+    def __enter__(self) -> "RunRecorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        self.close("finished" if exc_type is None else
+                   "interrupted" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+        return False
+
+    @property
+    def path(self) -> Path | None:
+        return self.run.path if self.run is not None else None
+
+
+def _device(model) -> str:
+    p = next(model.parameters(), None)
+    return str(p.device) if p is not None else "cpu"
+
+
+def _model_config(model) -> dict:
+    cfg = getattr(model, "config", None)
+    out = {"attention": "mhsa", "class": type(model).__name__}
+    if cfg is not None and hasattr(cfg, "to_dict"):
+        d = cfg.to_dict()
+        out.update({k: d[k] for k in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                      "hidden_size", "sliding_window", "n_layer", "n_head", "n_embd") if k in d})
+    return out
+
+

@@ -1,0 +1,60 @@
+"""The app opens a run recorded from a Hugging Face model (dyntool.integrations.RunRecorder)."""
+import json
+
+import pytest
+import torch
+
+from . import fixtures
+
+transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install dyntool[hf])")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from dyntool.integrations import RunRecorder  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def hf_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hf_runs")
+    torch.manual_seed(0)
+    T = 12
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(fixtures.WORDS), n_positions=T, n_embd=16, n_layer=2, n_head=2,
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = torch.arange(T).view(1, T) % len(fixtures.WORDS)
+    with RunRecorder(model, root, max_steps=6, every=2, name="hf-gpt2", probe={"input_ids": probe, "labels": probe},
+                     tokens=[[fixtures.WORDS[i] for i in probe[0]]]) as rec:
+        for step in range(6):
+            rec.probe_step(step)
+            x = torch.randint(len(fixtures.WORDS), (4, T))
+            loss = model(input_ids=x, labels=x).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.log(step, loss=loss.item())
+    return root
+
+
+def _app(root, monkeypatch, page, run):
+    monkeypatch.setenv("DYNTOOL_RUNS_DIR", str(root))
+    at = AppTest.from_file(str(fixtures.APP_DIR / "main.py"), default_timeout=60).run()
+    at.query_params["run"] = run
+    at.switch_page(f"views/{page}.py").run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_overview_and_matrices_open_an_hf_recorded_run(hf_root, monkeypatch):
+    at = _app(hf_root, monkeypatch, "overview", "hf-gpt2")
+    assert at.selectbox(key="ov_run").value == "hf-gpt2"
+    assert len(at.get("plotly_chart")) >= 1
+    at = _app(hf_root, monkeypatch, "matrices", "hf-gpt2")
+    charts = at.get("plotly_chart")
+    assert len(charts) == 4                                   # α, B, A, ∂L/∂S
+    titles = " | ".join(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in charts)
+    assert "α (attention)" in titles and "A (advantage)" in titles
+    at.selectbox(key="mx_layer").set_value(1)
+    at.select_slider(key="mx_step").set_value(4)
+    at.run()
+    assert not at.exception
+    assert "step 4" in " | ".join(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart"))
