@@ -4,8 +4,8 @@
   symbol (content routing shows as blocks), plus mean attention entropy per step;
 * ``f6_value_pca`` — PCA of the values at the final step (one basis per run), coloured by the
   Bayes posterior-predictive entropy of each position, with r(PC1, entropy) ≥ 0 by orientation;
-* ``f7_dissociation`` — routing drift (mean JS(α_i(t) ‖ α_i(final)) on the window) against value
-  refinement (‖V(t) − V(final)‖ / ‖V(0) − V(final)‖) and the entropy gap, normalised, over steps.
+* ``f7_dissociation`` — endpoint-free frame/precision measures (:mod:`dyntool.sims.frame_precision`):
+  attention drift and value drift between neighbouring records, gradient-energy shares (D10).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from .common import (align, arms_of, array, diag, h_min, js_rows, main_study, mean_std, metric, need,
-                     normalise_rows, offsets, seed_arm)
+from .common import align, arms_of, array, diag, main_study, mean_std, need, normalise_rows, offsets, seed_arm
 from .registry import figure
+from ..sims.frame_precision import describe_change, interval_measures
 
 KIND = "sticky-markov"
 
@@ -295,8 +295,12 @@ def _check_f7(runs):
     return True, ""
 
 
-def dissociation(run, hm: float | None) -> pd.DataFrame | None:
-    """Per recorded step of one run: routing drift vs the final step, value distance, entropy gap."""
+_SHARES = {"routing": ("diag_share_qk",), "values": ("diag_share_v",), "readout": ("diag_share_o",)}
+
+
+def dissociation(run, hm: float | None = None) -> pd.DataFrame | None:
+    """Per recorded interval of one run: attention drift, value drift (both per training step,
+    between NEIGHBOURING records, no endpoint) and gradient-energy shares (D10) at its end."""
     a = array(run, "attn")
     if a is None:
         a = array(run, "attn_pooled")
@@ -304,74 +308,81 @@ def dissociation(run, hm: float | None) -> pd.DataFrame | None:
     if a is None or v is None or len(run.steps) < 3:
         return None
     n = min(len(a), len(v))
-    A = normalise_rows(_first(a, slice(0, n)))          # (S, q, k) rows as distributions on the window
-    keep = A[-1].sum(-1) > 0
-    js = js_rows(A[:, keep], A[-1][None, keep])                       # (S, rows) divergences, nats
-    div = js.mean(-1)
-    drift = np.sqrt(np.maximum(js, 0)).mean(-1)       # JS *distance*: first order in the change, like ‖ΔV‖
-    V = _first(v, slice(0, n))
-    V = np.nan_to_num(V.reshape(n, -1))
-    dist = np.linalg.norm(V - V[-1], axis=1)
     steps = run.steps[:n]
-    df = pd.DataFrame({"step": steps, "attn_js_div": div, "attn_drift": drift,
-                       "attn_drift_norm": drift / drift[0] if drift[0] > 0 else drift * 0,
-                       "value_dist_norm": dist / dist[0] if dist[0] > 0 else dist * 0})
-    s, e = metric(run, "entropy")
-    if hm is not None and len(s):
-        gap = np.interp(steps, s, e) - hm
-        df["entropy_gap"] = gap
-        df["entropy_gap_norm"] = gap / gap[0] if gap[0] > 0 else gap * 0
-    return df
+    shares = {}
+    for group, (name,) in _SHARES.items():
+        s, val = diag(run, name)
+        if len(s):
+            shares[group] = np.interp(steps, s, val, left=np.nan, right=np.nan)
+    return interval_measures(steps, attn=_first(a, slice(0, n)), values=_first(v, slice(0, n)), shares=shares)
 
 
-def _half(steps, y) -> float:
-    hit = np.nonzero(y <= 0.5)[0]
-    return float(steps[hit[0]]) if len(hit) else float("nan")
-
-
-@figure("f7_dissociation", "Frame–precision dissociation: routing settles, values keep refining", KIND,
+@figure("f7_dissociation", "Frame and precision: attention drift, value drift, gradient-energy shares", KIND,
         needs="a sticky-markov study recording attn (window or pooled) and values at ≥ 3 steps; the "
-              "'entropy' metric adds the entropy-gap curve", group="dynamics", pick=main_study,
+              "diag_share_* metrics add the energy-share panel", group="dynamics", pick=main_study,
         check=_check_f7)
 def f7_dissociation(runs, **opts):
-    hm = h_min(runs)
     frames = []
     for arm, rs in arms_of(runs).items():
         for r in rs:
-            df = dissociation(r, hm)
-            if df is not None:
+            df = dissociation(r)
+            if df is not None and len(df):
                 frames.append(df.assign(arm=arm, seed=seed_arm(r)[0], run=r.id))
     need(frames, "no run had both attention and values at ≥ 3 recorded steps")
     long = pd.concat(frames, ignore_index=True)
+    return frame_precision_figure(long, "sticky chain")
+
+
+def frame_precision_figure(long: pd.DataFrame, what: str):
+    """Three panels from :func:`interval_measures` rows (columns arm, seed, step, ...): attention
+    drift, value drift (log scale, per training step) and gradient-energy shares; caption from data."""
     arms = list(dict.fromkeys(long["arm"]))
-    fig = style.figure(style.DOUBLE, 2.5)
-    axs = np.atleast_1d(fig.subplots(1, len(arms), sharey=True))
-    series = [("attn_drift_norm", "routing: √JS(α(t), α(final))", style.OKABE_ITO["blue"], "-"),
-              ("value_dist_norm", "values: ‖V(t) − V(final)‖", style.OKABE_ITO["vermillion"], "-"),
-              ("entropy_gap_norm", "precision: H_pred − H_min", style.OKABE_ITO["green"], "--")]
-    halves = {}
-    for k, arm in enumerate(arms):
-        ax = axs[k]
-        sub = long[long["arm"] == arm]
-        for col, label, c, ls in series:
+    fig = style.figure(style.DOUBLE, 2.6)
+    axs = fig.subplots(1, 3)
+    words = []
+    for col, ax, ylabel in (("attn_drift", axs[0], "attention drift JS(α(t), α(t−Δ)) / Δ [nats/step]"),
+                            ("value_drift", axs[1], "value drift ‖ΔV‖/‖V‖ / Δ [1/step]")):
+        for k, arm in enumerate(arms):
+            sub = long[long["arm"] == arm]
             if col not in sub or sub[col].isna().all():
                 continue
             piv = sub.pivot_table(index="seed", columns="step", values=col)
             mu, sd = mean_std(piv.to_numpy())
-            style.band(ax, piv.columns.to_numpy(), mu, sd, c, label=label, ls=ls)
-            halves[(arm, col)] = _half(piv.columns.to_numpy(), mu)
-        ax.set_title(f"{style.arm_label(arm)} (n = {sub['seed'].nunique()})")
+            style.band(ax, piv.columns.to_numpy(), mu, sd, style.arm_color(arm, k),
+                       label=f"{style.arm_label(arm)} (n = {len(piv)})")
+            words.append(describe_change(piv.columns.to_numpy(), mu, f"{style.arm_label(arm)} {col.replace('_', ' ')}",
+                                         "{:.2g}"))
+        ax.set_yscale("log")
         ax.set_xlabel(f"{style.STEP} [steps]")
-        style.panel_label(ax, "abcdefg"[k])
-    axs[0].set_ylabel("relative to step 0")
+        ax.set_ylabel(ylabel, fontsize=6.5)
+    style.panel_label(axs[0], "a")
+    style.panel_label(axs[1], "b")
+    cx = axs[2]
+    ls = {"share_routing": "-", "share_values": "--", "share_readout": ":"}
+    for k, arm in enumerate(arms):
+        sub = long[long["arm"] == arm]
+        for col, line in ls.items():
+            if col not in sub or sub[col].isna().all():
+                continue
+            piv = sub.pivot_table(index="seed", columns="step", values=col)
+            mu, _ = mean_std(piv.to_numpy())
+            cx.plot(piv.columns.to_numpy(), mu, ls=line, color=style.arm_color(arm, k), lw=1.0)
+            if col == "share_routing":
+                words.append(describe_change(piv.columns.to_numpy(), mu,
+                                             f"{style.arm_label(arm)} routing share of gradient energy"))
+    for col, line in ls.items():
+        cx.plot([], [], ls=line, color="black", lw=1.0, label=col.replace("share_", ""))
+    cx.set_ylim(0, 1)
+    cx.set_xlabel(f"{style.STEP} [steps]")
+    cx.set_ylabel("share of Σ‖∂L/∂θ‖²")
+    cx.legend(loc="best", fontsize=6)
+    style.panel_label(cx, "c")
     h, lab = axs[0].get_legend_handles_labels()
-    fig.legend(h, lab, loc="outside lower center", ncol=len(lab))
-    hl = "; ".join(f"{style.arm_label(a)}: routing {halves.get((a, 'attn_drift_norm'), float('nan')):.0f}, "
-                   f"values {halves.get((a, 'value_dist_norm'), float('nan')):.0f}" for a in arms)
-    caption = ("Frame–precision dissociation, mean ± std over seeds. Blue: attention drift, the mean over "
-               "window queries of the Jensen–Shannon distance √JS (JS in nats) between α_i(t) and α_i at the "
-               "last recorded step (rows renormalised on the recorded window; the square root makes it first "
-               "order in the change, like the value distance). Red: distance ‖V(t) − V(final)‖ of all values "
-               "from their final position. Green dashed: entropy gap H_pred − H_min. Each curve divided by its "
-               f"step-0 value. Steps at which each mean curve first halves — {hl}.")
+    fig.legend(h, lab, loc="outside lower center", ncol=max(1, len(lab)))
+    caption = (f"Frame and precision on the {what}, measured between neighbouring recorded steps (no final-state "
+               "reference), mean ± std over seeds. (a) attention drift: mean over recorded query rows of "
+               "JS(α_i(t) ‖ α_i(t−Δ)) in nats, divided by the Δ training steps between records (rows "
+               "renormalised over the recorded keys). (b) value drift ‖V(t) − V(t−Δ)‖/‖V(t−Δ)‖ per step. "
+               "(c) gradient-energy shares of routing (W_Q, W_K), values (W_V) and readout (W_O) at each "
+               "recorded step (D10). Measured: " + "; ".join(words) + ".")
     return fig, long, caption

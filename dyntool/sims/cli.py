@@ -23,6 +23,8 @@ def cmd_sticky(args) -> int:
                       (args.value_lr_mult, "sweep"), (args.window, "window")):
         if flag is not None:
             ov.append(f"--{key}={flag}")
+    if args.controls:
+        ov.append("--arms=sgd,em,readout,routing,all,sgd_tuned")
     cfg = config.load(StickyConfig, args.config, args.preset, ov)
     study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
@@ -39,7 +41,10 @@ def register(sub, simsub) -> None:
     p.add_argument("--seeds", default=None, help="comma-separated, default 42,2024,1337,7777,9999")
     p.add_argument("--steps", type=int, default=None, help="training steps (default 1000)")
     p.add_argument("--T", type=int, default=None, help="sequence length (default 2000)")
-    p.add_argument("--arms", default=None, help="sgd,em[,em_closed_form]")
+    p.add_argument("--arms", default=None,
+                   help="sgd,em[,readout,routing,all,sgd_tuned,em_closed_form] (default sgd,em)")
+    p.add_argument("--controls", action="store_true",
+                   help="add the learning-rate controls: --arms=sgd,em,readout,routing,all,sgd_tuned")
     p.add_argument("--value-lr-mult", dest="value_lr_mult", default=None,
                    help="sweep of EM-like value-LR multipliers, e.g. 1,2,5,10,20")
     p.add_argument("--window", type=int, default=None, help="recorded window of last positions (default 200)")
