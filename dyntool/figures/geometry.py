@@ -89,19 +89,40 @@ def f5_attention(runs, **opts):
         block = int(a.attrs.get("block", 1)) if pooled else 1
         prev = r.static("prev_symbol")
         order_q = order_k = None
-        same = None
+        same = chance = None
         if prev is not None and not pooled and len(prev) >= q0 + m.shape[0] and len(prev) >= k0 + m.shape[1]:
             pq, pk = np.asarray(prev[q0:q0 + m.shape[0]]), np.asarray(prev[k0:k0 + m.shape[1]])
             order_q, order_k = np.argsort(pq, kind="stable"), np.argsort(pk, kind="stable")
             rn = normalise_rows(m)
-            same = float(np.mean((rn * (pq[:, None] == pk[None, :])).sum(1)[rn.sum(1) > 0]))
+            eq = pq[:, None] == pk[None, :]
+            live = rn.sum(1) > 0
+            same = float(np.mean((rn * eq).sum(1)[live]))
+            vis = m > 0
+            chance = float(np.mean(((vis & eq).sum(1) / np.maximum(vis.sum(1), 1))[live]))
             mats[arm] = (m, pq, pk, order_q, order_k)
         else:
             mats[arm] = (m, None, None, None, None)
         data["arms"][arm] = {"run": r.id, "seed": seed_arm(r)[0], "step": int(r.steps[len(a) - 1]),
                              "pooled_block": block if pooled else None, "query_offset": q0, "key_offset": k0,
-                             "same_symbol_mass": same, "attn": m.tolist() if m.size <= 40_000 else None}
-    vmax = max(float(np.nanpercentile(m[m > 0], 99)) if (m > 0).any() else 1.0 for m, *_ in mats.values())
+                             "same_symbol_mass": same, "same_symbol_chance": chance if same is not None else None,
+                             "attn": m.tolist() if m.size <= 40_000 else None}
+    # α relative to uniform attention over the visible keys: α_ij·(i+1) (causal), 1 = chance.  A
+    # log colour scale centred on 1 shows both the keys a query prefers and those it avoids, where
+    # raw α (≈ 1/i, tiny at T = 2000) shows only noise near 0.
+    from matplotlib.colors import LogNorm, TwoSlopeNorm  # noqa: F401
+    rel = {}
+    for arm, (m, *_r) in mats.items():
+        info = data["arms"][arm]
+        blk = info["pooled_block"] or 1
+        qpos = info["query_offset"] + (np.arange(m.shape[0]) + 0.5) * blk
+        kpos = info["key_offset"] + (np.arange(m.shape[1]) + 0.5) * blk
+        vis = kpos[None, :] <= qpos[:, None] + (0.5 * blk if blk > 1 else 0)
+        r = np.where(vis & (m > 0), m * (qpos[:, None] + 0.5), np.nan)
+        rel[arm] = np.log2(r)
+        info["log2_ratio_to_uniform_p1_p99"] = [float(np.nanpercentile(rel[arm], 1)),
+                                                 float(np.nanpercentile(rel[arm], 99))]
+    lim = max(max(abs(v) for v in d["log2_ratio_to_uniform_p1_p99"]) for d in data["arms"].values()) or 1.0
+    cmap = style_cmap()
     for c, arm in enumerate(arms):
         m, pq, pk, oq, ok = mats[arm]
         info = data["arms"][arm]
@@ -109,7 +130,7 @@ def f5_attention(runs, **opts):
         ext = (info["key_offset"] - 0.5, info["key_offset"] + m.shape[1] * blk - 0.5,
                info["query_offset"] + m.shape[0] * blk - 0.5, info["query_offset"] - 0.5)
         ax = fig.add_subplot(gs[0, c])
-        im = ax.imshow(m, cmap=style.SEQ_CMAP, vmin=0, vmax=vmax, extent=ext, interpolation="auto")
+        im = ax.imshow(rel[arm], cmap=cmap, vmin=-lim, vmax=lim, extent=ext, interpolation="nearest")
         ax.set_title(style.arm_label(arm, short=True) + (" (pooled)" if info["pooled_block"] else ""))
         ax.set_xlabel("key position j")
         if c == 0:
@@ -117,23 +138,31 @@ def f5_attention(runs, **opts):
             style.panel_label(ax, "a")
         bx = fig.add_subplot(gs[1, c])
         if oq is not None:
-            bx.imshow(m[np.ix_(oq, ok)], cmap=style.SEQ_CMAP, vmin=0, vmax=vmax, interpolation="auto",
+            bx.imshow(rel[arm][np.ix_(oq, ok)], cmap=cmap, vmin=-lim, vmax=lim, interpolation="nearest",
                       aspect="auto")
             for edges, line in ((np.nonzero(np.diff(pk[ok]))[0], bx.axvline),
                                 (np.nonzero(np.diff(pq[oq]))[0], bx.axhline)):
                 for e in edges:
-                    line(e + 0.5, color="white", lw=0.3, alpha=0.6)
-            bx.set_xlabel(f"same-symbol {info['same_symbol_mass']:.2f}")
-            bx.set_xticks([]), bx.set_yticks([])
+                    line(e + 0.5, color="black", lw=0.3, alpha=0.6)
+            sk, sq = pk[ok], pq[oq]
+            syms = np.unique(sk)
+            bx.set_xticks([np.mean(np.nonzero(sk == v)[0]) for v in syms], [str(v) for v in syms], fontsize=5.5)
+            symq = np.unique(sq)
+            bx.set_yticks([np.mean(np.nonzero(sq == v)[0]) for v in symq], [str(v) for v in symq], fontsize=5.5)
+            bx.tick_params(length=0)
+            chance = info.get("same_symbol_chance")
+            bx.set_xlabel(f"key symbol y_(j−1)\nsame-symbol mass {info['same_symbol_mass']:.2f}"
+                          + (f" (chance {chance:.2f})" if chance is not None else ""), fontsize=6)
             if c == 0:
-                bx.set_ylabel("sorted by y_(t−1)")
+                bx.set_ylabel("query symbol y_(i−1)")
         else:
             bx.text(0.5, 0.5, "no prev_symbol / window\nfor a sorted view", ha="center", va="center",
                     transform=bx.transAxes, fontsize=7)
             bx.set_axis_off()
         if c == 0:
             style.panel_label(bx, "b")
-    fig.colorbar(im, ax=fig.axes[: 2 * n: 2], label="α", shrink=0.8)
+    cb = fig.colorbar(im, ax=fig.axes[: 2 * n: 2], label="log₂(α / uniform)   (0 = chance)", shrink=0.8)
+    cb.ax.axhline(0, color="black", lw=0.8)
     ex = fig.add_subplot(gs[:, n])
     has_curve = False
     for k, (arm, rs) in enumerate(arms_of(runs).items()):
@@ -147,6 +176,13 @@ def f5_attention(runs, **opts):
         data["entropy"][arm] = {"step": steps.tolist(), "mean": mu.tolist(), "std": sd.tolist()}
         has_curve = True
     if has_curve:
+        T = _n_positions(reps)
+        if T:
+            uni = float(np.mean(np.log(np.arange(1, T + 1))))
+            data["uniform_entropy"] = uni
+            ex.axhline(uni, color=style.REF_COLOR, ls=":", lw=0.8)
+            ex.annotate("uniform α (chance)", (0.02, uni), xycoords=("axes fraction", "data"), fontsize=6,
+                        va="bottom", color=style.REF_COLOR)
         ex.set_xlabel(f"{style.STEP} [steps]")
         ex.set_ylabel("mean attention entropy [nats]")
         ex.legend(loc="best")
@@ -156,14 +192,32 @@ def f5_attention(runs, **opts):
     style.panel_label(ex, "c")
     sm = "; ".join(f"{style.arm_label(a)} {d['same_symbol_mass']:.2f}" for a, d in data["arms"].items()
                    if d["same_symbol_mass"] is not None)
-    caption = ("(a) Attention weights α on the recorded window at the last recorded step "
-               f"({data['arms'][arms[0]]['step']}), per arm (seed {data['arms'][arms[0]]['seed']}; colour capped "
-               "at the 99th percentile). (b) The same rows and "
-               "columns sorted by the previous symbol y_(t−1) that each input encodes: content-based routing "
-               "shows as diagonal blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}"
-                                            if sm else "") +
-               ". (c) Mean attention entropy H(α_i·) per step, mean ± std over seeds.")
+    ch = next((d.get("same_symbol_chance") for d in data["arms"].values() if d.get("same_symbol_chance")), None)
+    rng = "; ".join(f"{style.arm_label(a)} {2 ** d['log2_ratio_to_uniform_p1_p99'][0]:.2f}–"
+                    f"{2 ** d['log2_ratio_to_uniform_p1_p99'][1]:.2f}× uniform" for a, d in data["arms"].items())
+    ent = "; ".join(f"{style.arm_label(a)} {e['mean'][0]:.3f} → {e['mean'][-1]:.3f}" for a, e in data["entropy"].items())
+    caption = ("(a) Attention weights on the recorded window at the last recorded step "
+               f"({data['arms'][arms[0]]['step']}), per arm (seed {data['arms'][arms[0]]['seed']}), shown as "
+               "log₂ of α_ij over the uniform weight 1/(i+1) of a causal row (0 = chance; blank: masked). "
+               f"1st–99th percentile of α/uniform: {rng}. (b) The same rows and columns sorted by the previous "
+               "symbol each input encodes (tick labels); content routing would show as brighter diagonal "
+               "blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}" if sm else "") +
+               (f", against {ch:.2f} under uniform attention" if ch else "") +
+               ". (c) Mean attention entropy per step, mean ± std over seeds (dotted: uniform attention): " +
+               ent + " nats.")
     return fig, data, caption
+
+
+def style_cmap():
+    return style.DIV_CMAP
+
+
+def _n_positions(reps) -> int | None:
+    for r in reps.values():
+        a = array(r, "attn") if array(r, "attn") is not None else array(r, "attn_pooled")
+        if a is not None and a.attrs.get("T"):
+            return int(a.attrs["T"])
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
