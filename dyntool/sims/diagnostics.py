@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from .single_head import block_sum
+from ..record.recorder import pool_blocks
 
 
 def _js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -95,11 +95,9 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
     dt = state.x.dtype
     d_k = state.d_k
     (q0w, q1w), (k0w, k1w) = qwin, kwin
-    nb = -(-N // block) if block > 0 else 0
     chunk = max(1, chunk // block) * block if block > 0 else chunk
     win = {n: [] for n in ("alpha", "B", "A", "dS", "S")}
     pooled = {n: [] for n in ("alpha", "B", "A", "dS")}
-    counts = []
     dQ, ent, ent_n = [], [], []
     dK, dV = torch.zeros_like(state.k), torch.zeros_like(state.v)
     usage = torch.zeros(R, N, dtype=dt)
@@ -137,15 +135,13 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
             rows = slice(lo - q0, hi - q0)
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS), ("S", s.masked_fill(~m, float("nan")))):
                 win[n].append(t[:, rows, k0w:k1w])
-        if block > 0:
-            counts.append(block_sum(mf[None], block, nb))
+        if block > 0:       # chunks hold whole block rows, so per-chunk block means are final
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS)):
-                pooled[n].append(block_sum(t, block, nb))
+                pooled[n].append(pool_blocks(t, block, m))
     W = {n: torch.cat(v, 1) for n, v in win.items()}
     P = {}
     if block > 0:
-        cnt = torch.cat(counts, 1)
-        P = {n: torch.cat(v, 1) / cnt for n, v in pooled.items()}        # NaN for fully masked blocks
+        P = {n: torch.cat(v, 1) for n, v in pooled.items()}               # NaN for fully masked blocks
     dQ, ent, ent_n = torch.cat(dQ, 1), torch.cat(ent, 1), torch.cat(ent_n, 1)
     value_norm = state.v.norm(dim=-1)
     diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, W, H_bayes, h_min, prev_window_alpha)

@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 import torch
 
 from dyntool.errors import NonFiniteLossError
+from dyntool.record.recorder import pool_blocks
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O")
 _NO_SHIFT_BOUND = 30.0   # |s| ≤ 30 ⇒ exp(s) ≤ 1e13 and row sums ≤ 1e17: safe in float32
@@ -435,21 +436,18 @@ class StepState:
     def pooled(self, block: int, names=("alpha", "B", "A", "dS"), rows_per_chunk: int = 256) -> dict:
         """Block means over b×b blocks of the full N×N matrices: each (R, ⌈N/b⌉, ⌈N/b⌉).
 
-        The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), computed
-        one chunk of query rows at a time so at most (R, chunk, N) is held per quantity.
+        The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), by
+        :func:`~dyntool.record.recorder.pool_blocks` one chunk of whole block rows at a time, so at
+        most (R, chunk, N) is held per quantity.
         """
-        nb = -(-self.N // block)
         chunk = max(1, rows_per_chunk // block) * block
-        sums = {n: [] for n in names}
-        counts = []
+        parts = {n: [] for n in names}
         for q0 in range(0, self.N, chunk):
             q1 = min(q0 + chunk, self.N)
-            win = self.window(q0, q1, names)
-            counts.append(block_sum(self.mask(q0, q1).to(self.x.dtype)[None], block, nb))
+            win, vis = self.window(q0, q1, names), self.mask(q0, q1)
             for n in names:
-                sums[n].append(block_sum(win[n], block, nb))
-        cnt = torch.cat(counts, dim=1)
-        return {n: torch.cat(sums[n], dim=1) / cnt for n in names}
+                parts[n].append(pool_blocks(win[n], block, vis))
+        return {n: torch.cat(parts[n], dim=1) for n in names}
 
     def positional(self, rows_per_chunk: int = 256) -> dict:
         """Per-position gradients and attention stats, tiled over query rows.
@@ -471,11 +469,3 @@ class StepState:
             usage += a.sum(1)
             ent.append(-(a * torch.log(a.clamp_min(1e-30))).sum(-1))
         return {"dQ": torch.cat(dQ, 1), "dK": dK, "dV": dV, "col_usage": usage, "att_entropy": torch.cat(ent, 1)}
-
-
-def block_sum(t: torch.Tensor, block: int, nb: int) -> torch.Tensor:
-    """Sum-pool the last two axes of (R, w, N) over block×block cells, zero-padding the edges."""
-    R, w, N = t.shape
-    wb = -(-w // block)
-    t = torch.nn.functional.pad(t, (0, nb * block - N, 0, wb * block - w))
-    return t.reshape(R, wb, block, nb, block).sum((2, 4))
