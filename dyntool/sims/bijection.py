@@ -80,6 +80,8 @@ class BijectionConfig:
     eval_every: int = 100
     log_every: int = 10
     threads: int = 0                # torch and BLAS threads (0: leave the defaults)
+    time_limit_min: float = 0.0     # stop after the step that crosses this wall time (0: none); the
+                                    # stopping step is evaluated, analysed and recorded
     model: BijectionModel = field(default_factory=BijectionModel)
     record: RecordConfig = field(default_factory=lambda: RecordConfig(
         every=250, log_spaced=8, seqs=2, dtype="float32", batch="probe"))
@@ -100,6 +102,8 @@ class BijectionConfig:
             raise ConfigError(p + "plot_seqs", f"0 <= plot_seqs <= analysis_seqs ({self.analysis_seqs})")
         if self.record.seqs > self.heldout_seqs:
             raise ConfigError(p + "record.seqs", f"at most heldout_seqs ({self.heldout_seqs})")
+        if self.time_limit_min < 0:
+            raise ConfigError(p + "time_limit_min", "must be >= 0")
         if self.eval_every < 1 or self.log_every < 1 or self.threads < 0:
             raise ConfigError(p + "eval_every/log_every/threads", "eval_every, log_every >= 1, threads >= 0")
 
@@ -170,21 +174,27 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
             store.write_static("point_entropy", an_h[:cfg.plot_seqs, :cfg.L].reshape(-1), ("point",))
             store.write_static("point_k", np.tile(np.arange(1, cfg.L + 1), cfg.plot_seqs), ("point",))
         rec = Recorder(store, cfg.record, cfg.steps, T)
-        last_eval = None
+        last_eval, stop_at = None, None
         for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
             row: dict = {}
-            if rec.wants(step) or step % cfg.eval_every == 0 or step == cfg.steps - 1:
+            over = cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min
+            if over:
+                stop_at = step
+            if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
                 ev = evaluate(model, ho_tok, ho_tgt, cfg.V)
                 ent = ev.pop("entropy_per_position")
                 last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
                 row.update({f"heldout/{k}": v for k, v in last_eval.items()})
                 row["heldout/excess_loss"] = ev["loss"] - bayes_loss
-            if rec.wants(step):
+            if rec.wants(step) or over:
                 an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h)
                 row.update(an["metrics"])
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
                 extra["bij_model_entropy"] = ent
                 rec.record_probe(model, lambda mdl: value_loss(mdl(pr_tok)[0], pr_tgt, cfg.V), step, extra)
+            if over:                 # time limit: this step is the last one evaluated; no update
+                run.log(step, elapsed_s=time.perf_counter() - t0, **row)
+                break
             lr = lr_at(cfg, step)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -199,8 +209,10 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
             if row or step % cfg.log_every == 0:
                 run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
                         elapsed_s=time.perf_counter() - t0, **row)
-        final = {**(last_eval or {}), "bayes_loss": bayes_loss,
+        n_done = stop_at if stop_at is not None else cfg.steps
+        final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done,
+                 "stopped_by_time_limit": stop_at is not None,
                  "seconds": round(time.perf_counter() - t0, 1),
-                 "sec_per_step": (time.perf_counter() - t0) / cfg.steps}
+                 "sec_per_step": (time.perf_counter() - t0) / max(n_done, 1)}
         run.update_meta(final=final)
     return run

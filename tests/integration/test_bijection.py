@@ -42,6 +42,15 @@ def test_run_layout_metrics_and_record(run):
     assert run.meta["final"]["bayes_loss"] == pytest.approx(np.mean(data.bayes_entropy(20, 19)))
 
 
+def test_time_limit_stops_and_records_the_last_step(tmp_path):
+    assert main(CI + ["--out", str(tmp_path), "--name", "t", "--steps=50", "--time_limit_min=0.00001"]) == 0
+    r = dyntool.open_run(tmp_path / "t")
+    fin = r.meta["final"]
+    assert fin["stopped_by_time_limit"] and fin["steps_done"] < 50
+    assert r.steps[-1] == fin["steps_done"]                       # the stopping step is recorded
+    assert r.metrics["step"].max() == fin["steps_done"]
+
+
 def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
     assert main(CI + ["--out", str(tmp_path), "--L=25"]) == 2
     err = capsys.readouterr().err
