@@ -42,6 +42,15 @@ def test_run_layout_metrics_and_record(run):
     assert run.meta["final"]["bayes_loss"] == pytest.approx(np.mean(data.bayes_entropy(20, 19)))
 
 
+def test_same_seed_same_run(run, tmp_path):
+    assert main(CI + ["--out", str(tmp_path), "--name", "again"]) == 0
+    again = dyntool.open_run(tmp_path / "again")
+    cols = ["loss", "heldout/loss", "manifold/resid/L1/r_pc1", "key_orth/ctx/L0"]
+    a, b = run.metrics[["step"] + cols], again.metrics[["step"] + cols]
+    assert a.equals(b)
+    assert np.array_equal(run.arrays["attn"][:], again.arrays["attn"][:])
+
+
 def test_time_limit_stops_and_records_the_last_step(tmp_path):
     assert main(CI + ["--out", str(tmp_path), "--name", "t", "--steps=50", "--time_limit_min=0.00001"]) == 0
     r = dyntool.open_run(tmp_path / "t")
