@@ -220,7 +220,7 @@ def f8_dynamics(runs, **opts):
     style.hline(ax, math.log(int(run.config.get("V", 20))), "uniform", ls=":")
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel(style.LOSS)
-    ax.legend(fontsize=5.5)
+    ax.legend(fontsize=5.5, loc="center right")
     style.panel_label(ax, "a")
     cols = {"step_heldout": s_loss.tolist(), "heldout_loss": v_loss.tolist()}
     cmap = __import__("matplotlib").colormaps["viridis"]

@@ -5,8 +5,8 @@ dyntool's :class:`~dyntool.attention.AttentionCore`) learns the bijection task
 (:mod:`dyntool.sims.bijection_data`: V = 20, L = 19, keys without replacement, query from
 context) from fresh random sequences every step, and is evaluated on a fixed held-out set drawn
 from a separate generator (``seed + heldout_seed_offset``; the training stream draws ~10⁵–10⁷
-sequences out of more than 20!·20!/1! possible ones, so an overlap is practically impossible and
-not checked).
+sequences out of 20!·20!·19 ≈ 10³⁸ possible ones for V = 20, L = 19, so an overlap is practically
+impossible and not checked).
 
 On every recorded step (the ``[record]`` schedule):
 
@@ -82,6 +82,8 @@ class BijectionConfig:
     threads: int = 0                # torch and BLAS threads (0: leave the defaults)
     time_limit_min: float = 0.0     # stop after the step that crosses this wall time (0: none); the
                                     # stopping step is evaluated, analysed and recorded
+    stop_at_step: int = 0           # the same stop at a fixed step (0: none), e.g. to repeat a run
+                                    # that the time limit stopped: the lr schedule still uses `steps`
     model: BijectionModel = field(default_factory=BijectionModel)
     record: RecordConfig = field(default_factory=lambda: RecordConfig(
         every=250, log_spaced=8, seqs=2, dtype="float32", batch="probe"))
@@ -102,8 +104,8 @@ class BijectionConfig:
             raise ConfigError(p + "plot_seqs", f"0 <= plot_seqs <= analysis_seqs ({self.analysis_seqs})")
         if self.record.seqs > self.heldout_seqs:
             raise ConfigError(p + "record.seqs", f"at most heldout_seqs ({self.heldout_seqs})")
-        if self.time_limit_min < 0:
-            raise ConfigError(p + "time_limit_min", "must be >= 0")
+        if self.time_limit_min < 0 or self.stop_at_step < 0:
+            raise ConfigError(p + "time_limit_min/stop_at_step", "must be >= 0")
         if self.eval_every < 1 or self.log_every < 1 or self.threads < 0:
             raise ConfigError(p + "eval_every/log_every/threads", "eval_every, log_every >= 1, threads >= 0")
 
@@ -177,7 +179,8 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
         last_eval, stop_at = None, None
         for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
             row: dict = {}
-            over = cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min
+            over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
+                (0 < cfg.stop_at_step == step)
             if over:
                 stop_at = step
             if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
@@ -211,7 +214,7 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
                         elapsed_s=time.perf_counter() - t0, **row)
         n_done = stop_at if stop_at is not None else cfg.steps
         final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done,
-                 "stopped_by_time_limit": stop_at is not None,
+                 "stopped_early": stop_at is not None,
                  "seconds": round(time.perf_counter() - t0, 1),
                  "sec_per_step": (time.perf_counter() - t0) / max(n_done, 1)}
         run.update_meta(final=final)

@@ -55,9 +55,21 @@ def test_time_limit_stops_and_records_the_last_step(tmp_path):
     assert main(CI + ["--out", str(tmp_path), "--name", "t", "--steps=50", "--time_limit_min=0.00001"]) == 0
     r = dyntool.open_run(tmp_path / "t")
     fin = r.meta["final"]
-    assert fin["stopped_by_time_limit"] and fin["steps_done"] < 50
+    assert fin["stopped_early"] and fin["steps_done"] < 50
     assert r.steps[-1] == fin["steps_done"]                       # the stopping step is recorded
     assert r.metrics["step"].max() == fin["steps_done"]
+
+
+def test_fixed_stop_repeats_the_full_run_up_to_that_step(run, tmp_path):
+    """stop_at_step keeps the lr schedule of `steps`, so the stopped run is the full run's prefix."""
+    assert main(CI + ["--out", str(tmp_path), "--name", "s", "--stop_at_step=6"]) == 0
+    s = dyntool.open_run(tmp_path / "s")
+    assert s.meta["final"]["steps_done"] == 6 and s.meta["final"]["stopped_early"]
+    a, b = s.metrics.set_index("step"), run.metrics.set_index("step")
+    la = a["loss"].dropna()
+    assert len(la) >= 3 and la.equals(b["loss"].dropna().loc[la.index])
+    for col in ("heldout/loss", "manifold/resid/L1/pc1_share"):      # step 6 is recorded in both
+        assert a.loc[6, col] == b.loc[6, col]
 
 
 def test_bad_config_is_one_line_exit_2(tmp_path, capsys):
