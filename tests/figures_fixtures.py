@@ -33,6 +33,15 @@ def make_toy(out, name: str = "toy", steps: int = 60, seed: int = 0) -> Path:
     return run_toy(ToyConfig(seed=seed, steps=steps), str(out), name=name, quiet=True).path
 
 
+def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
+    """A tiny wind-tunnel run (the ``ci`` preset of sims/bijection.toml)."""
+    from dyntool import config
+    from dyntool.sims.bijection import BijectionConfig, run_bijection
+    cfg = config.load(BijectionConfig, Path(__file__).parent.parent / "sims" / "bijection.toml", "ci",
+                      [f"--steps={steps}"])
+    return run_bijection(cfg, str(out), name=name, quiet=True).path
+
+
 # ---------------------------------------------------------------------------------------------
 # sticky chain
 # ---------------------------------------------------------------------------------------------

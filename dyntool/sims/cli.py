@@ -55,3 +55,5 @@ def register(sub, simsub) -> None:
     p.add_argument("--preset", default=None)
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(fn=cmd_sticky)
+    from .bijection_cli import register_bijection
+    register_bijection(simsub)
