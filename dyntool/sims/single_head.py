@@ -324,6 +324,14 @@ def _evaluate(ev, W, causal, tile, pool) -> dict:
     return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, pool=pool), xe.shape[1])
 
 
+def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32) -> torch.Tensor:
+    """Head outputs g_i = (α V)_i (R, N, d_v) of weights ``W`` on inputs ``x`` (R, N, d_x), forward only
+    (e.g. on held-out positions for the manifold metrics)."""
+    X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
+    y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
+    return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True)["G"]
+
+
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
           pool, threads, on_metrics=None, ev=None):
     R, N, _ = x.shape

@@ -148,6 +148,25 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
     return out, grid
 
 
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray) -> list[dict]:
+    """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j."""
+    from ..manifold import manifold_metrics
+    g = engine.head_outputs(W, x_ho).double().numpy()                      # (R, N, d_v)
+    v = (x_ho @ W.W_V).double().numpy()
+    out = []
+    for r in range(g.shape[0]):
+        row = {}
+        for tag, rep in (("g", g[r]), ("v", v[r])):
+            m = manifold_metrics(rep, H_ho[r]).as_dict(f"heldout_{tag}_")
+            row.update({k: float(val) for k, val in m.items() if k[len(f"heldout_{tag}_"):] in _MANIFOLD_KEYS})
+        out.append(row)
+    return out
+
+
+_MANIFOLD_KEYS = ("pc1_share", "participation_ratio", "r_pc1", "r_pc2", "r_pc3", "r_pc4", "r_pc5", "r_best",
+                  "r2_linear", "ordering_score")
+
+
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
               quiet: bool = False) -> Path:
     out = ensure_out_dir(out_dir)
@@ -184,7 +203,9 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
     Hb = torch.stack([data[s][1] for s, _ in runs])
     ev = {}
     if cfg.heldout:
-        held = {s: chain(s + cfg.heldout_offset)[0] for s in cfg.seeds}
+        held_h = {s: chain(s + cfg.heldout_offset) for s in cfg.seeds}
+        held = {s: v[0] for s, v in held_h.items()}
+        Hb_ho = np.stack([held_h[s][1].numpy() for s, _ in runs])             # (R, N) held-out H_Bayes
         ev = dict(eval_x=torch.stack([held[s].x for s, _ in runs]).to(dtype),
                   eval_y=torch.stack([held[s].y for s, _ in runs]),
                   eval_steps=lambda k: k % cfg.heldout_every == 0)
@@ -226,6 +247,9 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
                                                  rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
             prev_alpha["a"] = alpha_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
+            if cfg.heldout:
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho)):
+                    rows[i].update(extra)
             diag_rows[step] = rows
             for i, r in enumerate(recorders):
                 if want[i]:
