@@ -1,12 +1,13 @@
 """The sticky-chain study as users run it (recording ON) vs the authors-style reference loop.
 
-Issue target: the full 5-seed, 2-arm, 1000-step, T = 2000 study with recording on takes at most
-1/3 of the time of a straightforward per-seed PyTorch autograd loop of the same model on the
-same machine; peak memory under 4 GB.  Both are timed in this process.  The reference runs
-``--ref-steps`` steps of every (seed, arm) run and is extrapolated linearly to ``--steps``
-(labelled); pass ``--ref-steps 1000`` for a full reference run (≈ 7 min here).
+Targets (issue 10): the study WITH CONTROLS (sgd, em, readout, routing, all, sgd_tuned: 6 arms,
+7 trained runs per seed with the default grid; 5 seeds, T = 2000, 1000 steps, recording and
+held-out evaluation on) takes at most 0.6× the time of a straightforward per-run PyTorch
+autograd loop running only the 2 original arms (sgd, em); peak memory under 4 GB.  Both are
+timed in this process.  The reference runs ``--ref-steps`` steps of every (seed, arm) run and
+is extrapolated linearly to ``--steps`` (labelled); ``--arms sgd,em`` times the 2-arm study.
 
-    python bench/bench_study.py [--T 2000] [--steps 1000] [--ref-steps 100]
+    python bench/bench_study.py [--T 2000] [--steps 1000] [--ref-steps 100] [--arms ...]
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--T", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=1000)
     ap.add_argument("--ref-steps", type=int, default=100)
+    ap.add_argument("--arms", default="sgd,em,readout,routing,all,sgd_tuned")
     args = ap.parse_args()
     seeds = [42, 2024, 1337, 7777, 9999]
     print("hardware:", hardware())
@@ -39,7 +41,7 @@ def main() -> None:
     ref_total = ref_wall * args.steps / args.ref_steps
     tmp = Path(tempfile.mkdtemp(prefix="dyntool-study-"))
     try:
-        cfg = load(StickyConfig, overrides=[f"--T={args.T}", f"--steps={args.steps}"])
+        cfg = load(StickyConfig, overrides=[f"--T={args.T}", f"--steps={args.steps}", f"--arms={args.arms}"])
         t0 = time.perf_counter()
         study = run_study(cfg, str(tmp), name="bench", quiet=True)
         study_wall = time.perf_counter() - t0
@@ -50,10 +52,14 @@ def main() -> None:
     per = 1e3 * ref_wall / (args.ref_steps * 2 * len(seeds))
     print(f"reference autograd loop: {per:.1f} ms per run-step, {ref_total:.0f} s for the study "
           f"(extrapolated from {args.ref_steps} steps per run)")
-    print(f"dyntool study, recording on (every 50 steps, window + pooled): {study_wall:.0f} s, "
-          f"{size / 1e6:.0f} MB recorded")
-    print(f"ratio study / reference = {study_wall / ref_total:.3f} (target <= 0.333); "
-          f"peak RSS {peak:.2f} GB (target < 4 GB)")
+    n_runs = len(cfg.seeds) * (len([a for a in cfg.arms if a != "sgd_tuned"])
+                               + (len([g for g in cfg.tuned_grid if g not in (cfg.lr, cfg.lr * cfg.control_mult)])
+                                  if "sgd_tuned" in cfg.arms else 0))
+    print(f"dyntool study, arms {cfg.arms} ({n_runs} trained runs), recording on (every 50 steps, window + "
+          f"pooled, arms {cfg.record_arms}), held-out every {cfg.heldout_every}: {study_wall:.0f} s, "
+          f"{size / 1e6:.0f} MB recorded, {1e3 * study_wall / (n_runs * args.steps):.1f} ms per run-step")
+    print(f"ratio study / reference(2 arms) = {study_wall / ref_total:.3f} (target <= 0.6); "
+          f"peak RSS {peak:.2f} GB (target < 4 GB); loadavg {__import__('os').getloadavg()}")
 
 
 if __name__ == "__main__":

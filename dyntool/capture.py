@@ -151,7 +151,9 @@ class Capture(Observer):
             if slot.ds is not None:
                 ds_auto = slot.ds.to(dt).transpose(0, 1) / self.grad_scale
                 diff = (ds_auto - qs["score_grad"]).masked_fill(~allowed, 0.0)
-                qs["routing_residual"] = diff.flatten(1).norm(dim=1)       # (nh,)
+                # relative, so it does not shrink with U: ‖autograd − closed form‖ / ‖autograd‖
+                qs["routing_residual"] = (diff.flatten(1).norm(dim=1)
+                                          / ds_auto.masked_fill(~allowed, 0.0).flatten(1).norm(dim=1).clamp_min(1e-300))
             if slot.dq is not None:       # span: the dQ/dK the backward really applied
                 qs["query_grad"] = slot.dq.to(dt).transpose(0, 1) / self.grad_scale
             if slot.dk is not None:

@@ -33,6 +33,15 @@ def make_toy(out, name: str = "toy", steps: int = 60, seed: int = 0) -> Path:
     return run_toy(ToyConfig(seed=seed, steps=steps), str(out), name=name, quiet=True).path
 
 
+def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
+    """A tiny wind-tunnel run (the ``ci`` preset of sims/bijection.toml)."""
+    from dyntool import config
+    from dyntool.sims.bijection import BijectionConfig, run_bijection
+    cfg = config.load(BijectionConfig, Path(__file__).parent.parent / "sims" / "bijection.toml", "ci",
+                      [f"--steps={steps}"])
+    return run_bijection(cfg, str(out), name=name, quiet=True).path
+
+
 # ---------------------------------------------------------------------------------------------
 # sticky chain
 # ---------------------------------------------------------------------------------------------
@@ -71,13 +80,9 @@ def sticky_data(seed: int, T: int, n: int = 8, d_x: int = 20):
 
 
 def _pool(a: np.ndarray, b: int) -> np.ndarray:
-    T, K = a.shape
-    nq, nk = -(-T // b), -(-K // b)
-    pad = np.zeros((nq * b, nk * b))
-    cnt = np.zeros_like(pad)
-    pad[:T, :K], cnt[:T, :K] = a, 1
-    s = pad.reshape(nq, b, nk, b).sum((1, 3))
-    return s / cnt.reshape(nq, b, nk, b).sum((1, 3))
+    """Causal block means over visible entries, exactly as the recorder writes ``*_pooled``."""
+    from dyntool.record.recorder import pool_blocks
+    return pool_blocks(a, b, np.tri(*a.shape, dtype=bool))
 
 
 def _attention(same: np.ndarray, noise: np.ndarray, beta: float) -> np.ndarray:
@@ -166,8 +171,8 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
                             arrays["attn_pooled"] = _pool(A, pool)[None, None, None].astype(dtype)
                         st.append(step, arrays)
                         row.update(diag_attn_entropy=float(ent_rows.mean()), diag_pc1_share=0.3 + 0.5 * v_t,
-                                   diag_grad_share_qk=0.2 * (1 - r_t), diag_grad_share_v=0.6,
-                                   diag_grad_share_o=0.2 + 0.2 * r_t)
+                                   diag_share_qk=0.2 * (1 - r_t), diag_share_v=0.6,
+                                   diag_share_o=0.2 + 0.2 * r_t)
                     run.log(step, **row)
                 final = {"final_loss": losses[-1], "entropy": losses[-1] + 0.004, "accuracy": 0.2 + 0.05 * fast,
                          "losses": losses}

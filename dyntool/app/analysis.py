@@ -15,17 +15,14 @@ from dyntool.stats import mean_std
 
 
 def block_mean(x: np.ndarray, block: int) -> np.ndarray:
-    """Mean over ``block × block`` tiles of a 2-D array (NaN-aware; edge tiles average what they hold)."""
+    """Mean over ``block × block`` tiles of a 2-D array over its finite (visible) entries: NaN marks
+    masked entries; edge tiles average what they hold; all-masked tiles stay NaN.  The one pooling
+    function of dyntool (:func:`dyntool.record.recorder.pool_blocks`)."""
     if block <= 1:
         return x
-    T, K = x.shape
-    nq, nk = math.ceil(T / block), math.ceil(K / block)
-    pad = np.full((nq * block, nk * block), np.nan, dtype=np.float32)
-    pad[:T, :K] = x
-    tiles = pad.reshape(nq, block, nk, block)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)     # all-NaN tiles (masked) stay NaN
-        return np.nanmean(tiles, axis=(1, 3))
+    from dyntool.record.recorder import pool_blocks
+    x = np.asarray(x, dtype=np.float32)
+    return pool_blocks(x, block, np.isfinite(x))
 
 
 def display_block(n: int, max_cells: int) -> int:

@@ -6,14 +6,21 @@ import os
 
 from . import add_n_seeds, common_output_options, config_option, config_values
 
+CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
 OVERRIDES = "Any config key can also be set as --key=value or --section.key=value"
 
 
 def cmd_sticky(args) -> int:
     from .. import config
+    from ..errors import ConfigError
     from ..sims.sticky import StickyConfig, run_study
     from ..sims.summary import table
-    cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=config_values(args))
+    values = config_values(args)
+    if args.controls:
+        if "arms" in values:
+            raise ConfigError("--controls", "give either --arms LIST or --controls, not both")
+        values["arms"] = CONTROL_ARMS
+    cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
     study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
@@ -60,7 +67,10 @@ def register(sub, simsub) -> None:
     config_option(p, StickyConfig, "steps", help="training steps (default 1000)")
     config_option(p, StickyConfig, "T", "--T", help="sequence length (default 2000)")
     config_option(p, StickyConfig, "arms", metavar="ARM[,ARM...]",
-                  help="arms to run: sgd, em, em_closed_form (default sgd,em)")
+                  help="arms to run: sgd, em, readout, routing, all, sgd_tuned, em_closed_form "
+                       "(default: the config's)")
+    p.add_argument("--controls", action="store_true",
+                   help=f"run the learning-rate controls too: --arms {','.join(CONTROL_ARMS)}")
     config_option(p, StickyConfig, "value_lr_mult", metavar="X",
                   help="EM-like arm: W_V learning rate = lr × X (default 10)")
     config_option(p, StickyConfig, "sweep", metavar="X[,X...]",
@@ -69,3 +79,6 @@ def register(sub, simsub) -> None:
     _config_file_options(p, "sticky_markov.toml")
     common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
     p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)
+
+    from ..sims.bijection_cli import register_bijection
+    register_bijection(simsub)

@@ -114,7 +114,12 @@ def f2_toy(runs, **opts):
     fig = style.figure(style.DOUBLE, 3.5)
     gs = fig.add_gridspec(2, 6, width_ratios=[1, 1, 1, 0.08, 0.22, 1.45])
     names = ["init", "mid", "final"]
-    bmax = float(np.nanmax(np.abs(compat))) or 1.0
+    # B = u·v shrinks with the error signal u (→ 0 as the loss does), so one colour range for all
+    # three panels leaves the last one blank: show each row divided by its largest |b_ij| (the
+    # sign pattern the routing gradient acts on) and print the scale per panel.
+    row_max = np.nanmax(np.abs(compat), axis=-1, keepdims=True)                 # (3, T, 1)
+    compat_rn = np.divide(compat, row_max, out=np.zeros_like(compat), where=row_max > 0)
+    scale = [float(np.nanmax(np.abs(compat[c]))) for c in range(3)]
     for c in range(3):
         ax = fig.add_subplot(gs[0, c])
         im_a = ax.imshow(alpha[c], vmin=0, vmax=1, cmap=style.SEQ_CMAP)
@@ -122,8 +127,8 @@ def f2_toy(runs, **opts):
         ax.set_xlabel("key j")
         _ticks(ax, labels)
         ax2 = fig.add_subplot(gs[1, c])
-        im_b = ax2.imshow(compat[c], vmin=-bmax, vmax=bmax, cmap=style.DIV_CMAP)
-        ax2.set_title(f"B = u·v, {names[c]}")
+        im_b = ax2.imshow(compat_rn[c], vmin=-1, vmax=1, cmap=style.DIV_CMAP)
+        ax2.set_title(f"B / row max, {names[c]}\n|b| ≤ {scale[c]:.0e}", fontsize=6.5)
         ax2.set_xlabel("key j")
         _ticks(ax2, labels)
         if c == 0:
@@ -132,7 +137,7 @@ def f2_toy(runs, **opts):
             style.panel_label(ax, "a")
             style.panel_label(ax2, "b")
     fig.colorbar(im_a, cax=fig.add_subplot(gs[0, 3]), label="α")
-    fig.colorbar(im_b, cax=fig.add_subplot(gs[1, 3]), label="b [nats per unit α]")
+    fig.colorbar(im_b, cax=fig.add_subplot(gs[1, 3]), label="b_ij / max_j |b_ij|")
 
     ax = fig.add_subplot(gs[0, 5])
     for j in range(T):
@@ -171,13 +176,17 @@ def f2_toy(runs, **opts):
         "steps": {n: int(steps[k]) for n, k in zip(names, idx)},
         "attn": {n: alpha[c].tolist() for c, n in enumerate(names)},
         "compat": {n: compat[c].tolist() for c, n in enumerate(names)},
+        "compat_row_normalised": {n: compat_rn[c].tolist() for c, n in enumerate(names)},
+        "compat_max_abs": dict(zip(names, scale)),
         "dominant_class": [int(x) for x in dom],
         "values": {"step": steps[: len(vals)].tolist(), "v": vals.tolist()},
         "loss": {"step": s_loss.tolist(), "loss": loss.tolist()},
         "attn_entropy": {"step": s_ent.tolist(), "entropy": ent.tolist()},
     }
     caption = (f"Toy head (T = {T}, labels {labels}; run {run.id}). (a) attention α and (b) compatibility "
-               f"B = [u_i·v_j] at steps {int(steps[i0])}, {int(steps[im])} (half the loss drop) and "
+               f"B = [u_i·v_j], each row divided by its largest |b_ij| (B itself shrinks with the error signal: "
+               f"max |b| = {scale[0]:.2g}, {scale[1]:.2g}, {scale[2]:.2g}) at steps {int(steps[i0])}, "
+               f"{int(steps[im])} (half the loss drop) and "
                f"{int(steps[i1])}; tick colours give each position's class. (c) value trajectories in R², "
                f"coloured by the class whose queries use the value most at the end (open: start). "
                f"(d) loss (log scale, from {loss[0]:.3f} to {loss[-1]:.4f} nats) and mean attention entropy.")

@@ -4,8 +4,8 @@
   symbol (content routing shows as blocks), plus mean attention entropy per step;
 * ``f6_value_pca`` — PCA of the values at the final step (one basis per run), coloured by the
   Bayes posterior-predictive entropy of each position, with r(PC1, entropy) ≥ 0 by orientation;
-* ``f7_dissociation`` — routing drift (mean JS(α_i(t) ‖ α_i(final)) on the window) against value
-  refinement (‖V(t) − V(final)‖ / ‖V(0) − V(final)‖) and the entropy gap, normalised, over steps.
+* ``f7_dissociation`` — endpoint-free frame/precision measures (:mod:`dyntool.sims.frame_precision`):
+  attention drift and value drift between neighbouring records, gradient-energy shares (D10).
 """
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from .common import (align, arms_of, array, diag, h_min, js_rows, main_study, mean_std, metric, need,
-                     normalise_rows, offsets, seed_arm)
+from .common import align, arms_of, array, diag, main_study, mean_std, need, normalise_rows, offsets, seed_arm
 from .registry import figure
+from ..sims.frame_precision import describe_change, interval_measures
 
 KIND = "sticky-markov"
 
@@ -89,19 +89,40 @@ def f5_attention(runs, **opts):
         block = int(a.attrs.get("block", 1)) if pooled else 1
         prev = r.static("prev_symbol")
         order_q = order_k = None
-        same = None
+        same = chance = None
         if prev is not None and not pooled and len(prev) >= q0 + m.shape[0] and len(prev) >= k0 + m.shape[1]:
             pq, pk = np.asarray(prev[q0:q0 + m.shape[0]]), np.asarray(prev[k0:k0 + m.shape[1]])
             order_q, order_k = np.argsort(pq, kind="stable"), np.argsort(pk, kind="stable")
             rn = normalise_rows(m)
-            same = float(np.mean((rn * (pq[:, None] == pk[None, :])).sum(1)[rn.sum(1) > 0]))
+            eq = pq[:, None] == pk[None, :]
+            live = rn.sum(1) > 0
+            same = float(np.mean((rn * eq).sum(1)[live]))
+            vis = m > 0
+            chance = float(np.mean(((vis & eq).sum(1) / np.maximum(vis.sum(1), 1))[live]))
             mats[arm] = (m, pq, pk, order_q, order_k)
         else:
             mats[arm] = (m, None, None, None, None)
         data["arms"][arm] = {"run": r.id, "seed": seed_arm(r)[0], "step": int(r.steps[len(a) - 1]),
                              "pooled_block": block if pooled else None, "query_offset": q0, "key_offset": k0,
-                             "same_symbol_mass": same, "attn": m.tolist() if m.size <= 40_000 else None}
-    vmax = max(float(np.nanpercentile(m[m > 0], 99)) if (m > 0).any() else 1.0 for m, *_ in mats.values())
+                             "same_symbol_mass": same, "same_symbol_chance": chance if same is not None else None,
+                             "attn": m.tolist() if m.size <= 40_000 else None}
+    # α relative to uniform attention over the visible keys: α_ij·(i+1) (causal), 1 = chance.  A
+    # log colour scale centred on 1 shows both the keys a query prefers and those it avoids, where
+    # raw α (≈ 1/i, tiny at T = 2000) shows only noise near 0.
+    from matplotlib.colors import LogNorm, TwoSlopeNorm  # noqa: F401
+    rel = {}
+    for arm, (m, *_r) in mats.items():
+        info = data["arms"][arm]
+        blk = info["pooled_block"] or 1
+        qpos = info["query_offset"] + (np.arange(m.shape[0]) + 0.5) * blk
+        kpos = info["key_offset"] + (np.arange(m.shape[1]) + 0.5) * blk
+        vis = kpos[None, :] <= qpos[:, None] + (0.5 * blk if blk > 1 else 0)
+        r = np.where(vis & (m > 0), m * (qpos[:, None] + 0.5), np.nan)
+        rel[arm] = np.log2(r)
+        info["log2_ratio_to_uniform_p1_p99"] = [float(np.nanpercentile(rel[arm], 1)),
+                                                 float(np.nanpercentile(rel[arm], 99))]
+    lim = max(max(abs(v) for v in d["log2_ratio_to_uniform_p1_p99"]) for d in data["arms"].values()) or 1.0
+    cmap = style_cmap()
     for c, arm in enumerate(arms):
         m, pq, pk, oq, ok = mats[arm]
         info = data["arms"][arm]
@@ -109,7 +130,7 @@ def f5_attention(runs, **opts):
         ext = (info["key_offset"] - 0.5, info["key_offset"] + m.shape[1] * blk - 0.5,
                info["query_offset"] + m.shape[0] * blk - 0.5, info["query_offset"] - 0.5)
         ax = fig.add_subplot(gs[0, c])
-        im = ax.imshow(m, cmap=style.SEQ_CMAP, vmin=0, vmax=vmax, extent=ext, interpolation="auto")
+        im = ax.imshow(rel[arm], cmap=cmap, vmin=-lim, vmax=lim, extent=ext, interpolation="nearest")
         ax.set_title(style.arm_label(arm, short=True) + (" (pooled)" if info["pooled_block"] else ""))
         ax.set_xlabel("key position j")
         if c == 0:
@@ -117,23 +138,31 @@ def f5_attention(runs, **opts):
             style.panel_label(ax, "a")
         bx = fig.add_subplot(gs[1, c])
         if oq is not None:
-            bx.imshow(m[np.ix_(oq, ok)], cmap=style.SEQ_CMAP, vmin=0, vmax=vmax, interpolation="auto",
+            bx.imshow(rel[arm][np.ix_(oq, ok)], cmap=cmap, vmin=-lim, vmax=lim, interpolation="nearest",
                       aspect="auto")
             for edges, line in ((np.nonzero(np.diff(pk[ok]))[0], bx.axvline),
                                 (np.nonzero(np.diff(pq[oq]))[0], bx.axhline)):
                 for e in edges:
-                    line(e + 0.5, color="white", lw=0.3, alpha=0.6)
-            bx.set_xlabel(f"same-symbol {info['same_symbol_mass']:.2f}")
-            bx.set_xticks([]), bx.set_yticks([])
+                    line(e + 0.5, color="black", lw=0.3, alpha=0.6)
+            sk, sq = pk[ok], pq[oq]
+            syms = np.unique(sk)
+            bx.set_xticks([np.mean(np.nonzero(sk == v)[0]) for v in syms], [str(v) for v in syms], fontsize=5.5)
+            symq = np.unique(sq)
+            bx.set_yticks([np.mean(np.nonzero(sq == v)[0]) for v in symq], [str(v) for v in symq], fontsize=5.5)
+            bx.tick_params(length=0)
+            chance = info.get("same_symbol_chance")
+            bx.set_xlabel(f"key symbol y_(j−1)\nsame-symbol mass {info['same_symbol_mass']:.2f}"
+                          + (f" (chance {chance:.2f})" if chance is not None else ""), fontsize=6)
             if c == 0:
-                bx.set_ylabel("sorted by y_(t−1)")
+                bx.set_ylabel("query symbol y_(i−1)")
         else:
             bx.text(0.5, 0.5, "no prev_symbol / window\nfor a sorted view", ha="center", va="center",
                     transform=bx.transAxes, fontsize=7)
             bx.set_axis_off()
         if c == 0:
             style.panel_label(bx, "b")
-    fig.colorbar(im, ax=fig.axes[: 2 * n: 2], label="α", shrink=0.8)
+    cb = fig.colorbar(im, ax=fig.axes[: 2 * n: 2], label="log₂(α / uniform)   (0 = chance)", shrink=0.8)
+    cb.ax.axhline(0, color="black", lw=0.8)
     ex = fig.add_subplot(gs[:, n])
     has_curve = False
     for k, (arm, rs) in enumerate(arms_of(runs).items()):
@@ -147,6 +176,13 @@ def f5_attention(runs, **opts):
         data["entropy"][arm] = {"step": steps.tolist(), "mean": mu.tolist(), "std": sd.tolist()}
         has_curve = True
     if has_curve:
+        T = _n_positions(reps)
+        if T:
+            uni = float(np.mean(np.log(np.arange(1, T + 1))))
+            data["uniform_entropy"] = uni
+            ex.axhline(uni, color=style.REF_COLOR, ls=":", lw=0.8)
+            ex.annotate("uniform α (chance)", (0.02, uni), xycoords=("axes fraction", "data"), fontsize=6,
+                        va="bottom", color=style.REF_COLOR)
         ex.set_xlabel(f"{style.STEP} [steps]")
         ex.set_ylabel("mean attention entropy [nats]")
         ex.legend(loc="best")
@@ -156,14 +192,32 @@ def f5_attention(runs, **opts):
     style.panel_label(ex, "c")
     sm = "; ".join(f"{style.arm_label(a)} {d['same_symbol_mass']:.2f}" for a, d in data["arms"].items()
                    if d["same_symbol_mass"] is not None)
-    caption = ("(a) Attention weights α on the recorded window at the last recorded step "
-               f"({data['arms'][arms[0]]['step']}), per arm (seed {data['arms'][arms[0]]['seed']}; colour capped "
-               "at the 99th percentile). (b) The same rows and "
-               "columns sorted by the previous symbol y_(t−1) that each input encodes: content-based routing "
-               "shows as diagonal blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}"
-                                            if sm else "") +
-               ". (c) Mean attention entropy H(α_i·) per step, mean ± std over seeds.")
+    ch = next((d.get("same_symbol_chance") for d in data["arms"].values() if d.get("same_symbol_chance")), None)
+    rng = "; ".join(f"{style.arm_label(a)} {2 ** d['log2_ratio_to_uniform_p1_p99'][0]:.2f}–"
+                    f"{2 ** d['log2_ratio_to_uniform_p1_p99'][1]:.2f}× uniform" for a, d in data["arms"].items())
+    ent = "; ".join(f"{style.arm_label(a)} {e['mean'][0]:.3f} → {e['mean'][-1]:.3f}" for a, e in data["entropy"].items())
+    caption = ("(a) Attention weights on the recorded window at the last recorded step "
+               f"({data['arms'][arms[0]]['step']}), per arm (seed {data['arms'][arms[0]]['seed']}), shown as "
+               "log₂ of α_ij over the uniform weight 1/(i+1) of a causal row (0 = chance; blank: masked). "
+               f"1st–99th percentile of α/uniform: {rng}. (b) The same rows and columns sorted by the previous "
+               "symbol each input encodes (tick labels); content routing would show as brighter diagonal "
+               "blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}" if sm else "") +
+               (f", against {ch:.2f} under uniform attention" if ch else "") +
+               ". (c) Mean attention entropy per step, mean ± std over seeds (dotted: uniform attention): " +
+               ent + " nats.")
     return fig, data, caption
+
+
+def style_cmap():
+    return style.DIV_CMAP
+
+
+def _n_positions(reps) -> int | None:
+    for r in reps.values():
+        a = array(r, "attn") if array(r, "attn") is not None else array(r, "attn_pooled")
+        if a is not None and a.attrs.get("T"):
+            return int(a.attrs["T"])
+    return None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -295,8 +349,12 @@ def _check_f7(runs):
     return True, ""
 
 
-def dissociation(run, hm: float | None) -> pd.DataFrame | None:
-    """Per recorded step of one run: routing drift vs the final step, value distance, entropy gap."""
+_SHARES = {"routing": ("diag_share_qk",), "values": ("diag_share_v",), "readout": ("diag_share_o",)}
+
+
+def dissociation(run, hm: float | None = None) -> pd.DataFrame | None:
+    """Per recorded interval of one run: attention drift, value drift (both per training step,
+    between NEIGHBOURING records, no endpoint) and gradient-energy shares (D10) at its end."""
     a = array(run, "attn")
     if a is None:
         a = array(run, "attn_pooled")
@@ -304,74 +362,81 @@ def dissociation(run, hm: float | None) -> pd.DataFrame | None:
     if a is None or v is None or len(run.steps) < 3:
         return None
     n = min(len(a), len(v))
-    A = normalise_rows(_first(a, slice(0, n)))          # (S, q, k) rows as distributions on the window
-    keep = A[-1].sum(-1) > 0
-    js = js_rows(A[:, keep], A[-1][None, keep])                       # (S, rows) divergences, nats
-    div = js.mean(-1)
-    drift = np.sqrt(np.maximum(js, 0)).mean(-1)       # JS *distance*: first order in the change, like ‖ΔV‖
-    V = _first(v, slice(0, n))
-    V = np.nan_to_num(V.reshape(n, -1))
-    dist = np.linalg.norm(V - V[-1], axis=1)
     steps = run.steps[:n]
-    df = pd.DataFrame({"step": steps, "attn_js_div": div, "attn_drift": drift,
-                       "attn_drift_norm": drift / drift[0] if drift[0] > 0 else drift * 0,
-                       "value_dist_norm": dist / dist[0] if dist[0] > 0 else dist * 0})
-    s, e = metric(run, "entropy")
-    if hm is not None and len(s):
-        gap = np.interp(steps, s, e) - hm
-        df["entropy_gap"] = gap
-        df["entropy_gap_norm"] = gap / gap[0] if gap[0] > 0 else gap * 0
-    return df
+    shares = {}
+    for group, (name,) in _SHARES.items():
+        s, val = diag(run, name)
+        if len(s):
+            shares[group] = np.interp(steps, s, val, left=np.nan, right=np.nan)
+    return interval_measures(steps, attn=_first(a, slice(0, n)), values=_first(v, slice(0, n)), shares=shares)
 
 
-def _half(steps, y) -> float:
-    hit = np.nonzero(y <= 0.5)[0]
-    return float(steps[hit[0]]) if len(hit) else float("nan")
-
-
-@figure("f7_dissociation", "Frame–precision dissociation: routing settles, values keep refining", KIND,
+@figure("f7_dissociation", "Frame and precision: attention drift, value drift, gradient-energy shares", KIND,
         needs="a sticky-markov study recording attn (window or pooled) and values at ≥ 3 steps; the "
-              "'entropy' metric adds the entropy-gap curve", group="dynamics", pick=main_study,
+              "diag_share_* metrics add the energy-share panel", group="dynamics", pick=main_study,
         check=_check_f7)
 def f7_dissociation(runs, **opts):
-    hm = h_min(runs)
     frames = []
     for arm, rs in arms_of(runs).items():
         for r in rs:
-            df = dissociation(r, hm)
-            if df is not None:
+            df = dissociation(r)
+            if df is not None and len(df):
                 frames.append(df.assign(arm=arm, seed=seed_arm(r)[0], run=r.id))
     need(frames, "no run had both attention and values at ≥ 3 recorded steps")
     long = pd.concat(frames, ignore_index=True)
+    return frame_precision_figure(long, "sticky chain")
+
+
+def frame_precision_figure(long: pd.DataFrame, what: str):
+    """Three panels from :func:`interval_measures` rows (columns arm, seed, step, ...): attention
+    drift, value drift (log scale, per training step) and gradient-energy shares; caption from data."""
     arms = list(dict.fromkeys(long["arm"]))
-    fig = style.figure(style.DOUBLE, 2.5)
-    axs = np.atleast_1d(fig.subplots(1, len(arms), sharey=True))
-    series = [("attn_drift_norm", "routing: √JS(α(t), α(final))", style.OKABE_ITO["blue"], "-"),
-              ("value_dist_norm", "values: ‖V(t) − V(final)‖", style.OKABE_ITO["vermillion"], "-"),
-              ("entropy_gap_norm", "precision: H_pred − H_min", style.OKABE_ITO["green"], "--")]
-    halves = {}
-    for k, arm in enumerate(arms):
-        ax = axs[k]
-        sub = long[long["arm"] == arm]
-        for col, label, c, ls in series:
+    fig = style.figure(style.DOUBLE, 2.6)
+    axs = fig.subplots(1, 3)
+    words = []
+    for col, ax, ylabel in (("attn_drift", axs[0], "attention drift JS(α(t), α(t−Δ)) / Δ [nats/step]"),
+                            ("value_drift", axs[1], "value drift ‖ΔV‖/‖V‖ / Δ [1/step]")):
+        for k, arm in enumerate(arms):
+            sub = long[long["arm"] == arm]
             if col not in sub or sub[col].isna().all():
                 continue
             piv = sub.pivot_table(index="seed", columns="step", values=col)
             mu, sd = mean_std(piv.to_numpy())
-            style.band(ax, piv.columns.to_numpy(), mu, sd, c, label=label, ls=ls)
-            halves[(arm, col)] = _half(piv.columns.to_numpy(), mu)
-        ax.set_title(f"{style.arm_label(arm)} (n = {sub['seed'].nunique()})")
+            style.band(ax, piv.columns.to_numpy(), mu, sd, style.arm_color(arm, k),
+                       label=f"{style.arm_label(arm)} (n = {len(piv)})")
+            words.append(describe_change(piv.columns.to_numpy(), mu, f"{style.arm_label(arm)} {col.replace('_', ' ')}",
+                                         "{:.2g}"))
+        ax.set_yscale("log")
         ax.set_xlabel(f"{style.STEP} [steps]")
-        style.panel_label(ax, "abcdefg"[k])
-    axs[0].set_ylabel("relative to step 0")
+        ax.set_ylabel(ylabel, fontsize=6.5)
+    style.panel_label(axs[0], "a")
+    style.panel_label(axs[1], "b")
+    cx = axs[2]
+    ls = {"share_routing": "-", "share_values": "--", "share_readout": ":"}
+    for k, arm in enumerate(arms):
+        sub = long[long["arm"] == arm]
+        for col, line in ls.items():
+            if col not in sub or sub[col].isna().all():
+                continue
+            piv = sub.pivot_table(index="seed", columns="step", values=col)
+            mu, _ = mean_std(piv.to_numpy())
+            cx.plot(piv.columns.to_numpy(), mu, ls=line, color=style.arm_color(arm, k), lw=1.0)
+            if col == "share_routing":
+                words.append(describe_change(piv.columns.to_numpy(), mu,
+                                             f"{style.arm_label(arm)} routing share of gradient energy"))
+    for col, line in ls.items():
+        cx.plot([], [], ls=line, color="black", lw=1.0, label=col.replace("share_", ""))
+    cx.set_ylim(0, 1)
+    cx.set_xlabel(f"{style.STEP} [steps]")
+    cx.set_ylabel("share of Σ‖∂L/∂θ‖²")
+    cx.legend(loc="best", fontsize=6)
+    style.panel_label(cx, "c")
     h, lab = axs[0].get_legend_handles_labels()
-    fig.legend(h, lab, loc="outside lower center", ncol=len(lab))
-    hl = "; ".join(f"{style.arm_label(a)}: routing {halves.get((a, 'attn_drift_norm'), float('nan')):.0f}, "
-                   f"values {halves.get((a, 'value_dist_norm'), float('nan')):.0f}" for a in arms)
-    caption = ("Frame–precision dissociation, mean ± std over seeds. Blue: attention drift, the mean over "
-               "window queries of the Jensen–Shannon distance √JS (JS in nats) between α_i(t) and α_i at the "
-               "last recorded step (rows renormalised on the recorded window; the square root makes it first "
-               "order in the change, like the value distance). Red: distance ‖V(t) − V(final)‖ of all values "
-               "from their final position. Green dashed: entropy gap H_pred − H_min. Each curve divided by its "
-               f"step-0 value. Steps at which each mean curve first halves — {hl}.")
+    fig.legend(h, lab, loc="outside lower center", ncol=max(1, len(lab)))
+    caption = (f"Frame and precision on the {what}, measured between neighbouring recorded steps (no final-state "
+               "reference), mean ± std over seeds. (a) attention drift: mean over recorded query rows of "
+               "JS(α_i(t) ‖ α_i(t−Δ)) in nats, divided by the Δ training steps between records (rows "
+               "renormalised over the recorded keys). (b) value drift ‖V(t) − V(t−Δ)‖/‖V(t−Δ)‖ per step. "
+               "(c) gradient-energy shares of routing (W_Q, W_K), values (W_V) and readout (W_O) at each "
+               "recorded step (D10). Measured: " + "; ".join(words) + ".")
     return fig, long, caption

@@ -85,7 +85,7 @@ def load() -> dict[str, FigureSpec]:
     """Import the figure modules (once) and return :data:`FIGURES`."""
     global _loaded
     if not _loaded:
-        from . import dynamics, geometry, ls, span, sticky  # noqa: F401  (registration side effect)
+        from . import bijection, dynamics, geometry, ls, span, sticky  # noqa: F401  (registration side effect)
         groups = ("dynamics", "ls", "span")
         ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)
                                                           if kv[1].group in groups else 9, kv[0]))

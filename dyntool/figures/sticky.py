@@ -3,7 +3,9 @@
 * ``f3_em_vs_sgd`` — loss per step, mean ± std over seeds per arm, H_min line, and a marker at the
   mean step where EM-like first goes below SGD's mean final loss (the authors' metric);
 * ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8;
-* ``value_lr_sweep`` — EM steps to SGD's final loss against the value-LR multiplier.
+* ``value_lr_sweep`` — EM steps to SGD's final loss against the value-LR multiplier;
+* ``controls`` — steps to SGD's final loss and final held-out loss per arm (sgd, em and the
+  learning-rate controls readout / routing / all / sgd_tuned), from ``summary.json``.
 
 The figures read one study: the runs of the first study directory among the inputs.
 """
@@ -165,13 +167,20 @@ def f4_entropy(runs, **opts):
     fig = style.figure(style.DOUBLE, 2.6)
     ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])
     _bands(ax, df, curves, "entropy")
+    ho = _curves(runs, "heldout_entropy")
+    ho_df = _wide(ho, "heldout_entropy") if ho else None
+    for k, arm in enumerate(ho):
+        ax.plot(ho_df["step"], ho_df[f"{arm}_heldout_entropy_mean"], color=style.arm_color(arm, k), ls="--", lw=0.9)
+    if ho:
+        ax.plot([], [], color="grey", ls="--", lw=0.9, label="held-out (dashed)")
     if hm is not None:
         style.hline(ax, hm, f"H_min = {hm:.4f}", color=style.H_MIN_COLOR)
     style.hline(ax, logn, f"log {n} = {logn:.4f}", ls=":")
     ax.set_xlabel(f"{style.STEP} [steps]")
-    ax.set_ylabel("mean predictive entropy [nats]")
+    ax.set_ylabel("mean predictive entropy [nats]\n(solid: training sequence)" if ho else
+                  "mean predictive entropy [nats]\n(training sequence)")
     h, lab = ax.get_legend_handles_labels()
-    fig.legend(h, lab, loc="outside lower center", ncol=len(lab))
+    fig.legend(h, lab, loc="outside lower center", ncol=min(len(lab), 4))
     style.panel_label(ax, "a")
     x = np.arange(len(final))
     for k, (arm, f) in enumerate(final.items()):
@@ -193,11 +202,19 @@ def f4_entropy(runs, **opts):
         parts = [f"{style.arm_label(a)} {f['mean'] - hm:.3f} nats ({(f['mean'] - hm) / (logn - hm):.2f} of "
                  f"the way from H_min to log {n})" for a, f in final.items()]
         gaps = " Gap ΔH = H_pred − H_min at the end: " + "; ".join(parts) + "."
-    caption = (f"(a) Mean predictive entropy per step (mean ± 1 std over seeds) and (b) at the end of "
+    ho_txt = ""
+    if ho:
+        fin = {a: float(np.nanmean([v[np.isfinite(v)][-1] for _, _, v in cs])) for a, cs in ho.items()}
+        ho_txt = (" Dashed: the same on the held-out sequence (mean over seeds; final " +
+                  "; ".join(f"{style.arm_label(a)} {v:.4f}" for a, v in fin.items()) + " nats).")
+        data_ho = {"heldout_final_mean": fin}
+    else:
+        data_ho = {}
+    caption = (f"(a) Mean predictive entropy per step on the training sequence (mean ± 1 std over seeds) and (b) at the end of "
                f"training (diamonds: mean ± std; dots: seeds) against the minimum Bayesian entropy H_min = "
                f"{hm if hm is not None else float('nan'):.4f} nats (black dashed) and the uniform predictor "
-               f"log {n} = {logn:.4f} nats (grey)." + gaps)
-    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn,
+               f"log {n} = {logn:.4f} nats (grey)." + gaps + ho_txt)
+    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn, **data_ho,
             "final_source": "summary.json per_seed" if per_seed else "last logged step"}
     return fig, data, caption
 
@@ -263,4 +280,71 @@ def value_lr_sweep(runs, **opts):
     caption = (f"Steps for the EM-like arm to reach SGD's mean final loss against the value-LR multiplier "
                f"(mean ± std over seeds; dots: seeds; 1× is SGD itself). Fastest at {best['mult']:g}× with "
                f"{fmt_pm(best['steps_mean'], best['steps_std'], 0)} steps.")
+    return fig, df, caption
+
+
+def _check_controls(runs):
+    arms = summary_of(runs[0]).get("arms")
+    need(isinstance(arms, dict) and len(arms) >= 2, "the study's summary.json has no per-arm 'arms' table "
+                                                     "(run with --controls)")
+    return True, ""
+
+
+@figure("controls", "Steps to SGD's final loss and final held-out loss, per learning-rate arm", KIND,
+        needs="a sticky-markov study whose summary.json has 'arms' (dyntool sim sticky-markov --controls)",
+        group="dynamics", pick=main_study, check=_check_controls)
+def controls(runs, **opts):
+    summ = summary_of(runs[0])
+    arms = summ["arms"]
+    names = list(arms)
+    n_steps = int(summ.get("steps", 0))
+    rows = []
+    for a in names:
+        e = arms[a]
+        st = e["steps_to_target"]
+        row = {"arm": a, "lrs": "/".join(f"{v:g}" for v in e.get("lrs", [])), "steps_mean": st["mean"],
+               "steps_std": st["std"]}
+        for k, v in enumerate(st.get("per_seed", [])):
+            row[f"steps_seed{k}"] = v
+        fh = e.get("final_heldout_loss")
+        if fh:
+            row.update(heldout_mean=fh["mean"], heldout_std=fh["std"])
+        vs = (e.get("vs_em") or {}).get("steps_to_target")
+        if vs:
+            row.update(vs_em_diff=vs["mean_diff"], vs_em_p=vs["p"])
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    fig = style.figure(style.DOUBLE, 2.4)
+    ax, bx = fig.subplots(1, 2)
+    x = np.arange(len(names))
+    cols = [style.arm_color(a, k) for k, a in enumerate(names)]
+    ax.bar(x, df["steps_mean"], yerr=df["steps_std"], color=cols, capsize=2, alpha=0.85)
+    for k in range(len(names)):
+        pts = [v for c, v in df.iloc[k].items() if str(c).startswith("steps_seed")]
+        ax.plot(np.full(len(pts), k) + np.linspace(-0.15, 0.15, len(pts)), pts, ".", color="black", ms=2.5)
+    if n_steps:
+        style.hline(ax, n_steps, f"not reached in {n_steps} steps", ls=":")
+    ticks = [style.arm_label(a, short=True) for a in names]
+    ax.set_xticks(x, ticks, rotation=20)
+    ax.set_ylabel("steps to SGD's mean final loss")
+    style.panel_label(ax, "a")
+    if "heldout_mean" in df:
+        bx.errorbar(x, df["heldout_mean"], yerr=df["heldout_std"], fmt="none", ecolor="black", capsize=2)
+        bx.scatter(x, df["heldout_mean"], c=cols, s=18, zorder=3)
+        bx.set_xticks(x, ticks, rotation=20)
+        bx.set_ylabel("final held-out loss [nats]")
+        style.panel_label(bx, "b")
+    else:
+        bx.set_axis_off()
+    tuned = summ.get("sgd_tuned") or {}
+    parts = [f"{style.arm_label(a)} {r.steps_mean:.0f} ± {r.steps_std:.0f}" +
+             (f" (held-out {r.heldout_mean:.4f})" if "heldout_mean" in df else "") for a, r in zip(names, df.itertuples())]
+    caption = ("Learning-rate controls on the sticky chain (mean ± population std over seeds; dots: seeds). "
+               "(a) steps until the training loss first falls below SGD's mean final training loss "
+               f"({summ.get('sgd_final_threshold', float('nan')):.4f} nats; {n_steps} if never). (b) final loss on "
+               "the held-out sequence (H_min = " + f"{summ.get('h_min', float('nan')):.4f} nats, off the axis). Learning rates "
+               "W_Q/W_K/W_V/W_O: " + "; ".join(f"{style.arm_label(a)} {r}" for a, r in zip(names, df["lrs"])) + ". "
+               + ("sgd_tuned uses one uniform learning rate, " + f"{tuned.get('picked_lr', float('nan')):g}, picked from "
+                  f"{tuned.get('grid')} on the mean final held-out loss. " if tuned else "")
+               + "Measured: " + "; ".join(parts) + ".")
     return fig, df, caption

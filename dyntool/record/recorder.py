@@ -20,16 +20,22 @@ from .policy import RecordConfig, schedule, windows
 from .store import StoreWriter
 
 
-def pool_blocks(x: torch.Tensor, block: int, visible: torch.Tensor | None = None) -> torch.Tensor:
-    """Mean over ``block × block`` tiles of the last two axes, over the *visible* entries
-    (``visible`` broadcastable to x, 1 = unmasked; default all).  Edge tiles average what they
-    hold; a fully masked tile is NaN."""
+def pool_blocks(x, block: int, visible=None):
+    """THE block pooling of dyntool: mean over ``block × block`` tiles of the last two axes, over
+    the *visible* entries only (``visible`` broadcastable to x, 1/True = unmasked; default all).
+    Masked entries never enter a mean, whatever they hold (0, NaN, −inf); edge tiles average what
+    they hold; a fully masked tile is NaN.  Accepts torch tensors or numpy arrays (returns the same
+    kind), so the recorder, the sims (chunk by chunk: chunks of whole block rows give the same
+    result), the app and the test fixtures all pool alike."""
+    if isinstance(x, np.ndarray):
+        vis = None if visible is None else torch.as_tensor(np.asarray(visible))
+        return pool_blocks(torch.as_tensor(x), block, vis).numpy()
     T, Tk = x.shape[-2:]
     nq, nk = math.ceil(T / block), math.ceil(Tk / block)
     pad = (0, nk * block - Tk, 0, nq * block - T)
     vis = torch.ones(T, Tk, dtype=x.dtype, device=x.device) if visible is None else visible.to(x.dtype)
     vis = vis.expand_as(x) if vis.dim() == x.dim() else vis
-    xs = torch.nn.functional.pad(torch.nan_to_num(x) * vis, pad)
+    xs = torch.nn.functional.pad(torch.where(vis > 0, torch.nan_to_num(x), 0.0), pad)
     vs = torch.nn.functional.pad(vis, pad)
     tiles = xs.reshape(*xs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))
     counts = vs.reshape(*vs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))

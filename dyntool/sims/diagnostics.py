@@ -10,7 +10,8 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_b_mean/std``        D1 mean / std of b_ij over the attended support (all allowed pairs)
 ``diag_neg_b_mass``        D1 Σ_ij α_ij 1[b_ij < 0] / N: attention mass on useful values
 ``diag_b_sv1``             D1 top singular value of B on the recorded window
-``diag_routing_drive``     D2 mean_i Var_{α_i}(b) = −mean_i Σ_j ∂L/∂s_ij · b_ij
+``diag_routing_drive``     D2 mean_i Var_{α_i}(b) = +mean_i Σ_j ∂L/∂s_ij · b_ij  (≥ 0: Σ_j α_ij(b_ij − E)b_ij
+                           is a variance; the spec's D2 identity has a minus sign that is wrong)
 ``diag_eff_columns``       D3 exp(H(c/Σc)), effective number of used value columns
 ``diag_max_usage``         D3 max_j c_j / N;  ``diag_dead_values``: #{c_j < 1e-3}
 ``diag_value_norm``        D4 mean ‖v_j‖
@@ -25,6 +26,8 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_share_qk/v/o``      D10 shares of Σ‖∂L/∂θ‖² (first-order ΔL split of spec §2.7)
 ``diag_js_drift``          D10 mean JS(α_i(t) ‖ α_i(previous record)) on the recorded window
 ``diag_entropy_gap``       D11 H_pred − H_min;  ``diag_excess_loss``: loss − H_min
+``diag_routing_residual``  ‖∂L/∂S(autograd) − α⊙(B − E_α[b])‖ / ‖∂L/∂S(autograd)‖ on the recorded
+                           query rows (autograd in float64 through the head): the engine checks itself
 =========================  ===================================================================
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ import math
 
 import torch
 
-from .single_head import block_sum
+from ..record.recorder import pool_blocks
 
 
 def _js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -58,6 +61,29 @@ def _pca_stats(G: torch.Tensor, H_bayes: torch.Tensor) -> dict[str, torch.Tensor
             "diag_r_pc1_entropy": r[:, 0].abs(), "diag_r_best_entropy": r.abs().amax(-1)}
 
 
+def routing_residual(state, q0: int, q1: int) -> torch.Tensor:
+    """(R,) relative residual of the closed-form score gradient against autograd, rows [q0, q1).
+
+    Row i of S only feeds loss term i, so the rows of the window can be checked on their own:
+    rebuild s for those rows in float64, run the head's readout and the (mean over all N) cross
+    entropy through autograd, and compare ∂L/∂s with the engine's α ⊙ (B − E_α[b]).
+    """
+    N, d_k = state.N, state.d_k
+    W = state.weights
+    x = state.x.double()
+    q = (x[:, q0:q1] @ W.W_Q.double()) / math.sqrt(d_k)                  # (R, w, d_k)
+    k, v = x @ W.W_K.double(), x @ W.W_V.double()                          # (R, N, ·)
+    m = state.mask(q0, q1)
+    s = (q @ k.transpose(1, 2)).masked_fill(~m, float("-inf")).requires_grad_(True)
+    with torch.enable_grad():
+        logits = (torch.softmax(s, -1) @ v) @ W.W_O.double()                # (R, w, C)
+        loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), state.y[:, q0:q1], reduction="sum") / N
+        (auto,) = torch.autograd.grad(loss, s)
+    auto = auto.masked_fill(~m, 0.0)
+    closed = state.window(q0, q1, ("dS",))["dS"].double()
+    return (auto - closed).flatten(1).norm(dim=1) / auto.flatten(1).norm(dim=1).clamp_min(1e-300)
+
+
 def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int, prev_sym: torch.Tensor,
                 H_bayes: torch.Tensor, h_min: float, prev_window_alpha: torch.Tensor | None = None,
                 chunk: int = 256) -> tuple[list[dict], dict[str, torch.Tensor], torch.Tensor]:
@@ -69,11 +95,9 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
     dt = state.x.dtype
     d_k = state.d_k
     (q0w, q1w), (k0w, k1w) = qwin, kwin
-    nb = -(-N // block) if block > 0 else 0
     chunk = max(1, chunk // block) * block if block > 0 else chunk
     win = {n: [] for n in ("alpha", "B", "A", "dS", "S")}
     pooled = {n: [] for n in ("alpha", "B", "A", "dS")}
-    counts = []
     dQ, ent, ent_n = [], [], []
     dK, dV = torch.zeros_like(state.k), torch.zeros_like(state.v)
     usage = torch.zeros(R, N, dtype=dt)
@@ -99,7 +123,7 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
         sums["b2"] += (b * b * mf).sum((1, 2)).double()
         sums["cnt"] += mf.sum().double()
         sums["neg"] += (a * (b < 0)).sum((1, 2)).double()
-        sums["drive"] += (-(dS * b)).sum((1, 2)).double()
+        sums["drive"] += (dS * b).sum((1, 2)).double()
         same = (prev_sym[:, q0:q1, None] == prev_sym[:, None, :]).to(dt)
         sums["same"] += (a * same).sum((1, 2)).double()
         sm = s.masked_fill(~m, 0.0)
@@ -111,18 +135,18 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
             rows = slice(lo - q0, hi - q0)
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS), ("S", s.masked_fill(~m, float("nan")))):
                 win[n].append(t[:, rows, k0w:k1w])
-        if block > 0:
-            counts.append(block_sum(mf[None], block, nb))
+        if block > 0:       # chunks hold whole block rows, so per-chunk block means are final
             for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS)):
-                pooled[n].append(block_sum(t, block, nb))
+                pooled[n].append(pool_blocks(t, block, m))
     W = {n: torch.cat(v, 1) for n, v in win.items()}
     P = {}
     if block > 0:
-        cnt = torch.cat(counts, 1)
-        P = {n: torch.cat(v, 1) / cnt for n, v in pooled.items()}        # NaN for fully masked blocks
+        P = {n: torch.cat(v, 1) for n, v in pooled.items()}               # NaN for fully masked blocks
     dQ, ent, ent_n = torch.cat(dQ, 1), torch.cat(ent, 1), torch.cat(ent_n, 1)
     value_norm = state.v.norm(dim=-1)
     diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, W, H_bayes, h_min, prev_window_alpha)
+    resid = routing_residual(state, q0w, q1w)
+    diag["diag_routing_residual"] = resid       # also stored as the routing_residual array
     per_run = []
     for r in range(R):
         def one(t):
@@ -134,7 +158,8 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
                "expected_compat": one(state.baseline), "attn_entropy": one(ent),
                "attn_entropy_norm": one(ent_n), "column_usage": one(usage), "value_norm": one(value_norm),
                "logit_max": sums["smax"][r].view(1, 1).float(),
-               "logit_norm": torch.sqrt(sums["s2"][r] / sums["cnt"][r]).view(1, 1).float()}
+               "logit_norm": torch.sqrt(sums["s2"][r] / sums["cnt"][r]).view(1, 1).float(),
+               "routing_residual": resid[r].view(1, 1).float()}
         for n, key in (("alpha", "attn_pooled"), ("B", "compat_pooled"), ("A", "advantage_pooled"),
                        ("dS", "score_grad_pooled")):
             if n in P:

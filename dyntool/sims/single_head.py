@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 import torch
 
 from dyntool.errors import NonFiniteLossError
+from dyntool.record.recorder import pool_blocks
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O")
 _NO_SHIFT_BOUND = 30.0   # |s| ≤ 30 ⇒ exp(s) ≤ 1e13 and row sums ≤ 1e17: safe in float32
@@ -94,13 +95,19 @@ def init_weights(seeds: Iterable[int], d_x=20, d_k=10, d_v=15, n_classes=8, std=
     return Weights(*(torch.stack([m[p] for m in mats]).to(dtype) for p in range(4)))
 
 
+# arm -> which of (W_Q, W_K, W_V, W_O) get ``lr × mult``; the rest keep ``lr``.
+ARM_SCALED = {
+    "sgd": (), "em_like": ("W_V",), "em_closed_form": ("W_V",),   # the paper's two arms (+ extension)
+    "readout": ("W_O",), "routing": ("W_Q", "W_K"), "all": PARAMS,  # controls: same ×m elsewhere
+}
+
+
 def arm_lrs(arm: str, lr: float = 0.01, value_mult: float = 10.0) -> tuple[float, float, float, float]:
-    """(lr_q, lr_k, lr_v, lr_o) of an arm: ``sgd``, ``em_like`` or ``em_closed_form`` (lr_v unused)."""
-    if arm == "sgd":
-        return (lr, lr, lr, lr)
-    if arm in ("em_like", "em_closed_form"):
-        return (lr, lr, lr * value_mult, lr)
-    raise ValueError(f"unknown arm {arm!r}")
+    """(lr_q, lr_k, lr_v, lr_o) of an arm: ``sgd``, ``em_like`` (W_V ×m), ``em_closed_form`` (lr_v
+    unused), and the controls ``readout`` (W_O ×m), ``routing`` (W_Q, W_K ×m), ``all`` (every ×m)."""
+    if arm not in ARM_SCALED:
+        raise ValueError(f"unknown arm {arm!r}")
+    return tuple(lr * value_mult if n in ARM_SCALED[arm] else lr for n in PARAMS)
 
 
 # ----------------------------------------------------------------------------- tiled pass
@@ -238,6 +245,7 @@ class TrainResult:
     losses: torch.Tensor          # (R, n_steps) float64; losses[:, k] = loss after k updates
     weights: Weights              # final weights (R-batched)
     final: dict                   # loss / entropy / accuracy, each (R,) float64, after the last update
+    final_eval: dict | None = None   # the same on the held-out sequences (when evaluated)
 
 
 def _closed_form_value(W_V, gWV, HtH, N: int, kappa: float, ridge: float):
@@ -269,8 +277,10 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
           causal: bool = True, modes: str | Iterable[str] = "gd", kappa: float = 0.1,
           ridge: float = 1e-3, on_step: Callable | None = None,
           record_steps: set[int] | Callable[[int], bool] | None = None, tile: int = 32,
-          check_finite: bool = True, workers: int | None = None,
-          on_metrics: Callable | None = None) -> TrainResult:
+          check_finite: bool | torch.Tensor = True, workers: int | None = None,
+          on_metrics: Callable | None = None, eval_x: torch.Tensor | None = None,
+          eval_y: torch.Tensor | None = None, eval_steps: set[int] | Callable[[int], bool] | None = None,
+          on_eval: Callable | None = None) -> TrainResult:
     """Full-batch training of R runs at once.
 
     x (R, N, d_x) float, y (R, N) int64, ``weights`` R-batched (copied, not mutated), ``lrs``
@@ -279,7 +289,13 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
     (a set or a predicate), with the state BEFORE that step's update; step == n_steps gives the
     final state.  ``on_metrics(step, {loss, entropy, accuracy})`` ((R,) each, before the update)
     is called on every step and costs nothing extra (live logging without collecting state).
-    Raises :class:`NonFiniteLoss` on the first NaN/inf loss.  ``workers``: tile
+    Raises :class:`NonFiniteLoss` on the first NaN/inf loss; ``check_finite`` may instead be an
+    (R,) bool tensor: runs marked False may diverge (their losses become NaN from then on and their
+    weights are zeroed so they cost nothing; used for learning-rate grids).
+    Held-out evaluation: with ``eval_x`` (R, N', d_x) / ``eval_y`` (R, N'), a forward-only pass on
+    them runs at the steps chosen by ``eval_steps`` (default every step) and on the final state, and
+    ``on_eval(step, {loss, entropy, accuracy})`` receives the metrics (before that step's update);
+    ``TrainResult.final_eval`` holds the final ones.  ``workers``: tile
     sweeps in parallel Python threads (default: torch's thread count, 1 for small problems);
     torch's intra-op threads are 1 while training (restored for ``on_step`` and at the end).
     """
@@ -288,40 +304,87 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
     W = weights.clone()
     for n in PARAMS:
         setattr(W, n, getattr(W, n).to(dt))
-    lrs = torch.as_tensor(lrs, dtype=dt).reshape(R, 4)
+    lrs = torch.as_tensor(lrs, dtype=dt).reshape(R, 4).clone()   # _kill may zero rows
     modes = [modes] * R if isinstance(modes, str) else list(modes)
     cf = torch.tensor([m == "em_closed_form" for m in modes])
     if not all(m in ("gd", "em_closed_form") for m in modes):
         raise ValueError(f"modes must be 'gd' or 'em_closed_form', got {modes}")
     with _workers(workers, R * N * N < _SMALL_PROBLEM) as (pool, threads):
+        ev = None
+        if eval_x is not None:
+            ev = (eval_x.to(dt), eval_y, eval_steps if eval_steps is not None else (lambda s: True), on_eval)
         return _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile,
-                     check_finite, pool, threads, on_metrics)
+                     check_finite, pool, threads, on_metrics, ev)
+
+
+def _evaluate(ev, W, causal, tile, pool) -> dict:
+    """Forward-only metrics of the current weights on the held-out sequences (no gradients)."""
+    xe, ye = ev[0], ev[1]
+    X1 = torch.cat([xe, torch.ones(*xe.shape[:2], 1, dtype=xe.dtype)], dim=-1)
+    return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, pool=pool), xe.shape[1])
+
+
+def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32) -> torch.Tensor:
+    """Head outputs g_i = (α V)_i (R, N, d_v) of weights ``W`` on inputs ``x`` (R, N, d_x), forward only
+    (e.g. on held-out positions for the manifold metrics)."""
+    X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
+    y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
+    return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True)["G"]
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
-          pool, threads, on_metrics=None):
+          pool, threads, on_metrics=None, ev=None):
     R, N, _ = x.shape
     X1 = torch.cat([x, torch.ones(R, N, 1, dtype=x.dtype)], dim=-1)
     losses = torch.empty(R, n_steps, dtype=torch.float64)
+    tolerate = (~check_finite.bool() if isinstance(check_finite, torch.Tensor)
+                else torch.full((R,), not check_finite))
+    dead = torch.zeros(R, dtype=torch.bool)
+    final_eval = None
     for step in range(n_steps + 1):
         ctx = _make_ctx(x, X1, y, W, causal)
         rec = on_step is not None and _wants(record_steps, step)
         acc = _pass(ctx, tile, step < n_steps or rec, rec, step < n_steps and bool(cf.any()), pool)
         loss = acc["loss"] / N
-        if check_finite and not torch.isfinite(loss).all():
-            raise NonFiniteLoss(step, int((~torch.isfinite(loss)).nonzero()[0]), losses[:, :step].clone())
+        bad = ~torch.isfinite(loss) | dead
+        if (bad & ~tolerate).any():
+            raise NonFiniteLoss(step, int((bad & ~tolerate).nonzero()[0]), losses[:, :step].clone())
+        if bad.any():
+            dead |= bad
+            _kill(W, acc, lrs, dead)
+            loss = loss.masked_fill(dead, float("nan"))
+        if ev is not None and (step == n_steps or _wants(ev[2], step)):
+            m = _evaluate(ev, W, causal, tile, pool)
+            m = {k: v.masked_fill(dead, float("nan")) for k, v in m.items()}
+            if step == n_steps:
+                final_eval = m
+            if ev[3] is not None:
+                ev[3](step, m)
         if rec:   # the hook runs under the caller's torch thread count
             torch.set_num_threads(threads)
             try:
                 on_step(step, StepState(step, ctx, acc, loss))
             finally:
                 torch.set_num_threads(1)
+        fm = _final_metrics(acc, N)
+        if dead.any():
+            fm = {k: v.masked_fill(dead, float("nan")) for k, v in fm.items()}
         if on_metrics is not None:      # after on_step, so a logger can merge what it computed
-            on_metrics(step, _final_metrics(acc, N))
+            on_metrics(step, fm)
         if step == n_steps:
-            return TrainResult(losses, W, _final_metrics(acc, N))
+            return TrainResult(losses, W, fm, final_eval)
         losses[:, step] = loss
         _update(W, acc, lrs, cf, N, kappa, ridge)
+
+
+def _kill(W: Weights, acc: dict, lrs, dead):
+    """Diverged runs (tolerated): zero weights, gradients and learning rates, so they stay finite
+    (a zero head costs the same as any other and keeps the max-shift bound of the others)."""
+    lrs[dead] = 0.0
+    for n in PARAMS:
+        getattr(W, n)[dead] = 0.0
+        if n in acc:
+            acc[n][dead] = 0.0
 
 
 def _update(W: Weights, acc: dict, lrs, cf, N: int, kappa: float, ridge: float):
@@ -381,21 +444,18 @@ class StepState:
     def pooled(self, block: int, names=("alpha", "B", "A", "dS"), rows_per_chunk: int = 256) -> dict:
         """Block means over b×b blocks of the full N×N matrices: each (R, ⌈N/b⌉, ⌈N/b⌉).
 
-        The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), computed
-        one chunk of query rows at a time so at most (R, chunk, N) is held per quantity.
+        The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), by
+        :func:`~dyntool.record.recorder.pool_blocks` one chunk of whole block rows at a time, so at
+        most (R, chunk, N) is held per quantity.
         """
-        nb = -(-self.N // block)
         chunk = max(1, rows_per_chunk // block) * block
-        sums = {n: [] for n in names}
-        counts = []
+        parts = {n: [] for n in names}
         for q0 in range(0, self.N, chunk):
             q1 = min(q0 + chunk, self.N)
-            win = self.window(q0, q1, names)
-            counts.append(block_sum(self.mask(q0, q1).to(self.x.dtype)[None], block, nb))
+            win, vis = self.window(q0, q1, names), self.mask(q0, q1)
             for n in names:
-                sums[n].append(block_sum(win[n], block, nb))
-        cnt = torch.cat(counts, dim=1)
-        return {n: torch.cat(sums[n], dim=1) / cnt for n in names}
+                parts[n].append(pool_blocks(win[n], block, vis))
+        return {n: torch.cat(parts[n], dim=1) for n in names}
 
     def positional(self, rows_per_chunk: int = 256) -> dict:
         """Per-position gradients and attention stats, tiled over query rows.
@@ -417,11 +477,3 @@ class StepState:
             usage += a.sum(1)
             ent.append(-(a * torch.log(a.clamp_min(1e-30))).sum(-1))
         return {"dQ": torch.cat(dQ, 1), "dK": dK, "dV": dV, "col_usage": usage, "att_entropy": torch.cat(ent, 1)}
-
-
-def block_sum(t: torch.Tensor, block: int, nb: int) -> torch.Tensor:
-    """Sum-pool the last two axes of (R, w, N) over block×block cells, zero-padding the edges."""
-    R, w, N = t.shape
-    wb = -(-w // block)
-    t = torch.nn.functional.pad(t, (0, nb * block - N, 0, wb * block - w))
-    return t.reshape(R, wb, block, nb, block).sum((2, 4))

@@ -7,13 +7,19 @@ value-LR sweep) next to the runs ``seed{S}-{arm}``.
 
 Arms: ``sgd`` (all learning rates ``lr``), ``em`` (the paper's EM-like schedule: W_V at
 ``lr × value_lr_mult``), ``em_closed_form`` (our extension: an explicit least-squares M-step on
-W_V given fixed responsibilities; not the paper's method).
+W_V given fixed responsibilities; not the paper's method), and the learning-rate CONTROLS that
+ask whether EM's gain is specific to the values: ``readout`` (W_O at ``lr × control_mult``),
+``routing`` (W_Q and W_K at ``lr × control_mult``), ``all`` (every learning rate × control_mult),
+``sgd_tuned`` (one uniform learning rate, picked from ``tuned_grid`` by the mean final HELD-OUT
+loss over seeds; the grid runs are written as ``seed{S}-lr{g}`` and the pick is in summary.json).
+
+Held-out evaluation: seed s is evaluated on a second sequence of the same chain,
+``generate(s + heldout_offset)`` (10000 as in the authors' deep variant), every
+``heldout_every`` steps and at the end (metrics ``heldout_loss/entropy/accuracy/entropy_gap``).
 """
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import math
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +28,7 @@ from typing import Annotated
 import numpy as np
 import torch
 
-from ..config import PosInt, Range, Seed, to_dict
+from ..config import NonNegFloat, PosInt, Range, Seed, to_dict
 from ..errors import ConfigError, RunError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
@@ -31,10 +37,13 @@ from ..run import RunWriter, _write_json_atomic, ensure_out_dir
 from . import single_head as engine
 from .diagnostics import step_record
 from .summary import summarise
-from .sticky_data import generate, h_min, posterior_predictive_entropy, transition_matrix
+from .sticky_data import (HELDOUT_OFFSET, generate, h_min, posterior_predictive_entropy, stationary,
+                          transition_matrix)
 
-ARMS = ("sgd", "em", "em_closed_form")
-_ENGINE_ARM = {"sgd": "sgd", "em": "em_like", "em_closed_form": "em_closed_form"}
+ARMS = ("sgd", "em", "readout", "routing", "all", "sgd_tuned", "em_closed_form")
+CONTROLS = ("readout", "routing", "all", "sgd_tuned")
+_ENGINE_ARM = {"sgd": "sgd", "em": "em_like", "em_closed_form": "em_closed_form", "readout": "readout",
+               "routing": "routing", "all": "all"}
 
 
 def _default_record() -> RecordConfig:
@@ -51,7 +60,9 @@ class StickyConfig:
     T: int = 2000                       # sequence length; N = T − 1 (input, target) pairs
     n_symbols: Annotated[int, Range(2)] = 8
     rho: float = 0.3                    # nominal self-transition
-    construction: str = "script"        # "script" (authors' normalisation, ≈0.3498) | "nominal"
+    construction: str = "script"        # "script" (authors' normalisation, ≈0.3498) | "nominal" | "graded"
+    rho_range: list[float] = field(default_factory=lambda: [0.05, 0.9])   # "graded": self-transitions
+    noise_std: NonNegFloat = 1.0           # observation noise x_t = μ[y_{t−1}] + noise_std·ε (1 = authors)
     embed_seed: Seed = 0                # μ is drawn under this seed, the same for every run
     d_x: PosInt = 20
     d_k: PosInt = 10
@@ -62,6 +73,12 @@ class StickyConfig:
     kappa: float = 0.1                  # em_closed_form step size (extension)
     ridge: float = 1e-3                 # em_closed_form ridge (extension)
     sweep: list[float] = field(default_factory=list)   # value-LR multipliers to sweep (EM-like arm)
+    control_mult: float = 10.0          # readout / routing / all arms: their learning rates × this
+    tuned_grid: list[float] = field(default_factory=lambda: [0.01, 0.03, 0.1, 0.3])  # sgd_tuned LRs
+    heldout: bool = True                # evaluate on a second sequence of the same chain
+    heldout_offset: int = HELDOUT_OFFSET
+    heldout_every: int = 10             # held-out metrics every this many steps (and at the end)
+    record_arms: list[str] = field(default_factory=lambda: ["sgd", "em"])  # arrays on disk for these
     window: int = 200                   # recorded query/key window: the last `window` positions
     dtype: str = "float32"
     record: RecordConfig = field(default_factory=_default_record)
@@ -77,9 +94,17 @@ class StickyConfig:
             raise ConfigError(p + "arms", f"unknown arm(s) {bad} (known: {', '.join(ARMS)})")
         if self.steps < 1:
             raise ConfigError(p + "steps", f"must be >= 1, got {self.steps}")
-        if self.construction not in ("script", "nominal"):
-            raise ConfigError(p + "construction", "must be 'script' or 'nominal'")
-        for key in ("lr", "value_lr_mult", "init_std"):
+        if self.construction not in ("script", "nominal", "graded"):
+            raise ConfigError(p + "construction", "must be 'script', 'nominal' or 'graded'")
+        if len(self.rho_range) != 2 or not all(0 <= r < 1 for r in self.rho_range):
+            raise ConfigError(p + "rho_range", "two self-transition probabilities in [0, 1)")
+        if "sgd_tuned" in self.arms and (not self.tuned_grid or any(not g > 0 for g in self.tuned_grid)):
+            raise ConfigError(p + "tuned_grid", "sgd_tuned needs a non-empty grid of learning rates > 0")
+        if "sgd_tuned" in self.arms and not self.heldout:
+            raise ConfigError(p + "heldout", "sgd_tuned picks its learning rate on held-out loss; keep heldout on")
+        if self.heldout_every < 1:
+            raise ConfigError(p + "heldout_every", f"must be >= 1, got {self.heldout_every}")
+        for key in ("lr", "value_lr_mult", "init_std", "noise_std", "control_mult"):
             if not getattr(self, key) > 0:
                 raise ConfigError(p + key, f"must be > 0, got {getattr(self, key)}")
         if any(not m > 0 for m in self.sweep):
@@ -92,15 +117,53 @@ class StickyConfig:
 
 @dataclass
 class _Arm:
-    name: str          # run-directory suffix: sgd, em, em_closed_form, em-x5
-    arm: str           # sgd | em | em_closed_form
-    mult: float
+    name: str          # run-directory suffix: sgd, em, routing, em-x5, lr0.03
+    arm: str           # sgd | em | em_closed_form | readout | routing | all | sgd_grid
+    lrs: tuple         # (lr_q, lr_k, lr_v, lr_o)
+    mult: float = 1.0
 
 
-def _arms(cfg: StickyConfig) -> list[_Arm]:
-    out = [_Arm(a, a, cfg.value_lr_mult if a != "sgd" else 1.0) for a in cfg.arms]
-    out += [_Arm(f"em-x{m:g}", "em", m) for m in cfg.sweep]
+def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
+    """The trained runs per seed, and for sgd_tuned: grid LR -> the run name that trains it.
+
+    A grid point whose uniform LRs equal another run's (0.01 = ``sgd``, 0.1 = ``all`` with the
+    defaults) reuses that run instead of training it twice.
+    """
+    out = []
+    for a in cfg.arms:
+        if a == "sgd_tuned":
+            continue
+        mult = {"sgd": 1.0, "em": cfg.value_lr_mult, "em_closed_form": cfg.value_lr_mult}.get(a, cfg.control_mult)
+        out.append(_Arm(a, a, engine.arm_lrs(_ENGINE_ARM[a], cfg.lr, mult), mult))
+    out += [_Arm(f"em-x{m:g}", "em", engine.arm_lrs("em_like", cfg.lr, m), m) for m in cfg.sweep]
+    grid = {}
+    if "sgd_tuned" in cfg.arms:
+        for g in cfg.tuned_grid:
+            same = next((a for a in out if a.arm != "em_closed_form" and a.lrs == (g,) * 4), None)
+            if same is None:
+                same = _Arm(f"lr{g:g}", "sgd_grid", (g,) * 4)
+                out.append(same)
+            grid[g] = same.name
+    return out, grid
+
+
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray) -> list[dict]:
+    """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j."""
+    from ..manifold import manifold_metrics
+    g = engine.head_outputs(W, x_ho).double().numpy()                      # (R, N, d_v)
+    v = (x_ho @ W.W_V).double().numpy()
+    out = []
+    for r in range(g.shape[0]):
+        row = {}
+        for tag, rep in (("g", g[r]), ("v", v[r])):
+            m = manifold_metrics(rep, H_ho[r]).as_dict(f"heldout_{tag}_")
+            row.update({k: float(val) for k, val in m.items() if k[len(f"heldout_{tag}_"):] in _MANIFOLD_KEYS})
+        out.append(row)
     return out
+
+
+_MANIFOLD_KEYS = ("pc1_share", "participation_ratio", "r_pc1", "r_pc2", "r_pc3", "r_pc4", "r_pc5", "r_best",
+                  "r2_linear", "ordering_score")
 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
@@ -115,9 +178,9 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         rec_cfg.query_window = [max(0, N - cfg.window), N]
     if not rec_cfg.key_window:
         rec_cfg.key_window = list(rec_cfg.query_window)
-    arms = _arms(cfg)
+    arms, grid = _arms(cfg)
     runs = [(seed, a) for seed in cfg.seeds for a in arms]
-    recorded = [a.name in cfg.arms for _, a in runs]            # sweep runs log losses only
+    recorded = [a.name in cfg.arms and a.name in cfg.record_arms for _, a in runs]   # others: metrics only
     est = check_budget(rec_cfg, (len(range(0, cfg.steps + 1, max(rec_cfg.every, 1))) + 1) * sum(recorded),
                        out, L=1, H=1, T=N, d_k=cfg.d_k, d_v=cfg.d_v) if rec_cfg.enabled else 0
     study.mkdir()
@@ -125,23 +188,37 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
                                               "runs": [f"seed{s}-{a.name}" for s, a in runs],
                                               "record_estimate_bytes": est})
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
-    P = transition_matrix(cfg.n_symbols, cfg.rho, cfg.construction)
-    hmin = h_min(P)
-    data = {s: generate(s, cfg.T, cfg.n_symbols, cfg.d_x, P, cfg.embed_seed) for s in cfg.seeds}
-    H_bayes = {s: posterior_predictive_entropy(d.x, d.mu, P).float() for s, d in data.items()}
-    x = torch.stack([data[s].x for s, _ in runs]).to(dtype)
-    y = torch.stack([data[s].y for s, _ in runs])
-    prev = torch.stack([data[s].prev for s, _ in runs])
-    Hb = torch.stack([H_bayes[s] for s, _ in runs])
+    P = transition_matrix(cfg.n_symbols, cfg.rho, cfg.construction, tuple(cfg.rho_range))
+    pi = stationary(P) if cfg.construction == "graded" else None      # circulant chains: uniform
+    hmin = h_min(P, pi)
+
+    def chain(seed):
+        d = generate(seed, cfg.T, cfg.n_symbols, cfg.d_x, P, cfg.embed_seed, cfg.noise_std)
+        return d, posterior_predictive_entropy(d.x, d.mu, P, cfg.noise_std, pi).float()
+    data = {s: chain(s) for s in cfg.seeds}
+    x = torch.stack([data[s][0].x for s, _ in runs]).to(dtype)
+    y = torch.stack([data[s][0].y for s, _ in runs])
+    prev = torch.stack([data[s][0].prev for s, _ in runs])
+    Hb = torch.stack([data[s][1] for s, _ in runs])
+    ev = {}
+    if cfg.heldout:
+        held_h = {s: chain(s + cfg.heldout_offset) for s in cfg.seeds}
+        held = {s: v[0] for s, v in held_h.items()}
+        Hb_ho = np.stack([held_h[s][1].numpy() for s, _ in runs])             # (R, N) held-out H_Bayes
+        ev = dict(eval_x=torch.stack([held[s].x for s, _ in runs]).to(dtype),
+                  eval_y=torch.stack([held[s].y for s, _ in runs]),
+                  eval_steps=lambda k: k % cfg.heldout_every == 0)
     W = engine.init_weights([s for s, _ in runs], cfg.d_x, cfg.d_k, cfg.d_v, cfg.n_symbols, cfg.init_std)
-    lrs = torch.tensor([engine.arm_lrs(_ENGINE_ARM[a.arm], cfg.lr, a.mult) for _, a in runs])
+    lrs = torch.tensor([a.lrs for _, a in runs])
     modes = ["em_closed_form" if a.arm == "em_closed_form" else "gd" for _, a in runs]
+    must_be_finite = torch.tensor([a.arm != "sgd_grid" for _, a in runs])   # a grid LR may diverge
 
     with ExitStack() as stack:
         writers, recorders = [], []
         for (seed, a), rec_on in zip(runs, recorded):
             run_cfg = {**to_dict(cfg), "seed": seed, "arm": a.arm, "value_lr_mult": a.mult,
-                       "lrs": dict(zip(("W_Q", "W_K", "W_V", "W_O"), engine.arm_lrs(_ENGINE_ARM[a.arm], cfg.lr, a.mult)))}
+                       "lrs": dict(zip(engine.PARAMS, a.lrs)),
+                       "heldout_seed": seed + cfg.heldout_offset if cfg.heldout else None}
             w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=f"seed{seed}-{a.name}",
                                                      seeds=[seed], tags=tags,
                                                      extra_meta={"record_batch": "train (full batch)",
@@ -150,15 +227,17 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             rec = None
             if rec_on and rec_cfg.enabled:
                 st = w.open_store(rec_cfg.chunk_steps, rec_cfg.flush_seconds, attrs={"task": "sticky-markov"})
-                st.write_static("targets", data[seed].y.numpy(), ("query",))
-                st.write_static("prev_symbol", data[seed].prev.numpy(), ("query",))
-                st.write_static("bayes_entropy", H_bayes[seed].numpy(), ("query",))
+                st.write_static("targets", data[seed][0].y.numpy(), ("query",))
+                st.write_static("prev_symbol", data[seed][0].prev.numpy(), ("query",))
+                st.write_static("bayes_entropy", data[seed][1].numpy(), ("query",))
                 rec = Recorder(st, rec_cfg, cfg.steps + 1, N)
             recorders.append(rec)
         bar = progress(total=cfg.steps + 1, desc=f"sticky-markov ({len(runs)} runs)", disable=quiet)
         prev_alpha = {"a": None}
 
         diag_rows: dict[int, list[dict]] = {}
+        eval_rows: dict[int, list[dict]] = {}
+        heldout_curves: list[list[tuple[int, float]]] = [[] for _ in runs]
 
         def on_step(step, state):
             """Recorded steps only: one chunked pass gives every recorded array and D1–D11."""
@@ -167,31 +246,48 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
                                                  rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
             prev_alpha["a"] = alpha_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
+            if cfg.heldout:
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho)):
+                    rows[i].update(extra)
             diag_rows[step] = rows
             for i, r in enumerate(recorders):
                 if want[i]:
                     r.record(step, per_run[i], extra=rows[i], reduced=True)
 
+        def on_eval(step, m):
+            rows = []
+            for i in range(len(runs)):
+                row = {"heldout_loss": m["loss"][i].item(), "heldout_entropy": m["entropy"][i].item(),
+                       "heldout_accuracy": m["accuracy"][i].item()}
+                row["heldout_entropy_gap"] = row["heldout_entropy"] - hmin
+                heldout_curves[i].append((step, row["heldout_loss"]))
+                rows.append(row)
+            eval_rows[step] = rows
+
         def on_metrics(step, m):
             """Every step: one metrics row per run (loss before the update), diagnostics merged in."""
             bar.update(1)
             diag = diag_rows.pop(step, None)
+            evr = eval_rows.pop(step, None)
             for i, w in enumerate(writers):
                 row = {"loss": m["loss"][i].item(), "entropy": m["entropy"][i].item(),
                        "accuracy": m["accuracy"][i].item()}
-                w.log(step, **row, **(diag[i] if diag else {}))
+                row["entropy_gap"] = row["entropy"] - hmin
+                w.log(step, **row, **(diag[i] if diag else {}), **(evr[i] if evr else {}))
 
         rec_steps = set().union(*(set(int(s) for s in r.steps) for r in recorders if r is not None))
         try:
             result = engine.train(x, y, W, lrs, cfg.steps, causal=True, modes=modes, kappa=cfg.kappa,
                                   ridge=cfg.ridge, on_step=on_step, record_steps=rec_steps,
-                                  on_metrics=on_metrics)
+                                  on_metrics=on_metrics, check_finite=must_be_finite,
+                                  on_eval=on_eval if cfg.heldout else None, **ev)
         finally:
             bar.close()
         for i, w in enumerate(writers):
             final = {k: float(v[i]) for k, v in result.final.items()}
+            fe = {f"heldout_{k}": float(v[i]) for k, v in (result.final_eval or {}).items()}
             w.update_meta(final={"final_loss": final["loss"], "entropy": final["entropy"],
-                                 "accuracy": final["accuracy"]})
-    summary = summarise(cfg, runs, result, hmin)
+                                 "accuracy": final["accuracy"], **fe})
+    summary = summarise(cfg, runs, result, hmin, heldout_curves, grid)
     _write_json_atomic(study / "summary.json", summary)
     return study

@@ -19,24 +19,47 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StickyData", "transition_matrix", "h_min", "generate", "posterior_predictive_entropy"]
+__all__ = ["StickyData", "transition_matrix", "h_min", "stationary", "generate", "posterior_predictive_entropy",
+           "HELDOUT_OFFSET"]
+
+# The held-out sequence of seed s is ``generate(s + HELDOUT_OFFSET, ...)``: the same chain and the same
+# symbol means μ (drawn under embed_seed), a different path and noise.  The offset follows the
+# authors' deep variant, which draws its evaluation sequence under ``manual_seed(seed + 10000)``.
+HELDOUT_OFFSET = 10000
 
 
 def _circular_distance(i: int, j: int, n: int) -> int:
     return min(abs(i - j), n - abs(i - j))
 
 
-def transition_matrix(n: int = 8, rho: float = 0.3, construction: str = "script") -> torch.Tensor:
+def transition_matrix(n: int = 8, rho: float = 0.3, construction: str = "script",
+                      rho_range: tuple[float, float] = (0.05, 0.9)) -> torch.Tensor:
     """Row-stochastic (n, n) float32 transition matrix with off-diagonal weights ∝ 1/circular distance.
 
     ``"script"`` reproduces the authors' normalisation quirk: the row is first filled with ``rho``
     on the diagonal and ``1/d`` off it, then ``row/row.sum()*(1-rho) + onehot*rho`` and renormalised.
     Because the diagonal ``rho`` is inside the first sum, the effective self-transition is
     ≈ 0.3498 for rho = 0.3, not 0.3.  ``"nominal"`` gives a diagonal of exactly ``rho``.
-    Both are circulant, hence doubly stochastic (uniform stationary distribution).
+    Both are circulant, hence doubly stochastic (uniform stationary distribution), so every row
+    has the same entropy and the Bayes predictive entropy barely varies across positions.
+
+    ``"graded"`` (our option, for a posterior that varies): row i keeps the 1/d off-diagonal shape
+    but its self-transition is ``rho_i``, spread linearly over ``rho_range`` from row 0 to row n−1,
+    so rows range from nearly uniform-ish to very sticky (different entropies); not circulant, so
+    the stationary law is not uniform (see :func:`stationary`).
     """
-    if construction not in ("script", "nominal"):
-        raise ValueError(f"construction must be 'script' or 'nominal', got {construction!r}")
+    if construction not in ("script", "nominal", "graded"):
+        raise ValueError(f"construction must be 'script', 'nominal' or 'graded', got {construction!r}")
+    if construction == "graded":
+        lo, hi = rho_range
+        P = torch.zeros(n, n, dtype=torch.float64)
+        for i in range(n):
+            r_i = lo + (hi - lo) * i / max(n - 1, 1)
+            off = torch.tensor([0.0 if j == i else 1.0 / _circular_distance(i, j, n) for j in range(n)],
+                               dtype=torch.float64)
+            P[i] = off / off.sum() * (1 - r_i)
+            P[i, i] = r_i
+        return P.to(torch.float32)
     P = torch.zeros(n, n, dtype=torch.float32)
     for i in range(n):
         for j in range(n):
@@ -51,10 +74,19 @@ def transition_matrix(n: int = 8, rho: float = 0.3, construction: str = "script"
     return P
 
 
-def h_min(P: torch.Tensor) -> float:
-    """H(Y_t | Y_{t-1}) under a uniform stationary law: ``-(1/n) Σ_ij P_ij log(P_ij + 1e-10)`` (nats)."""
+def stationary(P: torch.Tensor) -> torch.Tensor:
+    """Stationary law π (float64) of a row-stochastic P: the left eigenvector of eigenvalue 1."""
+    evals, evecs = torch.linalg.eig(P.double().T)
+    v = evecs[:, int((evals - 1).abs().argmin())].real
+    return v / v.sum()
+
+
+def h_min(P: torch.Tensor, pi: torch.Tensor | None = None) -> float:
+    """H(Y_t | Y_{t-1}) = -Σ_i π_i Σ_j P_ij log(P_ij + 1e-10) (nats).  ``pi`` None: uniform π (exact
+    for the circulant constructions, and bit-for-bit the authors' ``mean`` over rows)."""
     P = P.double()
-    return float(-(P * torch.log(P + 1e-10)).sum(dim=1).mean())
+    rows = -(P * torch.log(P + 1e-10)).sum(dim=1)
+    return float(rows.mean() if pi is None else (pi.double() * rows).sum())
 
 
 @dataclass
@@ -87,9 +119,12 @@ def _markov_sequence(P: torch.Tensor, T: int) -> torch.Tensor:
 
 
 def generate(seed: int, T: int = 2000, n: int = 8, d_x: int = 20, P: torch.Tensor | None = None,
-             embed_seed: int = 0) -> StickyData:
+             embed_seed: int = 0, noise_std: float = 1.0) -> StickyData:
     """Generate one sequence with the authors' RNG order (see module docstring).
 
+    ``noise_std`` scales the observation noise (x_t = μ[y_{t−1}] + noise_std·ε_t, our option; 1 is
+    the authors' setting and leaves the numbers bit-identical).  Larger noise makes the latent
+    y_{t−1} ambiguous from x_t, so the Bayes predictive entropy spreads across positions.
     Leaves the global torch RNG in the state right after the noise draw, as the script does.
     """
     if T < 2:
@@ -101,21 +136,28 @@ def generate(seed: int, T: int = 2000, n: int = 8, d_x: int = 20, P: torch.Tenso
     mu = _draw_mu(P.shape[0], d_x, embed_seed)
     seq = _markov_sequence(P, T)
     noise = torch.randn(T - 1, d_x)
+    if noise_std != 1.0:
+        noise = noise * noise_std
     x = mu[seq[:-1]] + noise
     return StickyData(x=x, y=seq[1:].clone(), prev=seq[:-1].clone(), mu=mu, P=P)
 
 
-def posterior_predictive_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor) -> torch.Tensor:
+def posterior_predictive_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor,
+                                 noise_std: float = 1.0, pi: torch.Tensor | None = None) -> torch.Tensor:
     """Entropy (nats) of the exact Bayes predictive p(y_t | x_t) per position, shape (N,).
 
-    Posterior over the latent y_{t-1} given x_t alone: ∝ N(x_t; mu_{y'}, I) with a uniform prior
-    (the stationary law), computed in log space; predictive = posterior @ P.  This is the
-    per-position reference entropy H_Bayes of diagnostic D7 (float64 throughout).
+    Posterior over the latent y_{t-1} given x_t alone: ∝ π(y') N(x_t; mu_{y'}, noise_std² I) with
+    the stationary law π as prior (``pi`` None: uniform, which cancels), computed in log space;
+    predictive = posterior @ P.  This is the per-position reference entropy H_Bayes of diagnostic
+    D7 (float64 throughout).
     """
     x, mu, P = x.double(), mu.double(), P.double()
-    # log N(x; mu, I) up to a constant shared by all y': -|x - mu|^2 / 2
+    # log N(x; mu, σ²I) up to a constant shared by all y': -|x - mu|^2 / (2σ²)
     sq = (x[:, None, :] - mu[None, :, :]).pow(2).sum(-1)  # (N, n); exact, unlike cdist's mm path
-    log_post = torch.log_softmax(-0.5 * sq, dim=1)       # (N, n), uniform prior cancels
+    logits = -0.5 * sq if noise_std == 1.0 else -0.5 * sq / noise_std ** 2
+    if pi is not None:
+        logits = logits + torch.log(pi.double().clamp_min(1e-300))[None]
+    log_post = torch.log_softmax(logits, dim=1)          # (N, n)
     pred = log_post.exp() @ P                            # (N, n)
     return -(pred * torch.log(pred.clamp_min(1e-300))).sum(dim=1)
 

@@ -19,32 +19,74 @@ def _mean_std(x) -> dict:
     return {"mean": m, "std": s}
 
 
-def summarise(cfg, runs, result, hmin: float) -> dict:
+def _first_below(curve: list[tuple[int, float]], thr: float, n_steps: int) -> int:
+    """First evaluated step whose held-out loss is below thr, else n_steps."""
+    return next((k for k, v in curve if v < thr), n_steps)
+
+
+def _paired(a, b) -> dict | None:
+    from scipy import stats
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if len(a) < 2 or not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return None
+    if np.allclose(a - b, (a - b)[0]):          # constant difference: t undefined
+        return {"t": None, "p": None, "mean_diff": float((a - b).mean())}
+    t = stats.ttest_rel(a, b)
+    return {"t": float(t.statistic), "p": float(t.pvalue), "mean_diff": float((a - b).mean())}
+
+
+def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
+    """``heldout``: per run [(step, held-out loss)]; ``grid``: sgd_tuned grid LR -> run name."""
     from scipy import stats
     losses = result.losses.numpy()
     final = {k: v.numpy() for k, v in result.final.items()}
+    fev = {k: v.numpy() for k, v in (result.final_eval or {}).items()}
     log_n = math.log(cfg.n_symbols)
     idx = {(seed, a.name): i for i, (seed, a) in enumerate(runs)}
+    out: dict = {"h_min": hmin, "log_n": log_n, "steps": cfg.steps, "T": cfg.T, "seeds": list(cfg.seeds),
+                 "construction": cfg.construction, "noise_std": cfg.noise_std,
+                 "heldout": ({"offset": cfg.heldout_offset, "every": cfg.heldout_every,
+                              "rule": "seed s is evaluated on generate(s + offset): same chain and symbol "
+                                      "means, another path and noise"} if fev else None),
+                 "std": "population (ddof = 0) over seeds"}
+    name_of = {a: a for a in cfg.arms}
+    if grid:
+        mean_final = {g: float(np.mean([fev["loss"][idx[(s, n)]] for s in cfg.seeds])) for g, n in grid.items()}
+        finite = {g: v for g, v in mean_final.items() if math.isfinite(v)}
+        pick = min(finite, key=finite.get)
+        name_of["sgd_tuned"] = grid[pick]
+        out["sgd_tuned"] = {"grid": [float(g) for g in grid], "picked_lr": float(pick),
+                            "picked_run": grid[pick], "rule": "lowest mean final held-out loss over seeds",
+                            "mean_final_heldout_loss": {f"{g:g}": v for g, v in mean_final.items()}}
     per_seed = []
     for seed in cfg.seeds:
         row = {"seed": seed}
         for a in cfg.arms:
-            i = idx[(seed, a)]
+            i = idx[(seed, name_of[a])]
             row[a] = {"final_loss": float(final["loss"][i]), "entropy": float(final["entropy"][i]),
-                      "accuracy": float(final["accuracy"][i]), "losses": losses[i].tolist()}
+                      "accuracy": float(final["accuracy"][i]), "losses": losses[i].tolist(),
+                      "lrs": list(runs[i][1].lrs), "run": f"seed{seed}-{name_of[a]}"}
+            if fev:
+                row[a].update({f"heldout_{k}": float(fev[k][i]) for k in ("loss", "entropy", "accuracy")})
+                row[a]["heldout_losses"] = [[k, v] for k, v in heldout[i]]
         per_seed.append(row)
-    out: dict = {"h_min": hmin, "log_n": log_n, "steps": cfg.steps, "T": cfg.T, "seeds": list(cfg.seeds),
-                 "construction": cfg.construction, "per_seed": per_seed}
-    out["final"] = {a: {m: _mean_std([r[a][m] for r in per_seed]) for m in ("final_loss", "entropy", "accuracy")}
-                    for a in cfg.arms}
+    out["per_seed"] = per_seed
+    metrics = ("final_loss", "entropy", "accuracy") + (("heldout_loss", "heldout_entropy", "heldout_accuracy")
+                                                       if fev else ())
+    out["final"] = {a: {m: _mean_std([r[a][m] for r in per_seed]) for m in metrics} for a in cfg.arms}
     out["entropy_gap"] = {a: {"raw": _mean_std([r[a]["entropy"] - hmin for r in per_seed]),
                               "normalised": _mean_std([(r[a]["entropy"] - hmin) / (log_n - hmin) for r in per_seed])}
                           for a in cfg.arms}
+    if fev:
+        for a in cfg.arms:
+            out["entropy_gap"][a]["heldout"] = _mean_std([r[a]["heldout_entropy"] - hmin for r in per_seed])
     if "sgd" in cfg.arms:
         thr = float(np.mean([r["sgd"]["final_loss"] for r in per_seed]))
         out["sgd_final_threshold"] = thr
+        arms_steps = {}
         for a in [a for a in cfg.arms if a != "sgd"]:
             steps = [steps_to_threshold(np.asarray(r[a]["losses"]), thr) for r in per_seed]
+            arms_steps[a] = steps
             key = "em_steps_to_sgd_final" if a == "em" else f"{a}_steps_to_sgd_final"
             out[key] = {**_mean_std(steps), "per_seed": steps}
             if a == "em":
@@ -53,6 +95,30 @@ def summarise(cfg, runs, result, hmin: float) -> dict:
                     t = stats.ttest_rel([r["em"]["final_loss"] for r in per_seed],
                                         [r["sgd"]["final_loss"] for r in per_seed])
                     out["t_test"] = {"t": float(t.statistic), "p": float(t.pvalue)}
+        # one table per arm: steps to SGD's final TRAIN loss (authors' rule) and to SGD's final
+        # HELD-OUT loss (on the held-out grid), final held-out loss, paired tests against em
+        arms_out = {}
+        hthr = float(np.mean([r["sgd"]["heldout_loss"] for r in per_seed])) if fev else None
+        for a in cfg.arms:
+            e = {"lrs": per_seed[0][a]["lrs"],
+                 "steps_to_target": ({**_mean_std(arms_steps[a]), "per_seed": arms_steps[a]} if a in arms_steps
+                                     else {"mean": float(cfg.steps), "std": 0.0, "per_seed": [cfg.steps] * len(per_seed)})}
+            if fev:
+                hs = [_first_below(heldout[idx[(s, name_of[a])]], hthr, cfg.steps) for s in cfg.seeds]
+                e["heldout_steps_to_target"] = {**_mean_std(hs), "per_seed": hs}
+                e["final_heldout_loss"] = out["final"][a]["heldout_loss"]
+            arms_out[a] = e
+        if "em" in cfg.arms:
+            for a, e in arms_out.items():
+                if a == "em":
+                    continue
+                e["vs_em"] = {"steps_to_target": _paired(e["steps_to_target"]["per_seed"],
+                                                         arms_out["em"]["steps_to_target"]["per_seed"])}
+                if fev:
+                    e["vs_em"]["final_heldout_loss"] = _paired([r[a]["heldout_loss"] for r in per_seed],
+                                                               [r["em"]["heldout_loss"] for r in per_seed])
+        out["arms"] = arms_out
+        out["heldout_threshold"] = hthr
         if cfg.sweep:
             sweep = []
             for m in cfg.sweep:
@@ -69,13 +135,30 @@ def table(summary: dict) -> str:
     lines = [f"h_min = {summary['h_min']:.4f} nats   log n = "
              f"{summary['log_n']:.4f}   T = {summary['T']}, {summary['steps']} steps, seeds {summary['seeds']}"]
     arms = list(summary["final"])
-    lines.append(f"{'arm':<16}{'final loss':>20}{'pred. entropy':>20}{'accuracy':>16}{'gap to h_min':>16}")
+    ho = summary.get("heldout") is not None
+    head = f"{'arm':<15}{'final loss':>18}{'pred. entropy':>18}{'accuracy':>15}{'gap':>8}"
+    if ho:
+        head += f"{'held-out loss':>18}{'held-out acc.':>15}{'gap':>8}"
+    if "arms" in summary:
+        head += f"{'steps to SGD final':>22}"
+    lines.append(head)
     for a in arms:
         f = summary["final"][a]
-        g = summary["entropy_gap"][a]["raw"]
-        lines.append(f"{a:<16}{f['final_loss']['mean']:>12.4f} ± {f['final_loss']['std']:.4f}"
-                     f"{f['entropy']['mean']:>12.4f} ± {f['entropy']['std']:.4f}"
-                     f"{f['accuracy']['mean']:>10.3f} ± {f['accuracy']['std']:.3f}{g['mean']:>16.4f}")
+        g = summary["entropy_gap"][a]
+        line = (f"{a:<15}{f['final_loss']['mean']:>10.4f} ± {f['final_loss']['std']:.4f}"
+                f"{f['entropy']['mean']:>10.4f} ± {f['entropy']['std']:.4f}"
+                f"{f['accuracy']['mean']:>9.3f} ± {f['accuracy']['std']:.3f}{g['raw']['mean']:>8.4f}")
+        if ho:
+            line += (f"{f['heldout_loss']['mean']:>10.4f} ± {f['heldout_loss']['std']:.4f}"
+                     f"{f['heldout_accuracy']['mean']:>9.3f} ± {f['heldout_accuracy']['std']:.3f}"
+                     f"{g['heldout']['mean']:>8.4f}")
+        if "arms" in summary:
+            st = summary["arms"][a]["steps_to_target"]
+            line += f"{st['mean']:>15.0f} ± {st['std']:.0f}"
+        lines.append(line)
+    if "sgd_tuned" in summary:
+        t = summary["sgd_tuned"]
+        lines.append(f"sgd_tuned: uniform LR {t['picked_lr']:g} picked from {t['grid']} on mean final held-out loss")
     if "em_steps_to_sgd_final" in summary:
         e = summary["em_steps_to_sgd_final"]
         lines.append(f"EM-like steps to SGD's final loss: {e['mean']:.0f} ± {e['std']:.0f} "
@@ -83,6 +166,13 @@ def table(summary: dict) -> str:
     if "t_test" in summary:
         lines.append(f"paired t-test (EM vs SGD final loss): t = {summary['t_test']['t']:.3f}, "
                      f"p = {summary['t_test']['p']:.4g}")
+    for a, e in summary.get("arms", {}).items():
+        vs = e.get("vs_em") or {}
+        parts = [f"{k.replace('_', ' ')} {v['mean_diff']:+.4g} " +
+                 (f"(t = {v['t']:.2f}, p = {v['p']:.3g})" if v["t"] is not None else "(constant difference)")
+                 for k, v in vs.items() if v]
+        if parts:
+            lines.append(f"{a} − em, paired: " + "; ".join(parts))
     for s in summary.get("value_lr_sweep", []):
         lines.append(f"value-LR x{s['mult']:g}: steps to SGD final {s['steps_mean']:.0f} ± {s['steps_std']:.0f}")
     return "\n".join(lines)

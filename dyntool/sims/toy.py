@@ -5,6 +5,13 @@ Default (spec §4.1, reconstructed): one-hot inputs x_j = e_j, labels (0, 0, 1, 
 d_k = d_v = 2, full attention (``--model.causal=true`` for causal), init N(0, 0.5²) under seed 0,
 full-batch plain gradient descent with lr 0.5.  Because x_j is one-hot, the rows of W_V *are* the
 value vectors v_j, so ``values`` traces the 2-D trajectories of F2.
+
+Held-out set: the toy is a fixed 5-position memorisation task with no distribution to sample, so
+its held-out set is the same positions and labels with perturbed inputs, x'_j = e_j + σ·ε_j
+(σ = ``heldout_noise``, ε drawn under ``seed + 10000``).  ``heldout_loss``/``heldout_accuracy``
+measure how robust the learned routing is to input noise, not generalisation to new positions.
+Every step also logs the D10 gradient-energy shares ``diag_share_qk/v/o`` (routing, values,
+readout), which the frame–precision measures use.
 """
 from __future__ import annotations
 
@@ -52,6 +59,7 @@ class ToyConfig:
     seed: Seed = 0
     steps: int = 500
     lr: float = 0.5
+    heldout_noise: NonNegFloat = 0.1       # held-out inputs e_j + σ·ε (0 disables the held-out set)
     model: ToyModelConfig = field(default_factory=ToyModelConfig)
     # full-batch training: the training batch is the whole (fixed) sequence, so it is also the probe
     record: RecordConfig = field(default_factory=lambda: RecordConfig(every=1, dtype="float32", batch="train"))
@@ -61,6 +69,8 @@ class ToyConfig:
             raise ConfigError(prefix + "steps", f"must be >= 1, got {self.steps}")
         if not self.lr > 0:
             raise ConfigError(prefix + "lr", f"must be > 0, got {self.lr}")
+        if not self.heldout_noise >= 0:
+            raise ConfigError(prefix + "heldout_noise", f"must be >= 0, got {self.heldout_noise}")
 
 
 def build(cfg: ToyConfig):
@@ -74,9 +84,28 @@ def build(cfg: ToyConfig):
     return model, x, y
 
 
+def heldout_inputs(cfg: ToyConfig) -> torch.Tensor | None:
+    """(1, T, T) perturbed one-hot inputs e_j + σ ε under ``seed + 10000``; the global RNG is restored."""
+    if not cfg.heldout_noise > 0:
+        return None
+    g = torch.Generator().manual_seed(cfg.seed + 10000)
+    T = cfg.model.T
+    return (torch.eye(T) + cfg.heldout_noise * torch.randn(T, T, generator=g)).unsqueeze(0)
+
+
+def _shares(model) -> dict:
+    """D10 gradient-energy shares of routing (W_Q, W_K), values (W_V) and readout (W_O)."""
+    g = {n: float(p.grad.double().pow(2).sum()) for n, p in model.named_parameters() if p.grad is not None}
+    groups = {"qk": ("W_Q", "W_K"), "v": ("W_V",), "o": ("W_O",)}
+    sq = {k: sum(v for n, v in g.items() if n.split(".")[-1] in names) for k, names in groups.items()}
+    total = sum(sq.values())
+    return {f"diag_share_{k}": v / total for k, v in sq.items()} if total > 0 else {}
+
+
 def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
             quiet: bool = False) -> RunWriter:
     model, x, y = build(cfg)
+    x_ho = heldout_inputs(cfg)
     m = cfg.model
     check_budget(cfg.record, cfg.steps, ensure_out_dir(out_dir),
                  L=1, H=1, T=m.T, d_k=m.d_k, d_v=m.d_v)
@@ -99,9 +128,13 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
                 loss.backward()
             norms = {mn.grad_norm(n): p.grad.norm().item() for n, p in model.named_parameters()}
             with torch.no_grad():
-                p = logits.softmax(-1)
                 acc = (logits.argmax(-1) == y).float().mean().item()
-            metrics = {"loss": loss.item(), "accuracy": acc, **norms}
+            metrics = {"loss": loss.item(), "accuracy": acc, **norms, **_shares(model)}
+            if x_ho is not None:
+                with torch.no_grad():
+                    lo = model(x_ho)
+                    metrics["heldout_loss"] = F.cross_entropy(lo.view(-1, m.n_classes), y.view(-1)).item()
+                    metrics["heldout_accuracy"] = (lo.argmax(-1) == y).float().mean().item()
             if cap is not None:
                 qs = cap.compute()
                 rec.record(step, qs)

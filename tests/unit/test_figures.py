@@ -27,6 +27,7 @@ DPI = 30          # small rasters keep the suite fast; the code path is the same
 def root(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("figruns")
     fx.make_toy(d, steps=40)
+    fx.make_bijection(d)
     fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, window=16, pool=8)
     fx.make_ls_study(d, seeds=(0, 1), steps=40)
     fx.make_ls_context_study(d, seeds=(0, 1), steps=20)

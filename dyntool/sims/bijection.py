@@ -1,0 +1,221 @@
+"""``dyntool sim bijection``: the Bayesian wind tunnel (spec §4.4; Paper I, arXiv 2512.22471).
+
+A pre-LN multi-layer, multi-head GPT (:class:`dyntool.train.gpt.GPT`, so attention runs through
+dyntool's :class:`~dyntool.attention.AttentionCore`) learns the bijection task
+(:mod:`dyntool.sims.bijection_data`: V = 20, L = 19, keys without replacement, query from
+context) from fresh random sequences every step, and is evaluated on a fixed held-out set drawn
+from a separate generator (``seed + heldout_seed_offset``; the training stream draws ~10⁵–10⁷
+sequences out of 20!·20!·19 ≈ 10³⁸ possible ones for V = 20, L = 19, so an overlap is practically
+impossible and not checked).
+
+On every recorded step (the ``[record]`` schedule):
+
+* the seam records the standard arrays (α, B, A, ∂L/∂S, U, q, k, v, ...) of the first
+  ``record.seqs`` held-out sequences (a probe forward/backward, no optimizer step);
+* :func:`dyntool.sims.bijection_analysis.analyze` runs the Paper-I analyses on the first
+  ``analysis_seqs`` held-out sequences: per-layer manifold metrics of the residual stream and of the
+  head outputs against H_Bayes, key orthogonality, attention entropy; they go to metrics.jsonl
+  (``manifold/…``, ``key_orth/…``, ``attn_entropy/…``) and PC1/PC2 scores of ``plot_seqs``
+  sequences go to the record (``bij_pcs_resid``, ``bij_pcs_g``);
+* the held-out evaluation (also every ``eval_every`` steps): loss, accuracy, and the model's
+  predictive entropy per target position (``bij_model_entropy``) against ``static/bayes_entropy``.
+
+Loss: cross-entropy of the value-token logits (ids V..2V-1) at the L key positions and the query,
+averaged over the L + 1 targets (the authors also supervise every value position:
+``--train_all_values``).  AdamW, linear warm-up then cosine decay to ``min_lr_frac``·lr, gradient
+clipping, as in the authors' script.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, NonFiniteLossError
+from ..progress import progress
+from ..record.policy import RecordConfig, check_budget, schedule
+from ..record.recorder import Recorder
+from ..run import RunWriter, ensure_out_dir
+from . import bijection_data as data
+from .bijection_analysis import analyze, evaluate, value_loss
+
+
+@dataclass
+class BijectionModel:
+    n_layer: int = 6
+    n_head: int = 6
+    n_embd: int = 192
+    backend: str = "sdpa"           # sdpa | manual (manual also records routing_residual)
+    init_std: float = 0.02
+    tie_weights: bool = True
+
+    def validate(self, prefix: str = "") -> None:
+        if self.n_layer < 1 or self.n_head < 1 or self.n_embd % self.n_head:
+            raise ConfigError(prefix + "n_embd", f"n_layer, n_head >= 1 and n_embd ({self.n_embd}) "
+                                                 f"divisible by n_head ({self.n_head})")
+        if self.backend not in ("sdpa", "manual"):
+            raise ConfigError(prefix + "backend", f"sdpa or manual, got {self.backend!r}")
+
+
+@dataclass
+class BijectionConfig:
+    seed: int = 42
+    V: int = 20
+    L: int = 19
+    with_replacement: bool = False
+    steps: int = 2000
+    batch_size: int = 128
+    lr: float = 3e-4
+    min_lr_frac: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    heldout_seqs: int = 1024
+    heldout_seed_offset: int = 10000
+    analysis_seqs: int = 256        # held-out sequences the geometry is measured on
+    plot_seqs: int = 64             # ... of which PC1/PC2 scores are recorded for figures
+    eval_every: int = 100
+    log_every: int = 10
+    threads: int = 0                # torch and BLAS threads (0: leave the defaults)
+    time_limit_min: float = 0.0     # stop after the step that crosses this wall time (0: none); the
+                                    # stopping step is evaluated, analysed and recorded
+    stop_at_step: int = 0           # the same stop at a fixed step (0: none), e.g. to repeat a run
+                                    # that the time limit stopped: the lr schedule still uses `steps`
+    model: BijectionModel = field(default_factory=BijectionModel)
+    record: RecordConfig = field(default_factory=lambda: RecordConfig(
+        every=250, log_spaced=8, seqs=2, dtype="float32", batch="probe"))
+
+    def validate(self, prefix: str = "") -> None:
+        p = prefix
+        if self.V < 2 or self.L < 1:
+            raise ConfigError(p + "V/L", f"V >= 2 and L >= 1, got V={self.V}, L={self.L}")
+        if not self.with_replacement and self.L > self.V:
+            raise ConfigError(p + "L", f"without replacement L <= V, got L={self.L} > V={self.V}")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ConfigError(p + "steps/batch_size", "must be >= 1")
+        if not self.lr > 0 or not 0 <= self.min_lr_frac <= 1 or self.warmup < 0:
+            raise ConfigError(p + "lr", "lr > 0, 0 <= min_lr_frac <= 1, warmup >= 0")
+        if self.heldout_seqs < 1 or not 0 < self.analysis_seqs <= self.heldout_seqs:
+            raise ConfigError(p + "analysis_seqs", f"0 < analysis_seqs <= heldout_seqs ({self.heldout_seqs})")
+        if not 0 <= self.plot_seqs <= self.analysis_seqs:
+            raise ConfigError(p + "plot_seqs", f"0 <= plot_seqs <= analysis_seqs ({self.analysis_seqs})")
+        if self.record.seqs > self.heldout_seqs:
+            raise ConfigError(p + "record.seqs", f"at most heldout_seqs ({self.heldout_seqs})")
+        if self.time_limit_min < 0 or self.stop_at_step < 0:
+            raise ConfigError(p + "time_limit_min/stop_at_step", "must be >= 0")
+        if self.eval_every < 1 or self.log_every < 1 or self.threads < 0:
+            raise ConfigError(p + "eval_every/log_every/threads", "eval_every, log_every >= 1, threads >= 0")
+
+
+def build_model(cfg: BijectionConfig):
+    from ..train.config import ModelConfig
+    from ..train.gpt import GPT
+    m = cfg.model
+    mc = ModelConfig(attention="mhsa", n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                     backend=m.backend, init_std=m.init_std, tie_weights=m.tie_weights)
+    torch.manual_seed(cfg.seed)
+    return GPT(mc, vocab_size=2 * cfg.V, block_size=data.seq_len(cfg.L))
+
+
+def lr_at(cfg: BijectionConfig, step: int) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
+
+
+def heldout(cfg: BijectionConfig):
+    g = torch.Generator().manual_seed(cfg.seed + cfg.heldout_seed_offset)
+    return data.sample(cfg.heldout_seqs, cfg.V, cfg.L, g, cfg.with_replacement)
+
+
+def _declare(store) -> None:
+    store.declare("bij_model_entropy", dims=("step", "target"))
+    for rep in ("resid", "g"):
+        store.declare(f"bij_pcs_{rep}", dims=("step", "layer", "point", "pc"))
+
+
+def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
+                  tags: list[str] | None = None, quiet: bool = False) -> RunWriter:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+        try:        # numpy/BLAS threads of the analyses too (threadpoolctl comes with scikit-learn)
+            from threadpoolctl import threadpool_limits
+            threadpool_limits(cfg.threads)
+        except ImportError:
+            pass
+    m = cfg.model
+    T, hs = data.seq_len(cfg.L), m.n_embd // m.n_head
+    check_budget(cfg.record, len(schedule(cfg.record, cfg.steps)), ensure_out_dir(out_dir),
+                 L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs)
+    model = build_model(cfg)
+    opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
+    ho_tok, ho_tgt = heldout(cfg)
+    ho_h = data.posterior_entropy(ho_tok.numpy(), cfg.V)                   # (n, L+1) exact
+    an_tok, an_h = ho_tok[:cfg.analysis_seqs], ho_h[:cfg.analysis_seqs]
+    pr_tok, pr_tgt = ho_tok[:cfg.record.seqs], ho_tgt[:cfg.record.seqs]
+    h_pos = ho_h.mean(0)                                                   # (L+1,)
+    bayes_loss = float(ho_h.mean())
+    gen = torch.Generator().manual_seed(cfg.seed)
+    from ..config import to_dict
+    run = RunWriter.create(out_dir, "bijection", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                           extra_meta={"record_batch": f"probe: first {cfg.record.seqs} held-out sequences",
+                                       "n_params": model.num_params(), "bayes_loss": bayes_loss,
+                                       "bayes_accuracy_keys": data.bayes_accuracy(cfg.V, cfg.L)[0]})
+    t0 = time.perf_counter()
+    with run:
+        store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
+                               attrs={"task": "bijection", "V": cfg.V, "L": cfg.L})
+        _declare(store)
+        store.write_static("bayes_entropy", h_pos, ("target",))
+        store.write_static("target_position", data.target_positions(cfg.L), ("target",))
+        if cfg.plot_seqs:
+            store.write_static("point_entropy", an_h[:cfg.plot_seqs, :cfg.L].reshape(-1), ("point",))
+            store.write_static("point_k", np.tile(np.arange(1, cfg.L + 1), cfg.plot_seqs), ("point",))
+        rec = Recorder(store, cfg.record, cfg.steps, T)
+        last_eval, stop_at = None, None
+        for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
+            row: dict = {}
+            over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
+                (0 < cfg.stop_at_step == step)
+            if over:
+                stop_at = step
+            if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
+                ev = evaluate(model, ho_tok, ho_tgt, cfg.V)
+                ent = ev.pop("entropy_per_position")
+                last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
+                row.update({f"heldout/{k}": v for k, v in last_eval.items()})
+                row["heldout/excess_loss"] = ev["loss"] - bayes_loss
+            if rec.wants(step) or over:
+                an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h)
+                row.update(an["metrics"])
+                extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
+                extra["bij_model_entropy"] = ent
+                rec.record_probe(model, lambda mdl: value_loss(mdl(pr_tok)[0], pr_tgt, cfg.V), step, extra)
+            if over:                 # time limit: this step is the last one evaluated; no update
+                run.log(step, elapsed_s=time.perf_counter() - t0, **row)
+                break
+            lr = lr_at(cfg, step)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
+            loss = value_loss(model(x)[0], y, cfg.V)
+            if not torch.isfinite(loss):
+                raise NonFiniteLossError(step)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            if row or step % cfg.log_every == 0:
+                run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
+                        elapsed_s=time.perf_counter() - t0, **row)
+        n_done = stop_at if stop_at is not None else cfg.steps
+        final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done,
+                 "stopped_early": stop_at is not None,
+                 "seconds": round(time.perf_counter() - t0, 1),
+                 "sec_per_step": (time.perf_counter() - t0) / max(n_done, 1)}
+        run.update_meta(final=final)
+    return run

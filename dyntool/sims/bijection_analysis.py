@@ -1,0 +1,165 @@
+"""Paper-I analyses of a wind-tunnel GPT on held-out sequences (spec §4.4, §6 D5–D8).
+
+:class:`Tap` reads every attention core's per-head ``(q, k, v, y)`` through the same seam as
+:class:`dyntool.capture.Capture` (``AttentionCore._capture.stash``) but without gradients, so the
+analyses run on a no-grad forward of any batch.  Attention weights are recomputed from (q, k)
+and the core's mask with :mod:`dyntool.quantities` (tested: ``α v`` reproduces the forward's
+``y`` in float64).
+
+Per layer ``l`` (0-based, "output of block l"):
+
+* manifold metrics (:mod:`dyntool.manifold`) of two representations at the L key positions
+  (where the model predicts π(x_k)), labelled by the exact posterior entropy H_Bayes:
+  ``resid`` = the residual stream after block l (Paper I's "value manifold" reads the final one),
+  ``g`` = the layer's head outputs g_i = Σ_j α_ij v_j of all heads, concatenated (before c_proj);
+* key orthogonality (D8) with two definitions: ``ctx`` = keys k_j of the L (distinct) key tokens
+  inside each sequence, per head, mean |cos| over pairs (spec / Paper III), and ``vocab`` = the
+  vocabulary keys E W_K^h of the V key tokens (Paper I's ``cmd_orthogonality``, raw embedding, no
+  LayerNorm), signed mean and mean |cos|;
+* attention entropy (D5): per-head entropy of α_i· averaged over heads and over query positions
+  i >= 1 (position 0 always has entropy 0); the uniform level is the mean of log(i+1).
+
+Plus the model's predictive entropy (over the V value classes) per target position, against
+H_Bayes.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..attention import attention_cores
+from ..manifold import key_orthogonality, manifold_metrics, pca
+from ..quantities import attention_weights, entropy, masked_scores
+from .bijection_data import IGNORE, posterior_entropy, target_positions
+
+REPS = ("resid", "g")
+
+
+class Tap:
+    """Context manager: stash detached per-head (q, k, v, y) of every core during a forward."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.cores = attention_cores(model)
+        self.out: dict[int, dict] = {}
+
+    def __enter__(self) -> "Tap":
+        for c in self.cores:
+            if c._capture is not None:
+                raise RuntimeError("a Capture is already active on this model")
+            c._capture = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for c in self.cores:
+            c._capture = None
+
+    def stash(self, core, q, k, v, y, scores, scale) -> None:
+        self.out[core.layer_index] = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "y": y.detach(),
+                                      "scale": scale, "allowed": core.allowed(q.shape[-2], q.device)}
+
+    def attn(self, layer: int) -> torch.Tensor:
+        """α (B, nh, T, T) recomputed from the stashed q, k and the core's mask."""
+        s = self.out[layer]
+        return attention_weights(masked_scores(s["q"], s["k"], s["allowed"], s["scale"]))
+
+
+def value_logits(logits: torch.Tensor, V: int) -> torch.Tensor:
+    """The model predicts a value class: logits of the value tokens V..2V-1.  # (B, T, V)"""
+    return logits[..., V:2 * V]
+
+
+def value_loss(logits: torch.Tensor, targets: torch.Tensor, V: int) -> torch.Tensor:
+    lg = value_logits(logits, V)
+    return F.cross_entropy(lg.reshape(-1, V), targets.reshape(-1), ignore_index=IGNORE)
+
+
+@torch.no_grad()
+def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: int = 256) -> dict:
+    """Held-out loss / accuracy at key positions and at the query; predictive entropy per target
+    position (L+1,) in nats."""
+    was = model.training
+    model.eval()
+    L = (tokens.shape[1] - 1) // 2
+    pos = torch.as_tensor(target_positions(L))
+    nll, corr, ent = [], [], []
+    for i in range(0, len(tokens), batch):
+        lg = value_logits(model(tokens[i:i + batch])[0], V)[:, pos].double()   # (b, L+1, V)
+        lp = lg.log_softmax(-1)
+        y = targets[i:i + batch][:, pos]
+        nll.append(-lp.gather(-1, y[..., None])[..., 0])
+        corr.append((lg.argmax(-1) == y).double())
+        ent.append(-(lp.exp() * lp).sum(-1))
+    model.train(was)
+    nll, corr, ent = torch.cat(nll), torch.cat(corr), torch.cat(ent)          # (n, L+1)
+    return {"loss": nll.mean().item(), "loss_keys": nll[:, :L].mean().item(),
+            "loss_query": nll[:, L].mean().item(), "acc_keys": corr[:, :L].mean().item(),
+            "acc_query": corr[:, L].mean().item(), "entropy_per_position": ent.mean(0).numpy()}
+
+
+@torch.no_grad()
+def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.ndarray | None = None,
+            r2: bool = True) -> dict:
+    """All per-layer geometry on ``tokens`` (n, 2L+1); returns scalars (flat dict ``metrics``) and
+    arrays for the record (PC1/PC2 scores of the first ``n_plot`` sequences' key positions)."""
+    was = model.training
+    model.eval()
+    L = (tokens.shape[1] - 1) // 2
+    kpos = torch.arange(0, 2 * L, 2)
+    if h_bayes is None:
+        h_bayes = posterior_entropy(tokens.numpy(), V)
+    h = np.asarray(h_bayes)[:, :L].reshape(-1)                           # (n·L,) key positions
+    resid: dict[int, torch.Tensor] = {}
+    hooks = [blk.register_forward_hook(lambda m, i, o, l=li: resid.__setitem__(l, o.detach()))
+             for li, blk in enumerate(model.h)]
+    try:
+        with Tap(model) as tap:
+            model(tokens)
+    finally:
+        for hk in hooks:
+            hk.remove()
+        model.train(was)
+    metrics: dict[str, float] = {}
+    arrays: dict[str, list] = {f"pcs_{r}": [] for r in REPS}
+    n_layer = len(model.h)
+    wte = model.wte.weight[:V].double()                                    # key-token embeddings
+    for l in range(n_layer):
+        st = tap.out[l]
+        B, nh, T, hs = st["q"].shape
+        a = tap.attn(l).double()
+        ent = entropy(a)[..., 1:]                                          # (B, nh, T-1)
+        metrics[f"attn_entropy/L{l}"] = ent.mean().item()
+        for hd in range(nh):
+            metrics[f"attn_entropy/L{l}/h{hd}"] = ent[:, hd].mean().item()
+        reps = {"resid": resid[l][:, kpos],                                 # (B, L, C)
+                "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
+        for name, x in reps.items():
+            x = x.double().reshape(B * L, -1).numpy()
+            m = manifold_metrics(x, h, r2=r2)
+            for k, v in m.as_dict().items():
+                if k not in ("n", "d"):
+                    metrics[f"manifold/{name}/L{l}/{k}"] = v
+            if n_plot:
+                p = pca(x, n=2, orient_by=h)
+                sc = np.full((n_plot * L, 2), np.nan)
+                sc[:, :p.scores.shape[1]] = p.scores[:n_plot * L]
+                arrays[f"pcs_{name}"].append(sc)
+        ko = key_orthogonality(st["k"][:, :, kpos].double().numpy())       # groups: (B, nh)
+        metrics[f"key_orth/ctx/L{l}"] = ko["mean_abs"]
+        metrics[f"key_orth/ctx_signed/L{l}"] = ko["mean"]
+        wk = model.h[l].attn.c_attn.weight[model.h[l].attn.n_embd:2 * model.h[l].attn.n_embd].double()
+        kv = (wte @ wk.T).view(V, nh, hs).transpose(0, 1)                  # (nh, V, hs)
+        kov = key_orthogonality(kv.numpy())
+        metrics[f"key_orth/vocab/L{l}"] = kov["mean_abs"]
+        metrics[f"key_orth/vocab_signed/L{l}"] = kov["mean"]
+    # entropy summaries: uniform level, reduction of the last layer vs layer 0 and vs uniform
+    unif = float(np.mean([math.log(i + 1) for i in range(1, tokens.shape[1])]))
+    h0, hl = metrics["attn_entropy/L0"], metrics[f"attn_entropy/L{n_layer - 1}"]
+    metrics["attn_entropy/uniform"] = unif
+    metrics["attn_entropy/reduction_last_vs_L0"] = 1.0 - hl / h0 if h0 > 0 else float("nan")
+    metrics["attn_entropy/reduction_mean_vs_uniform"] = 1.0 - float(np.mean(
+        [metrics[f"attn_entropy/L{l}"] for l in range(n_layer)])) / unif
+    out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
+    return {"metrics": metrics, "arrays": out_arrays}
