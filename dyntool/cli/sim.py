@@ -37,6 +37,16 @@ def cmd_sim_toy(args) -> int:
     return 0
 
 
+def cmd_bijection(args) -> int:
+    from .. import config
+    from ..sims.bijection import BijectionConfig, run_bijection
+    cfg = config.load(BijectionConfig, args.config, args.preset, args.overrides, values=config_values(args))
+    run = run_bijection(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    print(json.dumps(run.meta.get("final", {}), indent=1, default=float))
+    print(f"bijection run written to {run.path}")
+    return 0
+
+
 def _config_file_options(p, default: str) -> None:
     p.add_argument("--config", default=default, metavar="FILE",
                    help=f"TOML config: a path or a packaged preset file name (default: {default}, "
@@ -46,6 +56,7 @@ def _config_file_options(p, default: str) -> None:
 
 def register(sub, simsub) -> None:
     ToyConfig, StickyConfig = "dyntool.sims.toy:ToyConfig", "dyntool.sims.sticky:StickyConfig"
+    BijectionConfig = "dyntool.sims.bijection:BijectionConfig"
     toy = simsub.add_parser("toy", help="the T=5 toy head (arXiv 2512.22473 §4.1), recorded every step",
                             description="Train the T = 5 toy attention head by gradient descent, recording "
                                         "every step.",
@@ -79,6 +90,14 @@ def register(sub, simsub) -> None:
     _config_file_options(p, "sticky_markov.toml")
     common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
     p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)
-
-    from ..sims.bijection_cli import register_bijection
-    register_bijection(simsub)
+    b = simsub.add_parser(
+        "bijection", help="the Bayesian wind tunnel: a multi-layer GPT on the bijection task (arXiv 2512.22471)",
+        description="Train a GPT through dyntool's attention on the bijection in-context task (exact Bayes "
+                    "entropy per position), recording attention, values and the manifold analyses.",
+        epilog=f"{OVERRIDES}, e.g. --model.n_layer=4 --record.every=500.  Presets: cpu (2 CPU cores, "
+               "<= 15 min), paper (6x6x192, 100k steps, a GPU).")
+    config_option(b, BijectionConfig, "steps", help="training steps (default: the config's)")
+    config_option(b, BijectionConfig, "seed", help="RNG seed (default 42)")
+    _config_file_options(b, "bijection.toml")
+    common_output_options(b, os.path.join("runs", "bijection"))
+    b.set_defaults(fn=cmd_bijection, takes_overrides=True, writes=True)

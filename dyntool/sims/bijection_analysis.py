@@ -1,7 +1,7 @@
 """Paper-I analyses of a wind-tunnel GPT on held-out sequences (spec §4.4, §6 D5–D8).
 
 :class:`Tap` reads every attention core's per-head ``(q, k, v, y)`` through the same seam as
-:class:`dyntool.capture.Capture` (``AttentionCore._capture.stash``) but without gradients, so the
+:class:`dyntool.capture.Capture` (the observer contract of :mod:`dyntool.observe`) but without gradients, so the
 analyses run on a no-grad forward of any batch.  Attention weights are recomputed from (q, k)
 and the core's mask with :mod:`dyntool.quantities` (tested: ``α v`` reproduces the forward's
 ``y`` in float64).
@@ -32,14 +32,18 @@ import torch.nn.functional as F
 
 from ..attention import attention_cores
 from ..manifold import key_orthogonality, manifold_metrics, pca
+from ..observe import Observer
 from ..quantities import attention_weights, entropy, masked_scores
 from .bijection_data import IGNORE, posterior_entropy, target_positions
 
 REPS = ("resid", "g")
 
 
-class Tap:
-    """Context manager: stash detached per-head (q, k, v, y) of every core during a forward."""
+class Tap(Observer):
+    """Context manager: a forward-only observer (:mod:`dyntool.observe`) that stashes detached
+    per-head (q, k, v, y) of every core during a forward."""
+
+    wants_grads = False
 
     def __init__(self, model: torch.nn.Module):
         self.cores = attention_cores(model)
@@ -47,18 +51,16 @@ class Tap:
 
     def __enter__(self) -> "Tap":
         for c in self.cores:
-            if c._capture is not None:
-                raise RuntimeError("a Capture is already active on this model")
-            c._capture = self
+            c.attach(self)
         return self
 
     def __exit__(self, *exc) -> None:
         for c in self.cores:
-            c._capture = None
+            c.detach(self)
 
-    def stash(self, core, q, k, v, y, scores, scale) -> None:
-        self.out[core.layer_index] = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "y": y.detach(),
-                                      "scale": scale, "allowed": core.allowed(q.shape[-2], q.device)}
+    def observe(self, site, q, k, v, out, allowed, scale, heads_dim=1, grads="standard", scores=None) -> None:
+        self.out[site.layer] = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "y": out.detach(),
+                                "scale": scale, "allowed": allowed}
 
     def attn(self, layer: int) -> torch.Tensor:
         """α (B, nh, T, T) recomputed from the stashed q, k and the core's mask."""
