@@ -183,13 +183,14 @@ def _dims(ratio: np.ndarray, level: float) -> int:
 
 
 def manifold_metrics(x, h, n_pcs: int = N_PCS, standardize: bool = False,
-                     r2: bool = True) -> ManifoldMetrics:
+                     r2: bool = True, pca_result: PCAResult | None = None) -> ManifoldMetrics:
     """All D6/D7 metrics of representation ``x`` (n, d) against posterior entropy ``h`` (n,).
-    ``r2=False`` skips the (slower) held-out regression."""
+    ``r2=False`` skips the (slower) held-out regression; ``pca_result`` reuses
+    ``pca(x, n_pcs, orient_by=h, standardize=...)`` computed by the caller (e.g. for a scatter)."""
     x, h = _as_2d(x), np.asarray(h, dtype=np.float64).ravel()
     if len(h) != x.shape[0]:
         raise ValueError(f"{x.shape[0]} rows but {len(h)} entropies")
-    p = pca(x, n_pcs, orient_by=h, standardize=standardize)
+    p = pca_result if pca_result is not None else pca(x, n_pcs, orient_by=h, standardize=standardize)
     ratio = p.explained_ratio
     r = [pearson(p.scores[:, i], h) for i in range(p.scores.shape[1])]
     finite = [v if np.isfinite(v) else -1.0 for v in r]

@@ -131,7 +131,10 @@ def f8_wind_tunnel(runs, **opts):
     unif = _at(run, "attn_entropy/uniform", last)
     ent = array(run, "bij_model_entropy")
     rec_steps = run.steps[: len(ent)]
-    hb = np.asarray(run.static("bayes_entropy"), dtype=float)
+    hb = run.static("bayes_entropy_target")
+    if hb is None:            # runs written before the per-target name: stored per target there
+        hb = run.static("bayes_entropy")
+    hb = np.asarray(hb, dtype=float)
     L = len(hb) - 1
     e_first = np.asarray(ent[0], dtype=float)
     e_last = np.asarray(ent[len(ent) - 1], dtype=float)

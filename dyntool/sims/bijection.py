@@ -18,7 +18,9 @@ On every recorded step (the ``[record]`` schedule):
   (``manifold/…``, ``key_orth/…``, ``attn_entropy/…``) and PC1/PC2 scores of ``plot_seqs``
   sequences go to the record (``bij_pcs_resid``, ``bij_pcs_g``);
 * the held-out evaluation (also every ``eval_every`` steps): loss, accuracy, and the model's
-  predictive entropy per target position (``bij_model_entropy``) against ``static/bayes_entropy``.
+  predictive entropy per target position (``bij_model_entropy``) against
+  ``static/bayes_entropy_target`` (``static/bayes_entropy`` is the same per sequence position,
+  NaN at the value tokens, as the app reads it).
 
 Loss: cross-entropy of the value-token logits (ids V..2V-1) at the L key positions and the query,
 averaged over the L + 1 targets (the authors also supervise every value position:
@@ -170,7 +172,12 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
         store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
                                attrs={"task": "bijection", "V": cfg.V, "L": cfg.L})
         _declare(store)
-        store.write_static("bayes_entropy", h_pos, ("target",))
+        # per sequence position (the app's convention): H_Bayes of the target predicted there,
+        # NaN at the value tokens (no target); per target (L keys, then the query) for the figures
+        h_seq = np.full(T, np.nan)
+        h_seq[data.target_positions(cfg.L)] = h_pos
+        store.write_static("bayes_entropy", h_seq, ("position",))
+        store.write_static("bayes_entropy_target", h_pos, ("target",))
         store.write_static("target_position", data.target_positions(cfg.L), ("target",))
         if cfg.plot_seqs:
             store.write_static("point_entropy", an_h[:cfg.plot_seqs, :cfg.L].reshape(-1), ("point",))

@@ -139,14 +139,15 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
                 "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
         for name, x in reps.items():
             x = x.double().reshape(B * L, -1).numpy()
-            m = manifold_metrics(x, h, r2=r2)
+            p = pca(x, orient_by=h)                                        # one SVD for both uses
+            m = manifold_metrics(x, h, r2=r2, pca_result=p)
             for k, v in m.as_dict().items():
                 if k not in ("n", "d"):
                     metrics[f"manifold/{name}/L{l}/{k}"] = v
             if n_plot:
-                p = pca(x, n=2, orient_by=h)
                 sc = np.full((n_plot * L, 2), np.nan)
-                sc[:, :p.scores.shape[1]] = p.scores[:n_plot * L]
+                k2 = min(2, p.scores.shape[1])
+                sc[:, :k2] = p.scores[:n_plot * L, :k2]
                 arrays[f"pcs_{name}"].append(sc)
         ko = key_orthogonality(st["k"][:, :, kpos].double().numpy())       # groups: (B, nh)
         metrics[f"key_orth/ctx/L{l}"] = ko["mean_abs"]

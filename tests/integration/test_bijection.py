@@ -37,7 +37,10 @@ def test_run_layout_metrics_and_record(run):
     a = run.arrays
     assert a["attn"].shape == (3, 2, 2, 2, 39, 39)                 # step, layer, head, seq, q, k
     assert a["bij_pcs_resid"].shape == (3, 2, 4 * 19, 2) and a["bij_model_entropy"].shape == (3, 20)
-    assert np.allclose(run.static("bayes_entropy"), data.bayes_entropy(20, 19))
+    assert np.allclose(run.static("bayes_entropy_target"), data.bayes_entropy(20, 19))
+    per_pos = run.static("bayes_entropy")                         # per sequence position (app)
+    assert per_pos.shape == (39,) and np.isnan(per_pos[1::2][:19]).all()
+    assert np.allclose(per_pos[data.target_positions(19)], data.bayes_entropy(20, 19))
     assert np.allclose(np.exp(run.static("point_entropy")), 20 - run.static("point_k") + 1)
     assert run.meta["final"]["bayes_loss"] == pytest.approx(np.mean(data.bayes_entropy(20, 19)))
 

@@ -138,3 +138,10 @@ def test_batch_and_dict():
     assert {"L0/pc1_share", "L0/r_pc1", "L0/r_pc5", "L0/ordering_score", "L0/r2_linear"} <= set(d)
     with pytest.raises(ValueError):
         manifold_metrics(x, h[:-1])
+
+
+def test_precomputed_pca_gives_the_same_metrics():
+    x, h = _entropy_line(n=300, d=6)
+    a = manifold_metrics(x, h).as_dict()
+    b = manifold_metrics(x, h, pca_result=pca(x, orient_by=h)).as_dict()
+    assert a == b
