@@ -18,6 +18,7 @@ OVERRIDES = "Any config key can also be set as --section.key=value, e.g. --model
 
 
 def cmd_train(args) -> int:
+    from .. import paths
     from ..errors import ConfigError
     from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.config is None and args.resume is None:
@@ -25,9 +26,12 @@ def cmd_train(args) -> int:
                                       "preset file) or --resume RUN")
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
     out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
+    if args.out is None:                     # the generic guard only saw an explicit --out
+        paths.check_out(out)
     try:
-        path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
-                                   quiet=args.quiet)
+        with paths.cleanup_on_reject(out):
+            path, final = run_training(cfg, out, name=args.name, resume=args.resume, tags=args.tag,
+                                       quiet=args.quiet)
     except NothingToDo as e:          # a finished run resumed without a higher --max-steps
         print(f"dyntool: {e}")
         return 0

@@ -126,7 +126,10 @@ BAD_INPUT = [
     (TRAIN + ["--optim.beta2=1.5"], "optim.beta2"),
     (TRAIN + ["--span.alpha_q=-1"], "span"),
     (TRAIN + ["--max-steps", "0"], "max_steps"),
+    (TRAIN + ["--model.attention=ls", "--model.n_local=9"], "model.n_local"),
     (["train"], "--config"),
+    (TRAIN + ["--data.path={tmp}/no-data"], "wikitext-2 directory not found"),   # default --out
+    (TRAIN + ["--model.attention=rnn", "--out", "{tmp}/new/deeper"], "model.attention"),
     (["train", "--resume", "{tmp}/missing"], "cannot resume"),
     # studies (item 7)
     (["study", "span", "--n-seeds", "0"], "--n-seeds"),
