@@ -142,13 +142,25 @@ def _declare(store) -> None:
 
 def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
                   tags: list[str] | None = None, quiet: bool = False) -> RunWriter:
+    """Train and record one wind-tunnel run; ``cfg.threads`` applies to torch and to BLAS (the
+    analyses) for the duration of the run only."""
+    prev, limits = torch.get_num_threads(), None
     if cfg.threads:
-        torch.set_num_threads(cfg.threads)
         try:        # numpy/BLAS threads of the analyses too (threadpoolctl comes with scikit-learn)
             from threadpoolctl import threadpool_limits
-            threadpool_limits(cfg.threads)
+            limits = threadpool_limits(cfg.threads)
         except ImportError:
             pass
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _run(cfg, out_dir, name, tags, quiet)
+    finally:            # reverse order: the BLAS/OpenMP limits also hold torch's OpenMP pool
+        if limits is not None:
+            limits.restore_original_limits()
+        torch.set_num_threads(prev)
+
+
+def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWriter:
     m = cfg.model
     T, hs = data.seq_len(cfg.L), m.n_embd // m.n_head
     check_budget(cfg.record, len(schedule(cfg.record, cfg.steps)), ensure_out_dir(out_dir),

@@ -23,6 +23,12 @@ def run(tmp_path_factory):
     return dyntool.open_run(out / "r")
 
 
+def test_threads_setting_is_restored(tmp_path):
+    before = torch.get_num_threads()
+    assert main(CI + ["--out", str(tmp_path), "--steps=2", "--threads=3"]) == 0
+    assert torch.get_num_threads() == before
+
+
 def test_run_layout_metrics_and_record(run):
     assert run.kind == "bijection" and run.status == "finished"
     assert run.config["model"]["n_layer"] == 2 and run.meta["git_commit"] is not None
