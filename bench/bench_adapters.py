@@ -72,15 +72,19 @@ def main():
         step(on_model, on_opt, batches[0])
 
     # 1. recording every 50 steps vs off, blocks interleaved (order alternates per round)
-    t_on, t_off, s_on = [], [], 0
+    t_on, t_off, s_on, t_rec, t_step = [], [], 0, [], []
     for r in range(rounds):
         for which in (("off", "on") if r % 2 == 0 else ("on", "off")):
             t0 = time.perf_counter()
             for i in range(block):
                 x = batches[i % len(batches)]
                 if which == "on":
-                    rec.probe_step(s_on * 1)            # recorded when s_on % block == 0
+                    tp = time.perf_counter()
+                    if rec.probe_step(s_on):            # recorded when s_on % block == 0
+                        t_rec.append(time.perf_counter() - tp)
+                    ts = time.perf_counter()
                     step(on_model, on_opt, x)
+                    t_step.append(time.perf_counter() - ts)
                     rec.log(s_on, loss=0.0)
                     s_on += 1
                 else:
@@ -90,7 +94,7 @@ def main():
     n_rec = rec.rec.n_recorded if rec.rec else 0
 
     # 2. non-recording step with dyntool attached vs plain, interleaved step by step
-    attached, plain = [], []
+    attached, plain, t_hooks = [], [], []
     quiet = RunRecorder(on_model, tmp, max_steps=10**9, every=0, steps=[10**9 - 1], probe=probe)
     for i in range(singles):
         x = batches[i % len(batches)]
@@ -99,8 +103,11 @@ def main():
             if which == "att":
                 quiet.probe_step(i)
                 with quiet.train_step(i):
+                    t1 = time.perf_counter()
                     step(on_model, on_opt, x)
+                    t2 = time.perf_counter()
                 attached.append(time.perf_counter() - t0)
+                t_hooks.append(attached[-1] - (t2 - t1))      # dyntool's own share of the step
             else:
                 step(off_model, off_opt, x)
                 plain.append(time.perf_counter() - t0)
@@ -114,6 +121,12 @@ def main():
           f"{statistics.median(t_on):.2f}s vs {statistics.median(t_off):.2f}s over {rounds} rounds)  target <= 1.05x")
     print(f"2. non-recording step, dyntool attached vs plain: {r2:.4f}x  (median {1e3 * statistics.median(attached):.1f}"
           f" ms vs {1e3 * statistics.median(plain):.1f} ms over {singles} steps)  target <= 1.01x")
+    # the same two costs measured directly (robust to the machine's load, which moves whole blocks)
+    est = 1 + statistics.median(t_rec) / (block * statistics.median(t_step))
+    print(f"   direct: one recorded probe step {1e3 * statistics.median(t_rec):.0f} ms vs a training step "
+          f"{1e3 * statistics.median(t_step):.0f} ms -> every {block} steps costs {est:.3f}x")
+    print(f"   direct: dyntool's calls on a non-recording step {1e6 * statistics.median(t_hooks):.1f} us = "
+          f"{1 + statistics.median(t_hooks) / statistics.median(plain):.5f}x of a plain step")
 
 
 if __name__ == "__main__":
