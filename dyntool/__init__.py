@@ -6,9 +6,19 @@ Public API::
     run = dyntool.open_run("runs/sticky/seed42-em")   # config, meta, metrics (DataFrame), lazy arrays
     run.arrays["attn"][-1, 0, 0, 0]                     # last recorded α of layer 0, head 0, seq 0
     dyntool.list_runs("runs")
+    with dyntool.Capture(model) as cap:                 # any supported model, see README
+        loss.backward()
+    cap.compute()                                       # name -> (layer, head, seq, ...) tensors
 """
 __version__ = "0.1.0"
 
 from .run import Run, list_runs, open_run  # noqa: E402
 
-__all__ = ["Run", "open_run", "list_runs", "__version__"]
+__all__ = ["Run", "open_run", "list_runs", "Capture", "__version__"]
+
+
+def __getattr__(name):          # Capture pulls in torch: imported only when asked for
+    if name == "Capture":
+        from .capture import Capture
+        return Capture
+    raise AttributeError(f"module 'dyntool' has no attribute {name!r}")

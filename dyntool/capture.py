@@ -110,7 +110,7 @@ class Capture(Observer):
             for name, t in (("dq", q), ("dk", k)):
                 if t.requires_grad:
                     def on_g(grad, slot=slot, sl=sl, name=name):
-                        setattr(slot, name, expand_kv(grad[sl].detach(), nh) if name == "dq" else grad[sl].detach())
+                        setattr(slot, name, grad[sl].detach())       # dk stays per kv head here
                     self._handles.append(t.register_hook(on_g))
         if scores is not None and self.residual and scores.requires_grad:
             def on_ds(grad, slot=slot, sl=sl):

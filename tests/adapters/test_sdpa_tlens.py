@@ -185,3 +185,8 @@ def test_transformerlens_matches_autograd(variant):
         check(per_layer(got, l), r, r["allowed"], n_kv, name=f"L{l}")
     if variant == "local":
         assert (got["attn"][0, :, :, 7, :5] == 0).all() and (got["attn"][1, :, :, 7, :5] > 0).all()
+
+
+def test_capture_is_public_api():
+    import dyntool
+    assert dyntool.Capture is Capture

@@ -58,3 +58,15 @@ def test_overview_and_matrices_open_an_hf_recorded_run(hf_root, monkeypatch):
     at.run()
     assert not at.exception
     assert "step 4" in " | ".join(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart"))
+
+
+def test_dyntool_figures_draws_from_an_hf_recorded_run(hf_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "figs"
+    env = {**os.environ, "PYTHONPATH": str(fixtures.REPO)}
+    p = subprocess.run([sys.executable, "-m", "dyntool", "figures", str(hf_root), "--out", str(out),
+                        "--format", "png"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (out / "ls_loss_logits.png").stat().st_size > 1000     # loss + recorded max|logit| curves
