@@ -68,7 +68,6 @@ def data_path(path: str, pkg) -> dict:
 
 def apptest(root: Path) -> dict:
     from streamlit.testing.v1 import AppTest
-    os.environ["DYNTOOL_RUNS_DIR"] = str(root)
     at = AppTest.from_file(str(fixtures.APP_DIR / "main.py"), default_timeout=120)
     at.query_params["run"] = "big"
     t0 = time.perf_counter()
@@ -112,6 +111,7 @@ def main() -> int:
         size = _dir_size(big / "record.zarr")
         print(f"recording: {big} — {size / 2**30:.2f} GiB on disk, attn (steps={args.steps}, 2, 4, 1, 1024, 1024) float16")
         pkg = fixtures.load_app_package()
+        os.environ["DYNTOOL_RUNS_DIR"] = str(root)            # the app reads only inside RUNS_DIR
         res = {"size_gib": round(size / 2**30, 3), "data_path": data_path(str(big), pkg), "apptest": apptest(root)}
         print(json.dumps(res, indent=2))
         worst = max(res["data_path"]["step_change_cold"]["max_ms"], res["data_path"]["head_change_cold"]["max_ms"],

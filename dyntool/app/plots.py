@@ -43,10 +43,6 @@ def alpha_scale(choice: str, T: int) -> str:
     return "log" if T >= LOG_FROM_T else "[0, 1]"
 
 
-def _decade_label(e: int) -> str:
-    return f"{10.0 ** e:g}" if -3 <= e <= 0 else f"1e{e}"
-
-
 def _alpha_colour(m: np.ndarray, scale: str) -> tuple[np.ndarray, dict]:
     """(values to colour, Heatmap keywords) for an α matrix on ``scale``."""
     finite = m[np.isfinite(m)]
@@ -54,12 +50,13 @@ def _alpha_colour(m: np.ndarray, scale: str) -> tuple[np.ndarray, dict]:
         pos = finite[finite > 0]
         lo = max(float(np.percentile(pos, 1)) if pos.size else 1e-6, 1e-8)
         hi = max(float(pos.max()) if pos.size else 1.0, lo * 10)
-        z = np.log10(np.clip(m, lo, None))
-        decades = range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1)
-        ticks = [e for e in decades if np.log10(lo) - 1e-9 <= e <= np.log10(hi) + 1e-9] or [round(np.log10(hi))]
+        # α = 0 only where masked: blank, like any masked entry (log 0 has no colour)
+        z = np.where(m > 0, np.log10(np.clip(m, lo, None)), np.nan)
+        t = log_ticks([lo, hi])
         return z, dict(colorscale=SEQ_SCALE, zmin=np.log10(lo), zmax=np.log10(hi),
                        colorbar=dict(thickness=12, title=dict(text="α, log scale", side="right"),
-                                     tickvals=ticks, ticktext=[_decade_label(e) for e in ticks]))
+                                     tickvals=[float(np.log10(v)) for v in t.get("tickvals", [])],
+                                     ticktext=t.get("ticktext", [])))
     if scale == "fitted":
         top = float(finite.max()) if finite.size else 1.0
         return m, dict(colorscale=SEQ_SCALE, zmin=0.0, zmax=top or 1.0,
@@ -75,10 +72,14 @@ def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
     """Shared layout: title on the left with the toolbar stacked vertically on the right edge (so
     it never covers a title); a short legend below the plot, a long one in a scrolling column."""
     n_legend = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-    legend = (dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0) if n_legend <= MAX_LEGEND_BELOW
+    legend = (dict(orientation="h", yanchor="top", y=-0.3, xanchor="left", x=0) if n_legend <= MAX_LEGEND_BELOW
               else dict(orientation="v", yanchor="top", y=1, xanchor="left", x=1.02, font=dict(size=10)))
+    # room on the right for the toolbar, beyond a colour bar (plotly widens the margin to fit the
+    # bar itself, so without the extra room the toolbar covers its tick labels)
+    bar = any(t.type == "heatmap" or getattr(getattr(t, "marker", None), "colorbar", None) is not None
+              and t.marker.colorscale is not None for t in fig.data)
     fig.update_layout(title=dict(text=title, x=0, xanchor="left", font=dict(size=15)), height=height,
-                      margin=dict(l=10, r=40, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30),
+                      margin=dict(l=10, r=100 if bar else 40, t=70 if "<br>" in title else 45, b=10 if height < 300 else 30),
                       template="plotly_white", legend=legend, modebar=dict(orientation="v"), **kw)
     return fig
 

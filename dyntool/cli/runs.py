@@ -70,6 +70,18 @@ def _config_lines(config: dict, width: int = 100) -> list[str]:
         or ["config   (empty)"]
 
 
+def _short(v) -> str | None:
+    """A summary value in a few characters: numbers to 4 significant digits, short lists of
+    scalars; None for long lists and nested lists (per-seed curves), which belong in the file."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        if len(v) > 8 or any(isinstance(x, (list, dict)) for x in v):
+            return None
+        return "[" + ",".join(_short(x) or "…" for x in v) + "]"
+    return json.dumps(v, separators=(",", ":"))
+
+
 def _info_study(path: Path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
@@ -83,6 +95,7 @@ def _info_study(path: Path) -> int:
     print(f"study    {path}  ({len(runs)} runs, {_human(disk_usage(path))} on disk)")
     print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
     print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
+    print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
     summ = path / "summary.json"
     if summ.is_file() and not summ.is_symlink():
         try:
@@ -91,8 +104,8 @@ def _info_study(path: Path) -> int:
             print(f"problem  summary.json can't be read ({e})")
         else:
             if isinstance(s, dict):
-                for line in textwrap.wrap("  ".join(f"{k}={json.dumps(v, separators=(',', ':'))}"
-                                                    for k, v in _flat(s)), 100, initial_indent="summary  ",
+                items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
+                for line in textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
                                           subsequent_indent="         ", break_long_words=False):
                     print(line)
     print()

@@ -16,6 +16,7 @@ quiet (or is killed) is on disk after ``flush_seconds``.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import os
 import queue
@@ -414,17 +415,20 @@ class RecordedArray:
 
 
 def read_marker(path: str | Path, root: str | Path | None = None) -> int:
-    """The commit marker ``steps_written`` of the recording at ``path`` (group metadata only, no
-    array opened; 0 when it is not a count).  A live reader checks it to see new steps."""
+    """The commit marker ``steps_written`` of the recording at ``path``: the group's own metadata
+    file only (no zarr machinery, no array opened — a live reader polls this); 0 when it is not a
+    count.  Raises :class:`RecordError` when the metadata is missing, unreadable, or resolves
+    outside ``root`` (default: the run directory)."""
     path = Path(path)
     root = Path(os.path.realpath(root if root is not None else path.parent))
-    if not _inside(path, root):
-        raise RecordError(f"{path.name} resolves outside {root}; not read")
+    meta = path / "zarr.json"
+    if not _inside(meta, root):
+        raise RecordError(f"{path.name}/zarr.json resolves outside {root}; not read")
     try:
-        g = zarr.open_group(store=GuardedStore(path, root), mode="r")
-    except (RecordError, ValueError, KeyError, TypeError, OSError) as e:
+        attrs = json.loads(meta.read_text()).get("attributes", {})
+    except (OSError, ValueError, AttributeError) as e:
         raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {e})") from None
-    return _marker(dict(g.attrs), [])
+    return _marker(attrs if isinstance(attrs, dict) else {}, [])
 
 
 def _marker(attrs: dict, problems: list[str]) -> int:

@@ -192,7 +192,7 @@ def test_app_serves_and_renders_every_page(tmp_path):
         browser = Browser()
         shots = Path(os.environ.get("DYNTOOL_SCREENSHOTS", tmp_path))
         shots.mkdir(parents=True, exist_ok=True)
-        expect = {"": ("Runs", "run(s) under"), "overview": ("Overview", "Loss"),
+        expect = {"": ("Runs", "run(s) under"), "overview": ("Overview", "Training loss"),
                   "matrices?run=toy-a": ("Matrices", "α (attention)"),
                   "trajectories?run=toy-a": ("Trajectories", "Projection"),
                   "compare": ("Compare", "Group runs by")}

@@ -301,6 +301,7 @@ def test_alpha_log_scale_by_default_for_large_T():
     assert "log scale" in h.colorbar.title.text
     z = np.asarray(h.z, dtype=float)
     assert np.allclose(z[np.tril_indices(T)], np.log10(np.clip(m, 10 ** h.zmin, None))[np.tril_indices(T)])
+    assert np.isnan(z[np.triu_indices(T, 1)]).all()                # masked: blank, not the darkest colour
     assert h.zmax == pytest.approx(np.log10(m.max())) and h.zmin < np.log10(np.median(m[m > 0]))
     assert np.array_equal(np.asarray(h.customdata, dtype=float), m)
     # the spread of the non-sink entries (the structure) spans < 2% of the colours on [0, 1],

@@ -254,3 +254,29 @@ def test_app_folder_box_refuses_nul_bytes_and_escapes(folder, monkeypatch):
         assert not at.exception, bad
         assert any(words in e.value for e in at.error), (bad, [e.value for e in at.error])
         assert len(at.dataframe[0].value) == len(KINDS) + 1        # falls back to all of RUNS_DIR
+
+
+# -- live reads ---------------------------------------------------------------------------------
+
+def test_live_slices_labelled_with_marker_m_hold_m_rows(tmp_path, monkeypatch):
+    """The app reads a live run at the marker M it saw: later commits don't leak into that slice."""
+    from dyntool.record.store import read_marker
+    from dyntool.run import RunWriter
+    run = RunWriter.create(tmp_path, "toy", {}, name="live")
+    store = run.open_store(chunk_steps=2)
+    for s in range(4):
+        store.append(s, {"x": np.full(3, float(s))})
+    store.flush()
+    rec = run.path / "record.zarr"
+    m = read_marker(rec, tmp_path)
+    assert m == 4
+    monkeypatch.setenv("DYNTOOL_RUNS_DIR", str(tmp_path))
+    data = fixtures.load_app_package().data
+    for s in range(4, 9):                       # the writer commits more after M was taken
+        store.append(s, {"x": np.full(3, float(s))})
+    store.flush()
+    r = data._reader(str(run.path), m)
+    assert r.steps_written == m and len(r["x"][:]) == m and len(data.steps.__wrapped__(str(run.path), m)) == m
+    assert StoreReader(rec, limit=m)["step"][:].tolist() == [0, 1, 2, 3]
+    assert data.marker(str(run.path)) == 9
+    run.finish()

@@ -54,10 +54,15 @@ def body() -> None:
     shown = view.copy()
     shown["tags"] = shown["tags"].apply(lambda ts: ", ".join(ts or []))
     shown["problems"] = shown["problems"].apply(lambda ps: "; ".join(ps or []))
-    final_cols = [c for c in shown.columns if c.startswith("final ")]
-    cols = ["run", "kind", "status", "tags", "steps", "recorded", "size_mb", *final_cols, "problems", "created"]
+    # only columns with something in every (final values) or some (tags, problems) row: no "None"
+    # cells, and a table that fits the page width
+    final_cols = [c for c in ("final loss", "final val_loss") if c in shown and shown[c].notna().all()]
+    extra = [c for c in ("tags", "problems") if shown[c].astype(bool).any()]
+    cols = ["run", "kind", "status", "steps", "recorded", "size_mb", *final_cols, *extra, "created"]
     st.dataframe(shown[[c for c in cols if c in shown]], hide_index=True, width="stretch",
                  column_config={
+                     "run": st.column_config.TextColumn("run", pinned=True),
+                     "problems": st.column_config.TextColumn("problems", width="medium"),
                      "steps": st.column_config.NumberColumn("steps", help="training steps logged"),
                      "recorded": st.column_config.NumberColumn("recorded", help="recorded (committed) steps"),
                      "size_mb": st.column_config.NumberColumn("size", format="%.1f MB"),
