@@ -141,8 +141,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         with run if run is not None else _Null():
             cbs = []
             if run is not None:
-                cbs = [RecordingCallback(run, cfg)] + \
-                      ([] if quiet else [ConsoleCallback(stream=sys.stderr), TrainProgress()]) + \
+                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
+                cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:

@@ -242,8 +242,8 @@ class Trainer:
         try:
             while self.step < stop:
                 # a SIGTERM/SIGINT lands between steps: the checkpoint below is at the step reached
-                self._consistent = False
                 with critical_section():
+                    self._consistent = False
                     self._one_step(stop, tokens)
                     self._consistent = True
         except KeyboardInterrupt:

@@ -192,8 +192,8 @@ def test_progress_and_final_eval_announced_in_a_log(tmp_path, capsys, monkeypatc
     rc, run = train(tmp_path, "--max-steps", "6", quiet=False)
     assert rc == 0
     err = capsys.readouterr().err
-    lines = [ln for ln in err.splitlines() if ln.startswith("train: ")]
-    assert any(ln.startswith("train: 3/6 (50%)") for ln in lines), err
+    lines = [ln for ln in err.splitlines() if ln.startswith("r train: ")]     # the run's name first
+    assert any(ln.startswith("r train: 3/6 (50%)") for ln in lines), err
     assert all("step/s" in ln and "ETA" in ln and "loss=" in ln and "tok/s=" in ln for ln in lines)
     assert "final evaluation: valid" in err and "--train.final_eval=false" in err
     assert any(ln.startswith("final eval (test): ") for ln in err.splitlines())
