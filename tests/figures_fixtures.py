@@ -192,6 +192,15 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
             s["speedup"] = steps / float(np.mean(hits))
             s["t_test"] = {"t": -4.5, "p": 0.01}
             s["entropy_gap"] = {a: float(np.mean([p[a]["entropy"] for p in per_seed]) - h_min) for a in arms}
+            s["sgd_final_threshold"] = thr
+            # the per-arm table of a --controls study (as dyntool.sims.summary writes it)
+            s["arms"] = {a: {"lrs": [0.01, 0.01, 0.1 if a == em else 0.01, 0.01],
+                             "steps_to_target": ({"mean": float(np.mean(hits)), "std": float(np.std(hits)),
+                                                  "per_seed": hits} if a == em else
+                                                 {"mean": float(steps), "std": 0.0, "per_seed": [steps] * len(seeds)}),
+                             "final_heldout_loss": {"mean": float(np.mean([c[-1] for c in curves[a]])) + 0.01,
+                                                    "std": float(np.std([c[-1] for c in curves[a]]))}}
+                         for a in arms}
         if sweep:
             s["value_lr_sweep"] = []
             for m in (1, 3, 10, 30):

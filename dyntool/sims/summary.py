@@ -176,3 +176,24 @@ def table(summary: dict) -> str:
     for s in summary.get("value_lr_sweep", []):
         lines.append(f"value-LR x{s['mult']:g}: steps to SGD final {s['steps_mean']:.0f} ± {s['steps_std']:.0f}")
     return "\n".join(lines)
+
+
+def markdown_table(summary: dict) -> str:
+    """The README's sticky table: train and held-out columns, steps to SGD's final loss per arm."""
+    ho = summary.get("heldout") is not None
+    head = ["arm", "LRs W_Q/W_K/W_V/W_O", "final train loss", "held-out loss", "train acc.", "held-out acc.",
+            "entropy gap train / held-out", "steps to SGD final (train)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    arms = summary.get("arms", {})
+    for a, f in summary["final"].items():
+        g = summary["entropy_gap"][a]
+        e = arms.get(a, {})
+        st = e.get("steps_to_target")
+        lrs = "/".join(f"{v:g}" for v in e.get("lrs", []))
+        cells = [a, lrs, f"{f['final_loss']['mean']:.4f} ± {f['final_loss']['std']:.4f}",
+                 f"{f['heldout_loss']['mean']:.4f} ± {f['heldout_loss']['std']:.4f}" if ho else "–",
+                 f"{f['accuracy']['mean']:.3f}", f"{f['heldout_accuracy']['mean']:.3f}" if ho else "–",
+                 f"{g['raw']['mean']:.3f} / {g['heldout']['mean']:.3f}" if ho else f"{g['raw']['mean']:.3f}",
+                 f"{st['mean']:.0f} ± {st['std']:.0f}" if st else "–"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
