@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -45,7 +44,6 @@ import tempfile
 import time
 import traceback
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -56,7 +54,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from dyntool import masks                                  # noqa: E402
 from dyntool.attention import AttentionCore                # noqa: E402
-from dyntool.train.ls_logits import runner                 # noqa: E402
+from dyntool.train.runner import load_config, run_training   # noqa: E402
 
 SECTIONS = ("parity", "graph_breaks", "throughput", "resume", "ddp")
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "A40": 149.7}
@@ -243,7 +241,7 @@ def _ref_throughput(cfg, device, steps, warm) -> tuple[float, float]:
 
 
 def check_throughput(device, args, tmp: Path) -> None:
-    load_config, run_training = runner()
+
     gpu = device.type == "cuda"
     preset, steps = ("gpu", args.steps) if gpu else ("small", 4)
     warm = min(20, steps // 3) if gpu else 2
@@ -310,7 +308,7 @@ def _deterministic(cfg_keys: set, gpu: bool) -> list[str]:
 
 def check_resume(device, args, tmp: Path) -> None:
     from dyntool.train.config import TrainSection
-    load_config, run_training = runner()
+
     gpu = device.type == "cuda"
     n = 20 if gpu else 6
     det = _deterministic(set(TrainSection.__dataclass_fields__), gpu)

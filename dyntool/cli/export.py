@@ -31,12 +31,12 @@ def register(sub, simsub) -> None:
     ex = sub.add_parser("export", help="metrics to Parquet/CSV, arrays to NetCDF/npz, scalars to TensorBoard",
                         description="Export one run to open formats (files: metrics.parquet, metrics.csv, "
                                     "arrays.nc, arrays.npz). Never overwrites; all or nothing.")
-    ex.add_argument("run")
+    ex.add_argument("run", metavar="RUN", help="the run directory to export")
     ex.add_argument("--to", metavar="DIR", help="output directory for --format files")
     ex.add_argument("--format", default="parquet,netcdf",
                     help="comma-separated: parquet,csv (metrics), netcdf,npz (arrays); default parquet,netcdf")
     ex.add_argument("--arrays", metavar="NAME,...", help="recorded arrays to export (default: all)")
-    ex.add_argument("--steps", metavar="SPEC", help="training steps: N, A:B (A <= step < B), last; comma-separated")
+    ex.add_argument("--at-steps", dest="steps", metavar="SPEC", help="which recorded training steps: N, A:B (A <= step < B), last; comma-separated (default: all)")
     ex.add_argument("--to-tensorboard", metavar="DIR", help="per-step scalars (metrics, per-head max|logit|, "
                                                             "entropy) as a TensorBoard event file in DIR")
     ex.add_argument("--to-wandb", metavar="PROJECT", help="the same scalars to Weights & Biases (needs wandb)")

@@ -185,5 +185,5 @@ def register(sub, simsub) -> None:
 
     check = sub.add_parser("check", help="read every committed chunk of a run (or of every run in a folder); "
                                          "exit 1 if anything is corrupt")
-    check.add_argument("run", metavar="RUN_OR_FOLDER")
+    check.add_argument("run", metavar="RUN_OR_FOLDER", help="a run directory, or a folder whose runs are all checked")
     check.set_defaults(fn=cmd_check)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ..manifold import random_abs_cos
+from ..record import metric_names as mn
 from . import style
 from .common import array, metric, need
 from .registry import figure
@@ -127,7 +128,7 @@ def f8_wind_tunnel(runs, **opts):
     layers = np.arange(n_layer)
     ko = {st: [_at(run, f"key_orth/ctx/L{l}", st) for l in layers] for st in (first, last)}
     kov = {st: [_at(run, f"key_orth/vocab/L{l}", st) for l in layers] for st in (first, last)}
-    ae = {st: [_at(run, f"attn_entropy/L{l}", st) for l in layers] for st in (first, last)}
+    ae = {st: [_at(run, mn.layer(mn.ATTN_ENTROPY, l), st) for l in layers] for st in (first, last)}
     unif = _at(run, "attn_entropy/uniform", last)
     ent = array(run, "bij_model_entropy")
     rec_steps = run.steps[: len(ent)]

@@ -10,12 +10,12 @@
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
 
 from . import style
+from ..record import metric_names as mn
 from ..stats import mean_std
 from .common import metric, need
 from .registry import figure
@@ -23,7 +23,6 @@ from .train_common import (KIND, attention, best_group, diverged, final_val, lay
                            mean_curve, model_cfg, seed, smooth)
 
 LS_TYPES = ("mhsa", "ls", "qknorm")
-_HEADCOL = re.compile(r"^logit_max/L(\d+)H(\d+)$")
 
 
 def _ls_runs(runs):
@@ -340,16 +339,13 @@ def ls_logits_head_type(runs, **opts):
             rows.append(pd.DataFrame({"arm": arm, "heads": kind, "step": s, "max_logit_mean": mu, "std": sd}))
     ls_run = next(r for r in sorted(runs, key=seed) if attention(r) == "ls" and "local" in layer_logits(r))
     n_local = int(model_cfg(ls_run).get("n_local", 0))
-    for col in ls_run.metrics.columns:                 # every LS head, one line each
-        g = _HEADCOL.match(col)
-        if g:
-            sub = ls_run.metrics[["step", col]].dropna()
-            h = int(g.group(2))
-            kind = "local" if h < n_local else "global"
-            bx.plot(sub["step"], sub[col], lw=0.6 if kind == "local" else 1.2, color=style.attn_color("ls"),
-                    ls="--" if kind == "local" else "-")
-            rows.append(pd.DataFrame({"arm": "ls", "heads": f"L{g.group(1)}H{h} {kind}", "step": sub["step"],
-                                      "max_logit_mean": sub[col], "std": 0.0}))
+    for (l, h), col in sorted(mn.per_head(ls_run.metrics.columns, mn.LOGIT_MAX).items()):   # every LS head
+        sub = ls_run.metrics[["step", col]].dropna()
+        kind = "local" if h < n_local else "global"
+        bx.plot(sub["step"], sub[col], lw=0.6 if kind == "local" else 1.2, color=style.attn_color("ls"),
+                ls="--" if kind == "local" else "-")
+        rows.append(pd.DataFrame({"arm": "ls", "heads": f"L{l}H{h} {kind}", "step": sub["step"],
+                                  "max_logit_mean": sub[col], "std": 0.0}))
     bx.plot([], [], color=style.attn_color("ls"), lw=0.6, ls="--", label="local head")
     bx.plot([], [], color=style.attn_color("ls"), lw=1.2, label="global head")
     bx.set_title(f"LS run {ls_run.id}: every head", fontsize="small")

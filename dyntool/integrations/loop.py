@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import Capture
+from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, schedule
 from ..record.recorder import Recorder
 
@@ -106,8 +107,8 @@ class RunRecorder:
         rec.record(step, qs, extra=extra, grad_scale=grad_scale)
         ent = qs["attn_entropy"].float().mean(dim=(2, 3))                  # (L, nh)
         lmax = qs["logit_max"].float()
-        row = {f"attn_entropy/L{l}H{h}": v for l, r in enumerate(ent.tolist()) for h, v in enumerate(r)}
-        row.update({f"logit_max/L{l}H{h}": v for l, r in enumerate(lmax.tolist()) for h, v in enumerate(r)})
+        row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, r in enumerate(ent.tolist()) for h, v in enumerate(r)}
+        row.update({mn.head(mn.LOGIT_MAX, l, h): v for l, r in enumerate(lmax.tolist()) for h, v in enumerate(r)})
         row["recorded_logit_max"] = float(lmax.max())
         row.update(extra or {})
         self._flush_pending()

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..config import NonNegFloat, NonNegInt, PosFloat, PosInt, Seed
 from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget, schedule
@@ -64,27 +65,27 @@ class BijectionModel:
 
 @dataclass
 class BijectionConfig:
-    seed: int = 42
+    seed: Seed = 42
     V: int = 20
     L: int = 19
     with_replacement: bool = False
-    steps: int = 2000
-    batch_size: int = 128
-    lr: float = 3e-4
+    steps: PosInt = 2000
+    batch_size: PosInt = 128
+    lr: PosFloat = 3e-4
     min_lr_frac: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    heldout_seqs: int = 1024
-    heldout_seed_offset: int = 10000
+    warmup: NonNegInt = 100
+    weight_decay: NonNegFloat = 0.1
+    grad_clip: NonNegFloat = 1.0
+    heldout_seqs: PosInt = 1024
+    heldout_seed_offset: NonNegInt = 10000
     analysis_seqs: int = 256        # held-out sequences the geometry is measured on
     plot_seqs: int = 64             # ... of which PC1/PC2 scores are recorded for figures
-    eval_every: int = 100
-    log_every: int = 10
-    threads: int = 0                # torch and BLAS threads (0: leave the defaults)
-    time_limit_min: float = 0.0     # stop after the step that crosses this wall time (0: none); the
+    eval_every: PosInt = 100
+    log_every: PosInt = 10
+    threads: NonNegInt = 0              # torch and BLAS threads (0: leave the defaults)
+    time_limit_min: NonNegFloat = 0.0    # stop after the step that crosses this wall time (0: none); the
                                     # stopping step is evaluated, analysed and recorded
-    stop_at_step: int = 0           # the same stop at a fixed step (0: none), e.g. to repeat a run
+    stop_at_step: NonNegInt = 0          # the same stop at a fixed step (0: none), e.g. to repeat a run
                                     # that the time limit stopped: the lr schedule still uses `steps`
     model: BijectionModel = field(default_factory=BijectionModel)
     record: RecordConfig = field(default_factory=lambda: RecordConfig(

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from ..attention import attention_cores
 from ..manifold import key_orthogonality, manifold_metrics, pca
 from ..observe import Observer
+from ..record import metric_names as mn
 from ..quantities import attention_weights, entropy, masked_scores
 from .bijection_data import IGNORE, posterior_entropy, target_positions
 
@@ -132,9 +133,9 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         B, nh, T, hs = st["q"].shape
         a = tap.attn(l).double()
         ent = entropy(a)[..., 1:]                                          # (B, nh, T-1)
-        metrics[f"attn_entropy/L{l}"] = ent.mean().item()
+        metrics[mn.layer(mn.ATTN_ENTROPY, l)] = ent.mean().item()
         for hd in range(nh):
-            metrics[f"attn_entropy/L{l}/h{hd}"] = ent[:, hd].mean().item()
+            metrics[mn.head(mn.ATTN_ENTROPY, l, hd)] = ent[:, hd].mean().item()
         reps = {"resid": resid[l][:, kpos],                                 # (B, L, C)
                 "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
         for name, x in reps.items():
@@ -159,10 +160,10 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         metrics[f"key_orth/vocab_signed/L{l}"] = kov["mean"]
     # entropy summaries: uniform level, reduction of the last layer vs layer 0 and vs uniform
     unif = float(np.mean([math.log(i + 1) for i in range(1, tokens.shape[1])]))
-    h0, hl = metrics["attn_entropy/L0"], metrics[f"attn_entropy/L{n_layer - 1}"]
+    h0, hl = metrics[mn.layer(mn.ATTN_ENTROPY, 0)], metrics[mn.layer(mn.ATTN_ENTROPY, n_layer - 1)]
     metrics["attn_entropy/uniform"] = unif
     metrics["attn_entropy/reduction_last_vs_L0"] = 1.0 - hl / h0 if h0 > 0 else float("nan")
     metrics["attn_entropy/reduction_mean_vs_uniform"] = 1.0 - float(np.mean(
-        [metrics[f"attn_entropy/L{l}"] for l in range(n_layer)])) / unif
+        [metrics[mn.layer(mn.ATTN_ENTROPY, l)] for l in range(n_layer)])) / unif
     out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
     return {"metrics": metrics, "arrays": out_arrays}

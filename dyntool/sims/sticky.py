@@ -56,7 +56,7 @@ def _default_record() -> RecordConfig:
 class StickyConfig:
     seeds: list[Seed] = field(default_factory=lambda: [42, 2024, 1337, 7777, 9999])
     arms: list[str] = field(default_factory=lambda: ["sgd", "em"])
-    steps: int = 1000
+    steps: PosInt = 1000
     T: int = 2000                       # sequence length; N = T − 1 (input, target) pairs
     n_symbols: Annotated[int, Range(2)] = 8
     rho: float = 0.3                    # nominal self-transition

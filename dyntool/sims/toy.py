@@ -57,7 +57,7 @@ class ToyModelConfig:
 @dataclass
 class ToyConfig:
     seed: Seed = 0
-    steps: int = 500
+    steps: PosInt = 500
     lr: float = 0.5
     heldout_noise: NonNegFloat = 0.1       # held-out inputs e_j + σ·ε (0 disables the held-out set)
     model: ToyModelConfig = field(default_factory=ToyModelConfig)

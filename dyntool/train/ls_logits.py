@@ -97,16 +97,24 @@ def print_summary(summary: dict) -> None:
                   f"(peak {h['peak']:8.2f} @ {h['peak_step']})")
 
 
-def study_ls_logits(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
-    """Every (T preset, seed, arm) run's config is loaded and validated before anything is made."""
+def configs(study, preset, overrides) -> dict:
+    """Every (T preset, seed, arm) run's config, loaded and validated before anything is made.
+
+    Priority: ``ls_logits.toml`` ← its preset ← the user's ``--section.key=value`` ← the arm ←
+    ``--seeds``/``--max-steps``."""
     from .runner import load_config
-    from .studies import _study_dir, _train
     presets, arms = presets_for(preset)
     user = parse_overrides(overrides)
     fixed = {"train.max_steps": study.max_steps} if study.max_steps else {}
-    cfgs = {(p, seed, arm): load_config(CONFIG, p, [], values=merge(merge(user, nest(vals)),
-                                                                     nest({"seed": seed, **fixed})))
+    return {(p, seed, arm): load_config(CONFIG, p, [], values=merge(merge(user, nest(vals)),
+                                                                    nest({"seed": seed, **fixed})))
             for p in presets for seed in study.seeds for arm, vals in arms.items()}
+
+
+def study_ls_logits(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
+    from .studies import _study_dir, _train
+    cfgs = configs(study, preset, overrides)
+    presets, arms = presets_for(preset)
     d = _study_dir(out, "ls-logits", name)
     runs = {}
     for (p, seed, arm), cfg in cfgs.items():

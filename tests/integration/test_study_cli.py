@@ -31,11 +31,10 @@ def test_span_study_runs_the_listed_seeds(tmp_path, monkeypatch):
 
 
 def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
-    from dyntool.train.studies import LS_LOGITS, StudyConfig, _configs
-    arms = {"mhsa": "wikitext_mhsa.toml", "ls": "wikitext_ls.toml"}
-    cfgs = _configs(arms, {}, StudyConfig(seeds=[0, 3], max_steps=5), "small",
-                    ["--optim.lr=3e-3"], base_values=LS_LOGITS)
-    assert sorted(cfgs) == [("ls", 0), ("ls", 3), ("mhsa", 0), ("mhsa", 3)]
-    c = cfgs["ls", 3]
-    assert (c.seed, c.train.max_steps, c.optim.lr, c.data.block_size) == (3, 5, 3e-3, 256)
-    assert c.model.attention == "ls" and cfgs["mhsa", 0].model.attention == "mhsa"
+    from dyntool.train.ls_logits import configs
+    from dyntool.train.studies import StudyConfig
+    cfgs = configs(StudyConfig(seeds=[0, 3], max_steps=5), "cpu", ["--optim.lr=3e-3"])
+    assert set(cfgs) == {("cpu", s, a) for s in (0, 3) for a in ("mhsa", "ls", "qknorm")}
+    c = cfgs["cpu", 3, "ls"]
+    assert (c.seed, c.train.max_steps, c.optim.lr, c.data.block_size) == (3, 5, 3e-3, 512)
+    assert c.model.attention == "ls" and cfgs["cpu", 0, "mhsa"].model.attention == "mhsa"

@@ -134,7 +134,7 @@ def test_arrays_netcdf_round_trip(run, tmp_path):
 
 def test_arrays_npz_round_trip(run, tmp_path):
     out = tmp_path / "x"
-    assert main(["export", str(run.path), "--to", str(out), "--format", "npz", "--steps", "10:"]) == 0
+    assert main(["export", str(run.path), "--to", str(out), "--format", "npz", "--at-steps", "10:"]) == 0
     z = np.load(out / "arrays.npz")
     for n, a in _arrays(run).items():
         assert z[n].dtype == a.dtype
@@ -155,8 +155,8 @@ def test_selected_arrays_only(run, tmp_path):
 @pytest.mark.parametrize("args, msg", [
     (["--format", "parquet,hdf9"], "unknown export format hdf9"),
     (["--format", "npz", "--arrays", "attn,nope"], "unknown array(s) nope"),
-    (["--format", "npz", "--steps", "7"], "step 7 was not recorded"),
-    (["--format", "npz", "--steps", "a:b"], "bad --steps item"),
+    (["--format", "npz", "--at-steps", "7"], "step 7 was not recorded"),
+    (["--format", "npz", "--at-steps", "a:b"], "bad --at-steps item"),
 ])
 def test_bad_input_one_line_exit_2_nothing_left(run, tmp_path, capsys, args, msg):
     out = tmp_path / "new" / "x"

@@ -82,7 +82,7 @@ def test_wandb_sink_calls(run, monkeypatch):
 
     fake = types.SimpleNamespace(init=lambda **kw: calls.append(("init", kw)) or FakeRun())
     monkeypatch.setitem(sys.modules, "wandb", fake)
-    assert main(["export", str(run.path), "--to-wandb", "proj", "--steps", "0:4"]) == 0
+    assert main(["export", str(run.path), "--to-wandb", "proj", "--at-steps", "0:4"]) == 0
     assert calls[0][0] == "init" and calls[0][1]["project"] == "proj" and calls[0][1]["name"] == "r"
     logs = [c for c in calls if c[0] == "log"]
     assert [c[1] for c in logs if "loss" in c[2]] == [0, 1, 2, 3]
@@ -120,6 +120,6 @@ def test_tensorboard_bad_input_leaves_nothing(run, tmp_path, capsys):
     assert main(["export", str(run.path), "--to-tensorboard", str(blocker / "tb")]) == 2
     err = capsys.readouterr().err.strip()
     assert "can't be written" in err and len(err.splitlines()) == 1
-    assert main(["export", str(run.path), "--to-tensorboard", str(tmp_path / "a" / "tb"), "--steps", "x:y"]) == 2
-    assert "bad --steps item" in capsys.readouterr().err
+    assert main(["export", str(run.path), "--to-tensorboard", str(tmp_path / "a" / "tb"), "--at-steps", "x:y"]) == 2
+    assert "bad --at-steps item" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
