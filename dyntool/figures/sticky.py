@@ -318,8 +318,14 @@ def controls(runs, **opts):
     ax, bx = fig.subplots(1, 2)
     x = np.arange(len(names))
     cols = [style.arm_color(a, k) for k, a in enumerate(names)]
-    ax.bar(x, df["steps_mean"], yerr=df["steps_std"], color=cols, capsize=2, alpha=0.85)
+    # SGD defines the target (its own mean final loss), so its bar would only restate the budget
+    shown = np.array([a != "sgd" for a in names])
+    ax.bar(x[shown], df["steps_mean"][shown], yerr=df["steps_std"][shown], color=[c for c, k in zip(cols, shown) if k],
+           capsize=2, alpha=0.85)
     for k in range(len(names)):
+        if not shown[k]:
+            ax.text(k, 0.02 * max(n_steps, 1), "target", ha="center", va="bottom", fontsize=6, rotation=90)
+            continue
         pts = [v for c, v in df.iloc[k].items() if str(c).startswith("steps_seed")]
         ax.plot(np.full(len(pts), k) + np.linspace(-0.15, 0.15, len(pts)), pts, ".", color="black", ms=2.5)
     if n_steps:
@@ -337,7 +343,7 @@ def controls(runs, **opts):
     else:
         bx.set_axis_off()
     tuned = summ.get("sgd_tuned") or {}
-    parts = [f"{style.arm_label(a)} {r.steps_mean:.0f} ± {r.steps_std:.0f}" +
+    parts = [f"{style.arm_label(a)} " + ("(target)" if a == "sgd" else f"{r.steps_mean:.0f} ± {r.steps_std:.0f}") +
              (f" (held-out {r.heldout_mean:.4f})" if "heldout_mean" in df else "") for a, r in zip(names, df.itertuples())]
     caption = ("Learning-rate controls on the sticky chain (mean ± population std over seeds; dots: seeds). "
                "(a) steps until the training loss first falls below SGD's mean final training loss "

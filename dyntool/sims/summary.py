@@ -100,9 +100,8 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
         arms_out = {}
         hthr = float(np.mean([r["sgd"]["heldout_loss"] for r in per_seed])) if fev else None
         for a in cfg.arms:
-            e = {"lrs": per_seed[0][a]["lrs"],
-                 "steps_to_target": ({**_mean_std(arms_steps[a]), "per_seed": arms_steps[a]} if a in arms_steps
-                                     else {"mean": float(cfg.steps), "std": 0.0, "per_seed": [cfg.steps] * len(per_seed)})}
+            st = arms_steps.get(a) or [steps_to_threshold(np.asarray(r[a]["losses"]), thr) for r in per_seed]
+            e = {"lrs": per_seed[0][a]["lrs"], "steps_to_target": {**_mean_std(st), "per_seed": st}}
             if fev:
                 hs = [_first_below(heldout[idx[(s, name_of[a])]], hthr, cfg.steps) for s in cfg.seeds]
                 e["heldout_steps_to_target"] = {**_mean_std(hs), "per_seed": hs}
