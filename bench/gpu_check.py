@@ -140,13 +140,14 @@ def check_parity(device, args) -> None:
 
 # ------------------------------------------------------------------------------------ graph breaks
 def _tiny_model(attention, device, span=None, **kw):
-    from dyntool.train.config import ModelConfig, SpanSection
+    from dyntool.span import SpanConfig
+    from dyntool.train.config import ModelConfig
     from dyntool.train.gpt import GPT
     backend = "flex" if attention == "ls" and device.type == "cuda" else "auto"
     cfg = ModelConfig(attention=attention, n_layer=2, n_head=6, n_embd=192, n_local=5, n_global=1,
                       window=50, backend=backend, **kw)
     torch.manual_seed(0)
-    return GPT(cfg, 1000, 256, span=SpanSection(**(span or {})), device_type=device.type).to(device)
+    return GPT(cfg, 1000, 256, span=SpanConfig(**(span or {})), device_type=device.type).to(device)
 
 
 def check_graph_breaks(device, args) -> None:
@@ -307,11 +308,11 @@ def _deterministic(cfg_keys: set, gpu: bool) -> list[str]:
 
 
 def check_resume(device, args, tmp: Path) -> None:
-    from dyntool.train.config import TrainSection
+    from dyntool.train.config import TrainLoopConfig
 
     gpu = device.type == "cuda"
     n = 20 if gpu else 6
-    det = _deterministic(set(TrainSection.__dataclass_fields__), gpu)
+    det = _deterministic(set(TrainLoopConfig.__dataclass_fields__), gpu)
     base = [f"--data.path={data_path(tmp)}", f"--train.max_steps={n}", "--train.eval_interval=0",
             "--train.final_eval=false", "--record.every=0", f"--device={'cuda' if gpu else 'cpu'}"] + det
     if not gpu:

@@ -103,9 +103,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
 
 
 def _coerce_base(key: str, base: Any, value: Any) -> Any:
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null") and optional):
-        if optional:
-            return None
+    if value is None:                   # optional leaves were handled by the caller
         raise ConfigError(key, "may not be empty")
     origin = typing.get_origin(base)
     if origin is list:

@@ -24,12 +24,10 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-import random
 import time
 from contextlib import ExitStack, nullcontext
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ..data.wikitext import eval_batches, get_batch

@@ -101,8 +101,8 @@ def test_rng_states_round_trip_through_weights_only(tmp_path):
 
 
 def test_checkpoint_written_by_default_interval(tmp_path):
-    from dyntool.train.config import TrainSection
-    assert TrainSection().checkpoint_interval > 0                      # kill -9 safe by default
+    from dyntool.train.config import TrainLoopConfig
+    assert TrainLoopConfig().checkpoint_interval > 0                      # kill -9 safe by default
     rc, run = train(tmp_path, "--max-steps", "9", "--train.checkpoint_interval=4", "--train.stop_at=6")
     assert rc == 0 and ck_step(run) == 6
 
