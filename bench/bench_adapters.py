@@ -44,7 +44,7 @@ def step(model, opt, x):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--data", default="/work/shared/data/wikitext-2")
+    ap.add_argument("--data", default=None, help="WikiText-2 folder (default: ../shared/data/wikitext-2)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--vocab", type=int, default=4096,
                     help="keep the V-1 most frequent words, the rest share one id (CPU step cost)")

@@ -1,6 +1,6 @@
 """Reference: the straightforward per-run PyTorch autograd loop of the authors' sticky-chain study.
 
-Re-implemented from the spec (§4.2), not copied: one ``nn.Module`` single head, ``F.cross_entropy``,
+Re-implemented from arXiv 2512.22473's sticky-chain setup, not copied: one ``nn.Module`` single head, ``F.cross_entropy``,
 ``torch.optim.SGD`` for the SGD arm and manual ``no_grad`` updates for the EM-like arm, one run at a
 time, the full T×T score matrix materialised and masked.  Same RNG order as the authors' script:
 ``manual_seed(seed)`` → data (μ under embed_seed 0, state restored) → ``manual_seed(seed)`` before

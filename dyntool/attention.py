@@ -1,6 +1,6 @@
 """Attention modules with one recording seam.
 
-``AttentionCore`` owns the mask, the backend and the seam; ``SingleHeadAttention`` (the spec's
+``AttentionCore`` owns the mask, the backend and the seam; ``SingleHeadAttention`` (arXiv 2512.22473's
 sticky-chain head: separate W_Q, W_K, W_V, W_O, no biases) and ``CausalSelfAttention``
 (nanoGPT-like multi-head) both call ``AttentionCore.attend(q, k, v)`` with per-head tensors
 ``(B, nh, T, hs)``.  That is the *only* place attention is computed, so masks, backends and

@@ -7,7 +7,7 @@ Usage (the same for dyntool's modules, Hugging Face, TransformerLens and nanoGPT
         loss.backward()
     quantities = cap.compute()          # name -> tensor (L, nh, S, ...), see dyntool.quantities
 
-Design (anchors.md §2.3–2.4, §5):
+Design (the PyTorch hook pitfalls TransformerLens and nnsight users hit):
 - the model's attention reaches this class only through the observer contract of
   :mod:`dyntool.observe`; an adapter (:mod:`dyntool.adapters`, found automatically) wires it up
   on ``__enter__`` and unwires it on ``__exit__`` whatever happens;

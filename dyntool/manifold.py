@@ -1,4 +1,4 @@
-"""Manifold metrics (spec ``gradient-dynamics-paper.md`` §6 D6–D8): one implementation for the
+"""Manifold metrics (arXiv 2512.22473 / 2512.22471: diagnostics D6–D8): one implementation for the
 simulations, the trainer, the figures and the app.
 
 Input: a representation matrix ``x`` (n points × d features: values v_j, head outputs g_i, or a
@@ -58,7 +58,7 @@ __all__ = ["PCAResult", "ManifoldMetrics", "pca", "pearson", "participation_rati
            "key_orthogonality", "random_abs_cos", "N_PCS"]
 
 N_PCS = 5          # r(PC_k, H) is reported for k = 1..N_PCS
-R2_SEED = 42       # the spec's split (random_state 42)
+R2_SEED = 42       # the authors' split (random_state 42)
 
 
 @dataclass

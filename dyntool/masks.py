@@ -5,7 +5,7 @@ broadcastable integer tensors ``(h, q_idx, kv_idx)`` and returns a boolean tenso
 object yields a dense boolean mask for the manual/SDPA backends (``dense``) and a flex-attention
 ``mask_mod`` on CUDA (``mask_mod``).  True means *attend*.
 
-Conventions (the spec's):
+Conventions (those of arXiv 2512.22473):
 - ``causal()``: key ``j`` is visible to query ``i`` iff ``j <= i`` (the diagonal is kept).
 - ``sliding_window(p)``: a *local* causal window of width ``p`` **including the query itself**:
   query ``i`` sees keys ``j`` in ``[i - p + 1, i]`` (truncated at 0), i.e. exactly ``p`` keys once

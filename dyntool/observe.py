@@ -12,7 +12,7 @@ adapter in :mod:`dyntool.adapters` for Hugging Face, nanoGPT-style SDPA modules,
   (the ``repeat_kv`` convention of Hugging Face and TransformerLens).
 - ``out``: the per-head output tensor the forward consumes next (``Σ_j α_ij v_j``), laid out
   (B, nh, T, d_v) or, with ``heads_dim=2``, (B, T, nh, d_v).  The observer puts a *tensor* hook
-  on it to receive ``U = ∂L/∂out`` (anchors.md §2.3: never module backward hooks).
+  on it to receive ``U = ∂L/∂out`` (never module backward hooks: they fire at the wrong time for this).
 - ``allowed``: boolean, True = attend, broadcastable to (B, nh, T, Tk): causal, padding and
   sliding-window masks all end up here (:func:`allowed_from` converts the usual forms).
 - ``scale``: the factor on ``q·k`` (``1/sqrt(d_k)`` unless the model says otherwise).

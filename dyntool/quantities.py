@@ -1,6 +1,6 @@
 """The first-order quantities of attention training, as pure tensor functions.
 
-Notation (spec ``gradient-dynamics-paper.md`` §2, row-major): per head, queries ``q_i``, keys
+Notation (arXiv 2512.22473, first-order analysis; row-major): per head, queries ``q_i``, keys
 ``k_j``, values ``v_j``, scale ``τ = 1/sqrt(d_k)``, allowed set ``M(i)`` (the mask).
 
 =====================  =========================================================  ==============

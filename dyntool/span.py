@@ -6,7 +6,7 @@ Mechanism*, arXiv 2512.13033.  All we could read is the abstract: the canonical 
 *backward* gradients into "parallel spans" and "orthogonal violations", which are rescaled;
 "0th order bidirectional parallel spans" helped most, giving a 0.56% lower validation loss on
 WikiText-2.  The method section, formulas and hyper-parameters could not be retrieved, so
-everything below is our candidate family (shared/papers/span-paper.md §2.4); pick the paper's
+everything below is our candidate family (arXiv 2512.13033 gives only the abstract's idea); pick the paper's
 setting once someone checks the PDF.  Call it ``span-recon`` in configs and docs.
 
 Forward: ``O = softmax(τ Q Kᵀ + mask) V`` via ``F.scaled_dot_product_attention`` with exactly
@@ -34,10 +34,10 @@ then, per head and per token (rows g of dQ or dK, x = that token's own q_i or k_
   α0_col·τ·γ_j·Σ_i P_ij q_i.  γ is computed from the standard dS, so row and column terms
   commute.  Note the row mode is invisible to the loss (softmax is shift-invariant per row),
   so the standard gradient has α0 = 0; the column mode has no such meaning - it is just the
-  transposed construction.  Default alpha0_col = 0 (row only, as span-paper.md §2.4).
+  transposed construction.  Default alpha0_col = 0 (row only).
 
 dV is never touched.  With all scales at 1 (alpha0 = alpha0_col = 0) every candidate returns
-the standard gradient.  Position (span-paper.md §2.5): the split sits between the attention
+the standard gradient.  Position: the split sits between the attention
 core backward and the Q/K projection (and RoPE) backward; use it on post-RoPE q, k.
 
 Autocast: ``custom_fwd/custom_bwd`` for ``q.device.type``; the forward keeps the ambient
@@ -48,7 +48,7 @@ rows get P = 0 (as SDPA's output 0).  Not supported: dropout, GQA, nested tensor
 Implementations (``span_attention(impl=...)``): ``"eager"`` is the custom Function above, for
 every candidate.  ``"hook"`` (the default for c1_orthogonal via ``"auto"``) keeps SDPA's own
 fused backward for the standard grads and rescales dQ, dK in an identity Function on q and k
-(span-paper.md §5.2): C1a needs no P, and this keeps flash kernels on GPU.
+C1a needs no P, and this keeps flash kernels on GPU.
 
 Micro-benchmark (dev CPU, shared with other jobs, so per-thread CPU time, 1 thread, float32,
 torch 2.13; B=8, nh=4, T=128, hs=32, causal; α=2, β=0.5 on both sides; median of 60):
@@ -229,7 +229,7 @@ def _span_backward(cfg: SpanConfig, q, k, v, do, attn_mask, is_causal, scale):
 class _ProjectGrad(torch.autograd.Function):
     """Identity forward; backward replaces g by α·g∥ + β·g⊥ (C1a, x = the input itself).
 
-    The hook form of span-paper.md §5.2: SDPA's own fused backward produces the standard
+    The hook form: SDPA's own fused backward produces the standard
     gradient and only this O(T·hs) step is added, so no P is recomputed."""
 
     @staticmethod

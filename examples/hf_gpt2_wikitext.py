@@ -5,7 +5,7 @@ from dyntool.data.wikitext import load_wikitext, get_batch, fixed_batch
 from dyntool.integrations import RunRecorder
 
 steps, T = int(os.environ.get("STEPS", 300)), 64
-corpus = load_wikitext(os.environ.get("DATA", "/work/shared/data/wikitext-2"))
+corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 torch.manual_seed(0)
 model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=corpus.vocab_size, n_positions=T,
     n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))

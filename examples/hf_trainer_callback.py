@@ -9,7 +9,7 @@ from dyntool.data.wikitext import fixed_batch, load_wikitext
 from dyntool.integrations import HFRecorderCallback
 
 steps, T = int(os.environ.get("STEPS", 200)), 32
-corpus = load_wikitext(os.environ.get("DATA", "/work/shared/data/wikitext-2"))
+corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 ids = torch.as_tensor(corpus.train[: (len(corpus.train) // T) * T].astype("int64")).view(-1, T)
 
 

@@ -10,7 +10,7 @@ from dyntool.data.wikitext import fixed_batch, get_batch, load_wikitext
 from dyntool.integrations import LightningRecorder
 
 steps, T = int(os.environ.get("STEPS", 200)), 32
-corpus = load_wikitext(os.environ.get("DATA", "/work/shared/data/wikitext-2"))
+corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 
 
 class LM(L.LightningModule):

@@ -50,7 +50,7 @@ class GPT(nn.Module):
 
 
 steps, T = int(os.environ.get("STEPS", 200)), 64
-corpus = load_wikitext(os.environ.get("DATA", "/work/shared/data/wikitext-2"))
+corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 torch.manual_seed(0)
 model = GPT(corpus.vocab_size, T)
 opt, gen = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ from dyntool.data.wikitext import fixed_batch, get_batch, load_wikitext
 from dyntool.integrations import RunRecorder
 
 steps, T = int(os.environ.get("STEPS", 200)), 32
-corpus = load_wikitext(os.environ.get("DATA", "/work/shared/data/wikitext-2"))
+corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 cfg = HookedTransformerConfig(n_layers=2, d_model=64, n_ctx=T, d_head=16, n_heads=4, d_vocab=corpus.vocab_size,
                               act_fn="gelu", normalization_type="LN", device="cpu", seed=0)
 with warnings.catch_warnings():

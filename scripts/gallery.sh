@@ -25,7 +25,7 @@ dt() { "$PY" -m dyntool "$@"; }
 mkdir -p "$RUNS"
 inputs=()
 
-# -- toy head (spec §4.1) ----------------------------------------------------------------------
+# -- toy head (arXiv 2512.22473, toy attention-head simulation) ----------------------------------------------------------------------
 toy="$RUNS/toy/toy"
 if [ -d "$toy" ] && ! grep -q '"status": "finished"' "$toy/meta.json" 2>/dev/null; then
     echo "gallery: removing incomplete $toy"; rm -rf "$toy"
@@ -36,7 +36,7 @@ if [ ! -d "$toy" ]; then
 fi
 inputs+=("$toy")
 
-# -- sticky Markov chain (spec §4.2); guarded: needs `dyntool sim sticky-markov` ------------------
+# -- sticky Markov chain (arXiv 2512.22473, sticky Markov-chain task); guarded: needs `dyntool sim sticky-markov` ------------------
 sticky="$RUNS/sticky-markov/default"
 if dt sim sticky-markov --help >/dev/null 2>&1; then
     if [ -d "$sticky" ] && [ ! -f "$sticky/summary.json" ]; then

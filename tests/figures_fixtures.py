@@ -47,7 +47,7 @@ def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
 # ---------------------------------------------------------------------------------------------
 
 def _transition(n: int = 8, rho: float = 0.3) -> np.ndarray:
-    """The authors' script construction (spec §4.2), circulant."""
+    """The authors' script construction (arXiv 2512.22473, sticky Markov-chain task), circulant."""
     row = np.zeros(n)
     for j in range(n):
         d = min(j, n - j)

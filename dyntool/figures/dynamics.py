@@ -1,4 +1,4 @@
-"""Gradient-dynamics figures from a toy run (spec gradient-dynamics-paper.md §4.1, §5 F1–F2).
+"""Gradient-dynamics figures from a toy run (arXiv 2512.22473: toy simulation, figures F1–F2).
 
 * ``f1_feedback_loop`` — the §2.4 loop drawn from one recorded step of a real toy run: routing
   (advantage signs, α), the value update as the α-weighted sum of error signals (it lands on the

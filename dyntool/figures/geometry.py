@@ -1,4 +1,4 @@
-"""Sticky-chain study figures, structure (spec gradient-dynamics-paper.md §5 F5–F7, §6 D5–D7, D10):
+"""Sticky-chain study figures, structure (arXiv 2512.22473: figures F5–F7; diagnostics D5–D7, D10):
 
 * ``f5_attention`` — α on the recorded window at the end, per arm, raw and sorted by the previous
   symbol (content routing shows as blocks), plus mean attention entropy per step;

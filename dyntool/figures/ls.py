@@ -1,4 +1,4 @@
-"""LS-attention figures from WikiText training runs (spec ls-attention-paper.md §5.2):
+"""LS-attention figures from WikiText training runs (arXiv 2505.15548):
 
 * ``ls_loss_logits`` — training loss (validation overlaid) and model max|logit| per step for mhsa /
   ls / qknorm, mean ± std over seeds, divergence points marked (the paper's Fig. 1 analogue);

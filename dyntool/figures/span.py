@@ -1,4 +1,4 @@
-"""Span-recon figures from WikiText training runs (spec span-paper.md §3.3, §6):
+"""Span-recon figures from WikiText training runs (arXiv 2512.13033, reconstruction):
 
 * ``span_val_loss`` — (a) validation loss per step, baseline and each span setting, mean ± std
   over seeds; (b) the relative change of the final validation loss against the baseline of the same

@@ -1,4 +1,4 @@
-"""Sticky-chain study figures, curves (spec gradient-dynamics-paper.md §4.2, §4.5, §5 F3–F4):
+"""Sticky-chain study figures, curves (arXiv 2512.22473: sticky chain, figures F3–F4):
 
 * ``f3_em_vs_sgd`` — loss per step, mean ± std over seeds per arm, H_min line, and a marker at the
   mean step where EM-like first goes below SGD's mean final loss (the authors' metric);
@@ -47,7 +47,7 @@ def _curves(runs, name) -> dict[str, list[tuple[int, np.ndarray, np.ndarray]]]:
 
 
 def crossing(curves: dict) -> dict | None:
-    """Authors' speed-up metric (spec §4.2): thr = mean over seeds of SGD's final loss; per EM seed
+    """Authors' speed-up metric (arXiv 2512.22473, sticky Markov-chain task): thr = mean over seeds of SGD's final loss; per EM seed
     the first step whose loss is below thr (else the number of steps); mean ± population std."""
     sgd = curves.get("sgd")
     em_arm = next((a for a in curves if is_em(a)), None)

@@ -3,7 +3,7 @@
 Layout: one zarr v3 group ``record.zarr`` per run.  Every array has a leading ``step`` axis and
 ``dimension_names``; the array ``step`` holds the training step of each recorded index.
 
-Concurrency contract (anchors.md §4): zarr's ``append``/``resize`` updates an array's shape
+Concurrency contract: zarr's ``append``/``resize`` updates an array's shape
 *before* its data lands, so a reader trusting ``shape[0]`` can see fill values.  The writer
 therefore writes data for all arrays first and only then bumps the group attribute
 ``steps_written``; readers never read past it.  Floats use NaN as the fill value so a bug shows.

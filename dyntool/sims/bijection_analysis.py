@@ -1,4 +1,4 @@
-"""Paper-I analyses of a wind-tunnel GPT on held-out sequences (spec §4.4, §6 D5–D8).
+"""Paper-I analyses of a wind-tunnel GPT on held-out sequences (arXiv 2512.22471 (Paper I), bijection wind tunnel, §6 D5–D8).
 
 :class:`Tap` reads every attention core's per-head ``(q, k, v, y)`` through the same seam as
 :class:`dyntool.capture.Capture` (the observer contract of :mod:`dyntool.observe`) but without gradients, so the
@@ -13,7 +13,7 @@ Per layer ``l`` (0-based, "output of block l"):
   ``resid`` = the residual stream after block l (Paper I's "value manifold" reads the final one),
   ``g`` = the layer's head outputs g_i = Σ_j α_ij v_j of all heads, concatenated (before c_proj);
 * key orthogonality (D8) with two definitions: ``ctx`` = keys k_j of the L (distinct) key tokens
-  inside each sequence, per head, mean |cos| over pairs (spec / Paper III), and ``vocab`` = the
+  inside each sequence, per head, mean |cos| over pairs (as in Paper III, arXiv 2512.23752), and ``vocab`` = the
   vocabulary keys E W_K^h of the V key tokens (Paper I's ``cmd_orthogonality``, raw embedding, no
   LayerNorm), signed mean and mean |cos|;
 * attention entropy (D5): per-head entropy of α_i· averaged over heads and over query positions

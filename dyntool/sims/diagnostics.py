@@ -11,7 +11,7 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_neg_b_mass``        D1 Σ_ij α_ij 1[b_ij < 0] / N: attention mass on useful values
 ``diag_b_sv1``             D1 top singular value of B on the recorded window
 ``diag_routing_drive``     D2 mean_i Var_{α_i}(b) = +mean_i Σ_j ∂L/∂s_ij · b_ij  (≥ 0: Σ_j α_ij(b_ij − E)b_ij
-                           is a variance; the spec's D2 identity has a minus sign that is wrong)
+                           is a variance; an earlier reading of the D2 identity had a wrong minus sign)
 ``diag_eff_columns``       D3 exp(H(c/Σc)), effective number of used value columns
 ``diag_max_usage``         D3 max_j c_j / N;  ``diag_dead_values``: #{c_j < 1e-3}
 ``diag_value_norm``        D4 mean ‖v_j‖
@@ -23,7 +23,7 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_key_orthogonality`` D8 mean off-diagonal |cos| between the columns of W_K
 ``diag_same_symbol_mass``  D9 α mass on keys whose preceding symbol equals the query's
 ``diag_grad_norm_qk/v/o``  D10 ‖∂L/∂W_{Q,K}‖, ‖∂L/∂W_V‖, ‖∂L/∂W_O‖
-``diag_share_qk/v/o``      D10 shares of Σ‖∂L/∂θ‖² (first-order ΔL split of spec §2.7)
+``diag_share_qk/v/o``      D10 shares of Σ‖∂L/∂θ‖² (first-order ΔL split of arXiv 2512.22473, first-order loss change)
 ``diag_js_drift``          D10 mean JS(α_i(t) ‖ α_i(previous record)) on the recorded window
 ``diag_entropy_gap``       D11 H_pred − H_min;  ``diag_excess_loss``: loss − H_min
 ``diag_routing_residual``  ‖∂L/∂S(autograd) − α⊙(B − E_α[b])‖ / ‖∂L/∂S(autograd)‖ on the recorded

@@ -9,7 +9,7 @@ endpoint.  These measures use only neighbouring recorded steps and the gradients
 * ``value_drift`` ‖V(t) − V(t−Δ)‖ / ‖V(t−Δ)‖ per training step (relative change of all values);
 * ``share_routing/values/readout`` gradient-energy shares ‖∂L/∂W_{Q,K}‖², ‖∂L/∂W_V‖²,
   ‖∂L/∂W_O‖² over their sum at step t (D10; the first-order split of −ΔL under equal learning
-  rates, spec §2.7).
+  rates, arXiv 2512.22473, first-order loss change).
 
 Pure numpy on arrays, so the sims, the bijection wind tunnel and the app can all call it:
 ``interval_measures(steps, attn=..., values=..., grad_sq=...)``.

@@ -1,4 +1,4 @@
-"""Batched closed-form trainer for a single attention head (spec §1, §2.6, §4.2).
+"""Batched closed-form trainer for a single attention head (arXiv 2512.22473, model and notation, §2.6, §4.2).
 
 R independent runs (e.g. seeds × arms) train at once; every tensor has a leading run axis.
 Model per run: ``q = x W_Q``, ``k = x W_K``, ``v = x W_V``, ``s = q kᵀ/√d_k`` (causal mask keeps the
@@ -249,7 +249,7 @@ class TrainResult:
 
 
 def _closed_form_value(W_V, gWV, HtH, N: int, kappa: float, ridge: float):
-    """EXTENSION (spec §3, INFERRED ``em_closed_form``), not the paper's method.
+    """EXTENSION (arXiv 2512.22473, two-timescale EM view, INFERRED ``em_closed_form``), not the paper's method.
 
     With α frozen for the step and h_i = (αX)_i, g_i = h_i W_V.  Move every context along its
     error signal, g*_i = g_i − κ·N·u_i (N·u_i = W_Oᵀ(p_i − e_{y_i}) is O(1) per position), and

@@ -1,8 +1,8 @@
-"""``dyntool sim sticky-markov``: the sticky Markov-chain study of spec §4.2 (EM-like vs SGD).
+"""``dyntool sim sticky-markov``: the sticky Markov-chain study of arXiv 2512.22473, sticky Markov-chain task (EM-like vs SGD).
 
 All (seed, arm) runs train together in one batched closed-form engine
 (:mod:`dyntool.sims.single_head`); each still gets its own run directory and recording.  The
-study directory holds ``summary.json`` (spec §4.2 metrics, the t-test, entropy gaps, optional
+study directory holds ``summary.json`` (arXiv 2512.22473, sticky Markov-chain task metrics, the t-test, entropy gaps, optional
 value-LR sweep) next to the runs ``seed{S}-{arm}``.
 
 Arms: ``sgd`` (all learning rates ``lr``), ``em`` (the paper's EM-like schedule: W_V at

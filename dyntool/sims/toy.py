@@ -1,7 +1,7 @@
-"""``dyntool sim toy``: the T = 5 toy head of spec §4.1, trained by autograd and recorded through
+"""``dyntool sim toy``: the T = 5 toy head of arXiv 2512.22473, toy attention-head simulation, trained by autograd and recorded through
 the generic seam (``Capture`` on ``SingleHeadAttention``) every step.
 
-Default (spec §4.1, reconstructed): one-hot inputs x_j = e_j, labels (0, 0, 1, 1, 2), 3 classes,
+Default (arXiv 2512.22473, toy attention-head simulation, reconstructed): one-hot inputs x_j = e_j, labels (0, 0, 1, 1, 2), 3 classes,
 d_k = d_v = 2, full attention (``--model.causal=true`` for causal), init N(0, 0.5²) under seed 0,
 full-batch plain gradient descent with lr 0.5.  Because x_j is one-hot, the rows of W_V *are* the
 value vectors v_j, so ``values`` traces the 2-D trajectories of F2.

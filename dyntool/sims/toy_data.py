@@ -1,4 +1,4 @@
-"""Toy attention-head task (spec §4.1): T one-hot positions, a few classes, 2-D q/k/v.
+"""Toy attention-head task (arXiv 2512.22473, toy attention-head simulation): T one-hot positions, a few classes, 2-D q/k/v.
 
 With x_j = e_j (d_x = T), the rows of W_Q, W_K, W_V *are* q_j, k_j, v_j, so raw 2-D geometry and
 the full T×T α / B / A matrices can be plotted directly.  Training uses the batched engine
@@ -14,7 +14,7 @@ under ``torch.manual_seed(0)`` drawn W_Q, W_K, W_V, W_O in that order, lr 0.5, f
   0.96/0.95 on key 4; query 4 (the lone class-2 position) stays spread (0.15–0.28).
 * causal=True: loss 1.177 → 0.0008 at step 500, entropy 0.954 → 0.621 (rows have 1..5 keys).
 
-Spec §4.1 (the spec author's NumPy port, a different RNG, so the init differs): loss 1.096 →
+arXiv 2512.22473, toy simulation (a NumPy port with a different RNG, so the init differs): loss 1.096 →
 ~0.004 by step 500, mean attention entropy 1.595 → 0.79 nats, value norms 0.25–0.69 → 2.1–3.9.
 Qualitatively the same: the loss collapses within a few hundred steps, attention sharpens from
 near-uniform (log 5 = 1.609) and values grow several-fold; the exact routing pattern (which key

@@ -70,3 +70,24 @@ def test_dyntool_figures_draws_from_an_hf_recorded_run(hf_root, tmp_path):
                         "--format", "png"], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (out / "ls_loss_logits.png").stat().st_size > 1000     # loss + recorded max|logit| curves
+
+
+@pytest.mark.browser
+def test_browser_renders_the_matrices_of_an_hf_recorded_run(hf_root, tmp_path):
+    """The served app, in headless Chromium, draws α of the HF run (not only AppTest)."""
+    from .test_app_browser import CHROMIUM, Browser, Server
+    if CHROMIUM is None:
+        pytest.skip("no Chromium binary (Debian: apt-get install -y chromium)")
+    server, browser = Server(hf_root), None
+    try:
+        browser = Browser()
+        browser.open(f"{server.url}/matrices?run=hf-gpt2", charts=1)
+        text = browser.text()
+        assert "Matrices" in text and "α (attention)" in text, text[:2000]
+        assert "Traceback" not in text and "could not be drawn" not in text, text[:2000]
+        browser.screenshot(tmp_path / "hf-matrices.png")
+        assert (tmp_path / "hf-matrices.png").stat().st_size > 20_000
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
