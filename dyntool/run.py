@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .atomic import replacing
 from .errors import NonFiniteLossError, RunError
 
 STATUSES = ("running", "finished", "failed", "interrupted")
@@ -114,13 +115,10 @@ def _write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) ->
     ``.tmp`` left behind); with ``in_place_fallback`` a full disk (ENOSPC/EDQUOT) falls back to
     rewriting the existing file in place, which reuses its blocks (used for the final status)."""
     text = json.dumps(_jsonable(obj), indent=2)
-    tmp = path.with_suffix(path.suffix + ".tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        with replacing(path) as tmp:
+            tmp.write_text(text)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         if not (in_place_fallback and e.errno in (errno.ENOSPC, errno.EDQUOT) and path.exists()):
             raise
         with open(path, "r+") as f:

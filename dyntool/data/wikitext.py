@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -35,6 +34,7 @@ from typing import Iterator
 import numpy as np
 import torch
 
+from dyntool.atomic import write_bytes
 from dyntool.errors import DyntoolError
 
 SPLITS = ("train", "valid", "test")
@@ -192,20 +192,7 @@ def tokenize(data_dir: Path, oov: str = "error"):
 # ----------------------------------------------------------------------------- cache
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache is not secret
-        os.replace(tmp, path)  # atomic on POSIX: readers see the old file or the new one
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_bytes(path, data, fsync=True, unique=True)   # ranks may write the shared cache at once
 
 
 def _file_shas(data_dir: Path, cache_dir: Path) -> dict[str, str]:

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
+from ..atomic import write_bytes
 from ..errors import RunError
 from .registry import FigureError, FigureSkip, FigureSpec, load, plan
 
@@ -63,9 +64,7 @@ def data_bytes(data) -> tuple[str, bytes]:
 
 
 def _write(path: Path, payload: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
+    write_bytes(path, payload)
 
 
 def parse_formats(formats) -> list[str]:

@@ -11,12 +11,13 @@ its own (``data_gen[rank]``, ``cuda[rank]``).
 """
 from __future__ import annotations
 
-import os
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from ..atomic import replacing
 
 from ..errors import RunError
 
@@ -63,19 +64,10 @@ def restore_rng(r: dict) -> None:
 # -- files ------------------------------------------------------------------------------------
 
 def save(sd: dict, path: Path) -> None:
-    """Write ``sd`` to ``path`` via a temp file + ``os.replace``: never a half-written checkpoint;
-    on failure (e.g. disk full) the temp file is removed and the previous checkpoint kept."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
+    """Write ``sd`` to ``path`` atomically (:func:`dyntool.atomic.replacing`): never a half-written
+    checkpoint; on failure (e.g. disk full) the previous checkpoint is kept."""
+    with replacing(path) as tmp:
         torch.save({"format_version": FORMAT_VERSION, **sd}, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def load(path: Path) -> dict:
