@@ -8,7 +8,8 @@ steps, T = int(os.environ.get("STEPS", 300)), 64
 corpus = load_wikitext(os.environ.get("DATA") or None)   # default: ../shared/data/wikitext-2
 torch.manual_seed(0)
 model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=corpus.vocab_size, n_positions=T,
-    n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0))
+    n_embd=64, n_layer=2, n_head=4, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+    bos_token_id=None, eos_token_id=None))   # GPT-2's 50256 is outside this vocabulary
 opt, gen = torch.optim.AdamW(model.parameters(), lr=1e-3), torch.Generator().manual_seed(0)
 probe, _ = fixed_batch(corpus.valid, 1, T)                 # the same sequence at every recorded step
 with RunRecorder(model, os.environ.get("OUT", "runs"), max_steps=steps, every=50,

@@ -10,5 +10,5 @@ if ! "$PY" -c "import torch" >/dev/null 2>&1; then
 fi
 # the adapter extras (hf, tl, lightning) so the adapter tests run; the torch pin keeps pip from
 # replacing the installed torch with another build while resolving them
-TORCH=$("$PY" -c "import torch; print(torch.__version__.split('+')[0])")
+TORCH=$("$PY" -W ignore -c "import torch; print(torch.__version__.split('+')[0])")
 "$PY" -m pip install -q -e ".[test,hf,tl,lightning,export,tensorboard]" "torch==$TORCH"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README "Run the tests"; CI calls this): unit + integration + acceptance tiers,
+# The test command (README "Tests"; CI calls this): unit + integration + acceptance tiers,
 # long tests (-m slow) excluded.
 set -euo pipefail
 cd "$(dirname "$0")/.."

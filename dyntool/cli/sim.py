@@ -71,7 +71,8 @@ def register(sub, simsub) -> None:
         "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (arXiv 2512.22473 §4.2), all seeds batched",
         description="Train one attention head on the sticky Markov chain with SGD and the EM-like schedule, "
                     "every (seed, arm) batched; writes a study folder with one run per (seed, arm) and summary.json.",
-        epilog=f"{OVERRIDES}, e.g. --construction=nominal --record.every=10.  Presets: ci, nominal, sweep.")
+        epilog=f"{OVERRIDES}, e.g. --construction=nominal --record.every=10.  "
+               "Presets: ci, nominal, sweep, controls, varied.")
     config_option(p, StickyConfig, "seeds", metavar="S[,S...]",
                   help="comma-separated seeds (default 42,2024,1337,7777,9999)")
     add_n_seeds(p)

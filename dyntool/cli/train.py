@@ -80,12 +80,13 @@ def register(sub, simsub) -> None:
                                    "(runs + summary.json) and print its table.",
                        epilog=f"{OVERRIDES} (applied to every run of the study).")
     s.add_argument("study", choices=["span", "ls-logits"],
-                   help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm at long context, high lr")
+                   help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm in the LS paper's regime "
+                        "(n/d = 64, lr 6e-4)")
     config_option(s, STUDY, "seeds", metavar="S[,S...]", help="comma-separated seeds (default 0,1,2)")
     add_n_seeds(s)
     config_option(s, STUDY, "max_steps", "--max-steps", metavar="N",
                   help="optimizer steps of every run, >= 1 (default: the preset's)")
     s.add_argument("--preset", default="small", metavar="NAME",
-                   help="preset of the packaged config files (default small)")
+                   help="preset of the packaged config files (default small; ls-logits: cpu = small, gpu)")
     common_output_options(s, os.path.join("runs", "studies"), what="study")
     s.set_defaults(fn=cmd_study, takes_overrides=True, writes=True)

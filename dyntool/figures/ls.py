@@ -257,7 +257,7 @@ def _ablation(runs, key, xlabel, what):
     style.panel_label(axs[1], "b")
     held = ", ".join(f"{o} = {v}" for o, v in zip(others, fixed or ()))
     caption = (f"LS-attention ablation over {what} ({held} held fixed): (a) final validation perplexity and "
-               "(b) the peak over training of the model-max pre-softmax logit, mean ± std (population) over "
+               "(b) the peak over training of the model-max pre-softmax logit, mean ± sample std (ddof = 1) over "
                "seeds (dots: seeds); MHSA for reference where such runs exist. Runs whose loss diverged "
                f"are left out of (a) ({int(df['diverged_at'].notna().sum())} here).")
     return fig, df, caption

@@ -48,7 +48,7 @@ def _curves(runs, name) -> dict[str, list[tuple[int, np.ndarray, np.ndarray]]]:
 
 def crossing(curves: dict) -> dict | None:
     """Authors' speed-up metric (arXiv 2512.22473, sticky Markov-chain task): thr = mean over seeds of SGD's final loss; per EM seed
-    the first step whose loss is below thr (else the number of steps); mean ± population std."""
+    the first step whose loss is below thr (else the number of steps); mean ± sample std (ddof = 1)."""
     sgd = curves.get("sgd")
     em_arm = next((a for a in curves if is_em(a)), None)
     if not sgd or em_arm is None:
@@ -125,7 +125,7 @@ def f3_em_vs_sgd(runs, **opts):
                     arrowprops=dict(arrowstyle="->", color=style.arm_color(cr["arm"]), lw=0.6))
         note = (f" Dash-dotted line: mean step at which EM-like first goes below SGD's mean final loss "
                 f"({cr['threshold']:.4f} nats, dotted): {cr['mean']:.0f} ± {cr['std']:.0f} steps "
-                f"(population std over seeds), a {cr['n_steps'] / cr['mean']:.2f}× speed-up.")
+                f"(sample std over seeds, ddof = 1), a {cr['n_steps'] / cr['mean']:.2f}× speed-up.")
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel(style.LOSS)
     top = max(float(np.nanmax(df.filter(like="_seed").to_numpy())), logn)
@@ -345,7 +345,7 @@ def controls(runs, **opts):
     tuned = summ.get("sgd_tuned") or {}
     parts = [f"{style.arm_label(a)} " + ("(target)" if a == "sgd" else f"{r.steps_mean:.0f} ± {r.steps_std:.0f}") +
              (f" (held-out {r.heldout_mean:.4f})" if "heldout_mean" in df else "") for a, r in zip(names, df.itertuples())]
-    caption = ("Learning-rate controls on the sticky chain (mean ± population std over seeds; dots: seeds). "
+    caption = ("Learning-rate controls on the sticky chain (mean ± sample std over seeds, ddof = 1; dots: seeds). "
                "(a) steps until the training loss first falls below SGD's mean final training loss "
                f"({summ.get('sgd_final_threshold', float('nan')):.4f} nats; {n_steps} if never). (b) final loss on "
                "the held-out sequence (H_min = " + f"{summ.get('h_min', float('nan')):.4f} nats, off the axis). Learning rates "

@@ -48,7 +48,7 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
                  "heldout": ({"offset": cfg.heldout_offset, "every": cfg.heldout_every,
                               "rule": "seed s is evaluated on generate(s + offset): same chain and symbol "
                                       "means, another path and noise"} if fev else None),
-                 "std": "population (ddof = 0) over seeds"}
+                 "std": "sample (ddof = 1) over seeds"}
     name_of = {a: a for a in cfg.arms}
     if grid:
         mean_final = {g: float(np.mean([fev["loss"][idx[(s, n)]] for s in cfg.seeds])) for g, n in grid.items()}
