@@ -19,13 +19,7 @@ import torch
 from dyntool.cli import main
 from dyntool.run import RunWriter, open_run
 
-REPO = Path(__file__).resolve().parents[2]
-TINY = REPO / "tests" / "data" / "tiny_wikitext"
-CONFIG = REPO / "sims" / "wikitext_mhsa.toml"
-TINY_ARGS = [f"--data.path={TINY}", "--data.batch_size=4", "--data.block_size=16",
-             "--data.eval_batch_size=8", "--data.eval_max_batches=0", "--model.n_layer=2",
-             "--model.n_head=2", "--model.n_embd=32", "--optim.warmup_steps=2",
-             "--train.eval_interval=4", "--record.every=3"]
+from .test_train import CONFIG, REPO, TINY, TINY_ARGS   # the same tiny model and corpus
 KEYS = ("loss", "grad_norm", "lr", "logit_max", "val_loss")
 
 
