@@ -57,7 +57,7 @@ def _config_file_options(p, default: str) -> None:
 def register(sub, simsub) -> None:
     ToyConfig, StickyConfig = "dyntool.sims.toy:ToyConfig", "dyntool.sims.sticky:StickyConfig"
     BijectionConfig = "dyntool.sims.bijection:BijectionConfig"
-    toy = simsub.add_parser("toy", help="the T=5 toy head (arXiv 2512.22473 §4.1), recorded every step",
+    toy = simsub.add_parser("toy", help="the T=5 toy head (arXiv 2512.22473, toy simulation), recorded every step",
                             description="Train the T = 5 toy attention head by gradient descent, recording "
                                         "every step.",
                             epilog=f"{OVERRIDES}, e.g. --model.causal=true --lr=0.1.  Presets: causal, slow.")
@@ -68,7 +68,7 @@ def register(sub, simsub) -> None:
     toy.set_defaults(fn=cmd_sim_toy, takes_overrides=True, writes=True)
 
     p = simsub.add_parser(
-        "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (arXiv 2512.22473 §4.2), all seeds batched",
+        "sticky-markov", help="EM-like vs SGD on the sticky Markov chain (arXiv 2512.22473), all seeds batched",
         description="Train one attention head on the sticky Markov chain with SGD and the EM-like schedule, "
                     "every (seed, arm) batched; writes a study folder with one run per (seed, arm) and summary.json.",
         epilog=f"{OVERRIDES}, e.g. --construction=nominal --record.every=10.  "

@@ -1,4 +1,4 @@
-"""Wind-tunnel figures (arXiv 2512.22473, figures F8, §4.4) from a ``dyntool sim bijection`` run:
+"""Wind-tunnel figures (arXiv 2512.22473 figure F8; the wind tunnel of arXiv 2512.22471) from a ``dyntool sim bijection`` run:
 
 * ``f8_manifold`` — PCA (PC1 vs PC2) of the residual stream after every block at the L key
   positions of held-out sequences, coloured by the exact posterior entropy H_Bayes, at the first and

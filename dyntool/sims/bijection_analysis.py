@@ -1,4 +1,4 @@
-"""Paper-I analyses of a wind-tunnel GPT on held-out sequences (arXiv 2512.22471 (Paper I), bijection wind tunnel, §6 D5–D8).
+"""Paper-I analyses of a wind-tunnel GPT on held-out sequences (arXiv 2512.22471, Paper I: the bijection wind tunnel; diagnostics D5–D8).
 
 :class:`Tap` reads every attention core's per-head ``(q, k, v, y)`` through the same seam as
 :class:`dyntool.capture.Capture` (the observer contract of :mod:`dyntool.observe`) but without gradients, so the

@@ -1,4 +1,4 @@
-"""Frame–precision measures without endpoints (gradient-dynamics paper §5 F7, §6 D10).
+"""Frame–precision measures without endpoints (arXiv 2512.22473: figure F7, diagnostic D10).
 
 The earlier F7 divided each curve by its own distance to the FINAL state, so every curve fell
 from 1 to 0 by construction and "who settles first" was partly an artefact of the choice of

@@ -1,4 +1,4 @@
-"""Batched closed-form trainer for a single attention head (arXiv 2512.22473, model and notation, §2.6, §4.2).
+"""Batched closed-form trainer for a single attention head (arXiv 2512.22473: model, projection-matrix gradients, sticky Markov-chain task).
 
 R independent runs (e.g. seeds × arms) train at once; every tensor has a leading run axis.
 Model per run: ``q = x W_Q``, ``k = x W_K``, ``v = x W_V``, ``s = q kᵀ/√d_k`` (causal mask keeps the

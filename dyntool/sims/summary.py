@@ -1,4 +1,4 @@
-"""The sticky-chain study's ``summary.json`` and printed table (arXiv 2512.22473, sticky Markov-chain task, §4.5, §7)."""
+"""The sticky-chain study's ``summary.json`` and printed table (arXiv 2512.22473: sticky Markov-chain task and the numbers to reproduce)."""
 from __future__ import annotations
 
 import math
