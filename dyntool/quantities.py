@@ -37,7 +37,9 @@ import torch
 
 def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """``τ q kᵀ`` with disallowed entries set to −inf.  # (..., T, T)"""
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = torch.matmul(q, k.transpose(-1, -2))
+    if scale != 1.0:      # callers holding pre-scaled queries pass 1 and skip a T×T pass
+        s = s * scale
     return s.masked_fill(~allowed, float("-inf"))
 
 
@@ -56,19 +58,27 @@ def expected_compat(attn: torch.Tensor, compat: torch.Tensor) -> torch.Tensor:
     return (attn * compat).sum(-1)
 
 
-def advantage(attn: torch.Tensor, compat: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``A = E_α[b] − B`` on the allowed entries (0 elsewhere).  # (..., T, T)"""
-    return (expected_compat(attn, compat).unsqueeze(-1) - compat).masked_fill(~allowed, 0.0)
+def advantage(attn: torch.Tensor, compat: torch.Tensor, allowed: torch.Tensor,
+              expected: torch.Tensor | None = None) -> torch.Tensor:
+    """``A = E_α[b] − B`` on the allowed entries (0 elsewhere).  # (..., T, T)
+
+    ``expected`` (..., T): E_α[b] when the caller has it already (e.g. as u·g, which equals
+    Σ_j α_ij b_ij without a T×T pass); default computed from ``attn`` and ``compat``."""
+    e = expected_compat(attn, compat) if expected is None else expected
+    return (e.unsqueeze(-1) - compat).masked_fill(~allowed, 0.0)
 
 
-def score_grad(attn: torch.Tensor, compat: torch.Tensor) -> torch.Tensor:
-    """The routing law ``∂L/∂S = α ⊙ (B − E_α[b])``; each row sums to 0.  # (..., T, T)"""
-    return attn * (compat - expected_compat(attn, compat).unsqueeze(-1))
+def score_grad(attn: torch.Tensor, compat: torch.Tensor, expected: torch.Tensor | None = None) -> torch.Tensor:
+    """The routing law ``∂L/∂S = α ⊙ (B − E_α[b])``; each row sums to 0.  # (..., T, T)
+
+    ``expected``: E_α[b] if already known (see :func:`advantage`)."""
+    e = expected_compat(attn, compat) if expected is None else expected
+    return attn * (compat - e.unsqueeze(-1))
 
 
 def entropy(attn: torch.Tensor) -> torch.Tensor:
     """Per-query attention entropy in nats, with 0·log 0 = 0.  # (..., T)"""
-    return -(attn * torch.log(attn.clamp_min(torch.finfo(attn.dtype).tiny))).sum(-1)
+    return torch.special.entr(attn).sum(-1)     # entr(x) = −x log x, 0 at 0: one pass, no temporaries
 
 
 def normalised_entropy(ent: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:

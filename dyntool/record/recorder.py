@@ -2,8 +2,8 @@
 
 The training loop never sees this module: trainers call a callback, and the callback calls
 ``Recorder.wants(step)`` / ``Recorder.capture(...)`` / ``Recorder.record(step, quantities)``.
-Simulations that compute the quantities in closed form call ``record`` directly with the same
-names and (layer, head, seq, ...) layout.
+Simulations that compute the quantities in closed form call ``write`` with the same names and
+(layer, head, seq, ...) layout, already cut to the window and pooled (chunk by chunk).
 """
 from __future__ import annotations
 
@@ -20,23 +20,27 @@ from .policy import RecordConfig, schedule, windows
 from .store import StoreWriter
 
 
-def pool_blocks(x, block: int, visible=None):
+def pool_blocks(x, block: int, visible=None, masked_zero: bool = False):
     """THE block pooling of dyntool: mean over ``block × block`` tiles of the last two axes, over
     the *visible* entries only (``visible`` broadcastable to x, 1/True = unmasked; default all).
     Masked entries never enter a mean, whatever they hold (0, NaN, −inf); edge tiles average what
     they hold; a fully masked tile is NaN.  Accepts torch tensors or numpy arrays (returns the same
     kind), so the recorder, the sims (chunk by chunk: chunks of whole block rows give the same
-    result), the app and the test fixtures all pool alike."""
+    result), the app and the test fixtures all pool alike.
+
+    ``masked_zero=True``: the caller guarantees masked entries hold 0 (e.g. α, B, A, ∂L/∂S as
+    :mod:`dyntool.quantities` returns them), so the tile sums need no masking pass; the visible
+    counts still come from ``visible``.  Same result, about a third of the memory traffic."""
     if isinstance(x, np.ndarray):
         vis = None if visible is None else torch.as_tensor(np.asarray(visible))
-        return pool_blocks(torch.as_tensor(x), block, vis).numpy()
+        return pool_blocks(torch.as_tensor(x), block, vis, masked_zero).numpy()
     T, Tk = x.shape[-2:]
     nq, nk = math.ceil(T / block), math.ceil(Tk / block)
     pad = (0, nk * block - Tk, 0, nq * block - T)
     vis = torch.ones(T, Tk, dtype=x.dtype, device=x.device) if visible is None else visible.to(x.dtype)
-    vis = vis.expand_as(x) if vis.dim() == x.dim() else vis
-    xs = torch.nn.functional.pad(torch.where(vis > 0, torch.nan_to_num(x), 0.0), pad)
-    vs = torch.nn.functional.pad(vis, pad)
+    xs = x if masked_zero else torch.where(vis > 0, torch.nan_to_num(x), 0.0)
+    xs = torch.nn.functional.pad(xs, pad) if any(pad) else xs
+    vs = torch.nn.functional.pad(vis, pad) if any(pad) else vis       # counts: from the mask's own shape
     tiles = xs.reshape(*xs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))
     counts = vs.reshape(*vs.shape[:-2], nq, block, nk, block).sum(dim=(-3, -1))
     return tiles / counts
@@ -79,33 +83,39 @@ class Recorder:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
 
-    def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0,
-               reduced: bool = False) -> None:
-        """Store one step.  ``quantities``: name -> (L, H, S, ...) tensors/arrays over full T.
+    def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
+        """Store one step from full-T quantities: name -> (L, H, S, ...) tensors/arrays over all T
+        positions (what :meth:`Capture.compute` returns).  = :meth:`write` of :meth:`reduce`."""
+        self.write(step, self.reduce(quantities), extra, grad_scale)
 
-        With ``reduced=True`` the producer has already cut the matrices to the window and put
-        the pooled overviews under their ``*_pooled`` names (closed-form simulations do this
-        chunk by chunk, never holding a T×T matrix).
-        """
-        out: dict[str, np.ndarray] = {}
+    def reduce(self, quantities: dict) -> dict[str, torch.Tensor]:
+        """Full T×T matrices -> their query/key window plus, with ``pool > 0``, the block-pooled
+        overview under the ``*_pooled`` name (mean over visible entries; masked scores are NaN)."""
         q = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)))
              for k, v in quantities.items()}
-        visible = None
-        if not reduced and self.cfg.pool > 0 and "scores" in q:
-            visible = torch.isfinite(q["scores"]).float()       # masked scores are NaN
-        for name in self.cfg.arrays:
-            if name not in q:
-                continue
-            x = q[name].detach()
+        visible = torch.isfinite(q["scores"]).float() if self.cfg.pool > 0 and "scores" in q else None
+        out = {}
+        for name, x in q.items():
+            x = x.detach()
             if name in names.MATRICES:
-                if self.cfg.pool > 0 and name in names.POOLED:
-                    pooled = q.get(names.POOLED[name]) if reduced else \
-                        pool_blocks(x.float(), self.cfg.pool, visible)
-                    if pooled is not None:
-                        out[names.POOLED[name]] = self._to_np(pooled, name)
-                if not reduced:
-                    x = x[..., self.q0:self.q1, self.k0:self.k1]
-            out[name] = self._to_np(x, name)
+                if self.cfg.pool > 0 and name in names.POOLED and name in self.cfg.arrays:
+                    out[names.POOLED[name]] = pool_blocks(x.float(), self.cfg.pool, visible)
+                x = x[..., self.q0:self.q1, self.k0:self.k1]
+            out[name] = x
+        return out
+
+    def write(self, step: int, arrays: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
+        """Store arrays already in their recorded shape (window-cut matrices, ``*_pooled``
+        overviews): what :meth:`reduce` returns, or what a closed-form simulation produces chunk
+        by chunk without ever holding a T×T matrix.  Keeps the names in ``cfg.arrays`` (and their
+        pooled overviews) in the storage dtype; ``extra`` scalars (e.g. diagnostics) in float32."""
+        out: dict[str, np.ndarray] = {}
+        for name in self.cfg.arrays:
+            pooled = names.POOLED.get(name)
+            if self.cfg.pool > 0 and pooled in arrays:
+                out[pooled] = self._to_np(arrays[pooled], name)
+            if name in arrays:
+                out[name] = self._to_np(arrays[name], name)
         out["grad_scale"] = np.asarray(grad_scale, dtype=np.float32)
         for k, v in (extra or {}).items():
             out[k] = np.asarray(v, dtype=np.float32)

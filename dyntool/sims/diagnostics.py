@@ -33,10 +33,12 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..record.recorder import pool_blocks
+from .. import quantities as Q
+from .step_state import MATRIX_NAMES, POOLED_NAMES, pool_to_width
 
 
 def _js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -80,95 +82,208 @@ def routing_residual(state, q0: int, q1: int) -> torch.Tensor:
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), state.y[:, q0:q1], reduction="sum") / N
         (auto,) = torch.autograd.grad(loss, s)
     auto = auto.masked_fill(~m, 0.0)
-    closed = state.window(q0, q1, ("dS",))["dS"].double()
+    closed = state.window(q0, q1, ("score_grad",))["score_grad"].double()
     return (auto - closed).flatten(1).norm(dim=1) / auto.flatten(1).norm(dim=1).clamp_min(1e-300)
 
 
-def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int, prev_sym: torch.Tensor,
-                H_bayes: torch.Tensor, h_min: float, prev_window_alpha: torch.Tensor | None = None,
-                chunk: int = 256) -> tuple[list[dict], dict[str, torch.Tensor], torch.Tensor]:
-    """Returns (per-run recorded arrays, diagnostics {name: (R,)}, α on the window (R, wq, wk)).
+def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-run Σ a ⊙ b over all but the leading axis, as one batched matmul (no (R, c, N) temporary)."""
+    R = a.shape[0]
+    return torch.bmm(a.reshape(R, 1, -1), b.reshape(R, -1, 1)).view(R).double()
 
-    ``prev_sym`` (R, N) previous symbol per position; ``H_bayes`` (R, N) Bayes predictive entropy.
-    """
-    R, N = state.U.shape[:2]
-    dt = state.x.dtype
-    d_k = state.d_k
-    (q0w, q1w), (k0w, k1w) = qwin, kwin
-    chunk = max(1, chunk // block) * block if block > 0 else chunk
-    win = {n: [] for n in ("alpha", "B", "A", "dS", "S")}
-    pooled = {n: [] for n in ("alpha", "B", "A", "dS")}
-    dQ, ent, ent_n = [], [], []
-    dK, dV = torch.zeros_like(state.k), torch.zeros_like(state.v)
-    usage = torch.zeros(R, N, dtype=dt)
-    sums = {k: torch.zeros(R, dtype=torch.float64) for k in ("b", "b2", "cnt", "neg", "drive", "same", "smax", "s2")}
-    for q0 in range(0, N, chunk):
-        q1 = min(q0 + chunk, N)
-        w = state.window(q0, q1, ("alpha", "B", "A", "dS", "S"))         # each (R, c, N)
-        m = state.mask(q0, q1)                                            # (c, N)
-        a, b, A, dS, s = w["alpha"], w["B"], w["A"], w["dS"], w["S"]     # s: −inf where masked
-        # --- per-position gradients and stats (as StepState.positional)
-        dSs = dS / math.sqrt(d_k)
-        dQ.append(dSs @ state.k)
-        dK += dSs.transpose(1, 2) @ state.q[:, q0:q1]
-        dV += a.transpose(1, 2) @ state.U[:, q0:q1]
-        usage += a.sum(1)
-        e = -(a * torch.log(a.clamp_min(1e-30))).sum(-1)                  # (R, c)
-        ent.append(e)
-        support = m.sum(-1).to(dt)
-        ent_n.append(torch.where(support > 1, e / torch.log(support.clamp_min(2)), torch.zeros_like(e)))
-        # --- diagnostic sums
-        mf = m.to(dt)
-        sums["b"] += (b * mf).sum((1, 2)).double()
-        sums["b2"] += (b * b * mf).sum((1, 2)).double()
-        sums["cnt"] += mf.sum().double()
-        sums["neg"] += (a * (b < 0)).sum((1, 2)).double()
-        sums["drive"] += (dS * b).sum((1, 2)).double()
-        same = (prev_sym[:, q0:q1, None] == prev_sym[:, None, :]).to(dt)
-        sums["same"] += (a * same).sum((1, 2)).double()
-        sm = s.masked_fill(~m, 0.0)
-        sums["smax"] = torch.maximum(sums["smax"], sm.abs().amax((1, 2)).double())
-        sums["s2"] += (sm * sm).sum((1, 2)).double()
-        # --- windowed matrices
-        lo, hi = max(q0, q0w), min(q1, q1w)
+
+def _logit_sums(s: torch.Tensor, visible: torch.Tensor, last_full: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max |s|, Σ s²) per run over the visible entries of a chunk of scores (−inf where masked).
+    Keys ≤ ``last_full`` are visible to every row: reduced in place on a view (one read each);
+    only the rest is masked to 0 first."""
+    full = s[..., :last_full + 1]
+    mx = torch.linalg.vector_norm(full, float("inf"), dim=(1, 2)).double()
+    sq = torch.linalg.vector_norm(full, 2, dim=(1, 2)).double() ** 2
+    if s.shape[-1] > last_full + 1:
+        rest = s[..., last_full + 1:].masked_fill(~visible[:, last_full + 1:], 0.0)
+        mx = torch.maximum(mx, torch.linalg.vector_norm(rest, float("inf"), dim=(1, 2)).double())
+        sq = sq + torch.linalg.vector_norm(rest, 2, dim=(1, 2)).double() ** 2
+    return mx, sq
+
+
+def _widen(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:
+    """Pad the key axis of a chunk that stops at its last visible key back to ``width`` keys."""
+    return t if t.shape[-1] >= width else torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=fill)
+
+
+class _Arrays:
+    """The recorded arrays of the runs in ``idx``, accumulated chunk by chunk (public names)."""
+
+    def __init__(self, state, idx: torch.Tensor, qwin, kwin, block: int):
+        self.st, self.idx, self.block = state, idx, block
+        self.every_run = torch.equal(idx, torch.arange(state.upstream.shape[0]))
+        (self.q0w, self.q1w), (self.k0w, self.k1w) = qwin, kwin
+        self.win = {n: [] for n in MATRIX_NAMES}
+        self.pooled = {n: [] for n in POOLED_NAMES}
+        pick = state.queries.index_select(0, idx), state.keys.index_select(0, idx)
+        self.q, self.k = pick
+        self.u = state.upstream.index_select(0, idx)
+        self.e = state.expected_compat.index_select(0, idx)
+        self.dQ = []
+        self.dK = torch.zeros_like(self.k)
+        self.dV = torch.zeros(len(idx), state.N, state.values.shape[-1], dtype=state.x.dtype)
+
+    def add(self, q0: int, q1: int, vis: torch.Tensor, w: dict) -> None:
+        st, k1 = self.st, vis.shape[-1]
+        if not self.every_run:       # copy the recorded runs' rows out: (r, c, k1) each
+            w = {n: (t if n == "scores" else t.index_select(0, self.idx)) for n, t in w.items()}
+        # the advantage is only stored, never needed for a diagnostic: computed for these runs only
+        w["advantage"] = Q.advantage(w["attn"], w["compat"], vis, expected=self.e[:, q0:q1])
+        dS = w["score_grad"]
+        self.dQ.append((dS @ self.k[:, :k1]) * st.scale)
+        self.dK[:, :k1] += (dS.transpose(1, 2) @ self.q[:, q0:q1]) * st.scale
+        self.dV[:, :k1] += w["attn"].transpose(1, 2) @ self.u[:, q0:q1]
+        lo, hi = max(q0, self.q0w), min(q1, self.q1w)
         if lo < hi:
             rows = slice(lo - q0, hi - q0)
-            for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS), ("S", s.masked_fill(~m, float("nan")))):
-                win[n].append(t[:, rows, k0w:k1w])
-        if block > 0:       # chunks hold whole block rows, so per-chunk block means are final
-            for n, t in (("alpha", a), ("B", b), ("A", A), ("dS", dS)):
-                pooled[n].append(pool_blocks(t, block, m))
-    W = {n: torch.cat(v, 1) for n, v in win.items()}
-    P = {}
-    if block > 0:
-        P = {n: torch.cat(v, 1) for n, v in pooled.items()}               # NaN for fully masked blocks
-    dQ, ent, ent_n = torch.cat(dQ, 1), torch.cat(ent, 1), torch.cat(ent_n, 1)
-    value_norm = state.v.norm(dim=-1)
-    diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, W, H_bayes, h_min, prev_window_alpha)
+            for n in MATRIX_NAMES:
+                t = w[n]
+                if n == "scores":    # only the window rows of the scores are kept: select those
+                    t = t[:, rows] if self.every_run else t[:, rows].index_select(0, self.idx)
+                    t, rows_ = t.masked_fill(~vis[rows], float("nan")), slice(None)
+                else:
+                    rows_ = rows
+                fill = float("nan") if n == "scores" else 0.0
+                self.win[n].append(_widen(t[:, rows_], self.k1w, fill)[..., self.k0w:self.k1w])
+        if self.block > 0:       # chunks hold whole block rows, so per-chunk block means are final
+            for n in POOLED_NAMES:
+                self.pooled[n].append(pool_to_width(w[n], self.block, vis, st.N))
+
+
+def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int, prev_sym: torch.Tensor,
+                H_bayes: torch.Tensor, h_min: float, prev_window_attn: torch.Tensor | None = None,
+                chunk: int = 256, recorded=None) -> tuple[list[dict], dict[str, torch.Tensor], torch.Tensor]:
+    """Returns (recorded arrays per run in ``recorded``, diagnostics {name: (R,)} for ALL runs,
+    α on the window (R, wq, wk)).
+
+    ``recorded``: indices of the runs whose arrays are wanted (default all); the others only get
+    their diagnostics, which need no N×N array kept.  ``prev_sym`` (R, N) previous symbol per
+    position; ``H_bayes`` (R, N) Bayes predictive entropy.
+    """
+    R, N = state.upstream.shape[:2]
+    dt = state.x.dtype
+    (q0w, q1w), (k0w, k1w) = qwin, kwin
+    idx = torch.arange(R) if recorded is None else torch.as_tensor(list(recorded), dtype=torch.long)
+    arrays = _Arrays(state, idx, qwin, kwin, block) if len(idx) else None
+    rows = max(1, chunk // block) * block if block > 0 else chunk
+    ent, ent_n, win_attn, win_compat = [], [], [], []
+    usage = torch.zeros(R, N, dtype=dt)
+    # same-symbol mass Σ_j α_ij [prev_j = prev_i] as α @ onehot(prev): an (R, c, S) matmul, not (R, c, N)
+    onehot = torch.nn.functional.one_hot(prev_sym, int(prev_sym.max()) + 1).to(dt)   # (R, N, S)
+    sums = {k: torch.zeros(R, dtype=torch.float64) for k in ("b", "b2", "cnt", "neg", "drive", "same", "smax", "s2")}
+    for q0, q1, m, w in state.chunks(rows, ("scores", "attn", "compat", "score_grad")):
+        a, b, dS, s = w["attn"], w["compat"], w["score_grad"], w["scores"]   # (R, c, k1); s: −inf masked
+        k1 = m.shape[-1]
+        usage[:, :k1] += a.sum(1)
+        e = Q.entropy(a)                                                  # (R, c)
+        ent.append(e)
+        ent_n.append(Q.normalised_entropy(e, m))
+        # --- diagnostic sums (b, ∂L/∂S are 0 where masked, so no mask multiplies)
+        sums["b"] += b.sum((1, 2)).double()
+        sums["b2"] += _dot(b, b)
+        sums["cnt"] += m.sum().double()
+        sums["neg"] += torch.where(b < 0, a, 0.0).sum((1, 2)).double()
+        sums["drive"] += _dot(dS, b)
+        same = torch.bmm(a, onehot[:, :k1]).gather(-1, prev_sym[:, q0:q1, None])      # (R, c, 1)
+        sums["same"] += same.sum((1, 2)).double()
+        smax, s2 = _logit_sums(s, m, q0 if state.causal else k1 - 1)
+        sums["smax"] = torch.maximum(sums["smax"], smax)
+        sums["s2"] += s2
+        lo, hi = max(q0, q0w), min(q1, q1w)
+        if lo < hi:          # the recorded window, every run (D1 top singular value, D10 JS drift)
+            win_attn.append(_widen(a[:, lo - q0:hi - q0], k1w, 0.0)[..., k0w:k1w])
+            win_compat.append(_widen(b[:, lo - q0:hi - q0], k1w, 0.0)[..., k0w:k1w])
+        if arrays is not None:
+            arrays.add(q0, q1, m, w)
+    ent, ent_n = torch.cat(ent, 1), torch.cat(ent_n, 1)
+    win_attn, win_compat = torch.cat(win_attn, 1), torch.cat(win_compat, 1)
+    value_norm = state.values.norm(dim=-1)
+    diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compat, H_bayes, h_min,
+                        prev_window_attn)
     resid = routing_residual(state, q0w, q1w)
     diag["diag_routing_residual"] = resid       # also stored as the routing_residual array
-    per_run = []
-    for r in range(R):
-        def one(t):
-            return t[r][None, None, None]                                 # → (1, 1, 1, ...)
-        rec = {"attn": one(W["alpha"]), "compat": one(W["B"]), "advantage": one(W["A"]),
-               "score_grad": one(W["dS"]), "scores": one(W["S"]),
-               "upstream": one(state.U), "values": one(state.v), "queries": one(state.q),
-               "keys": one(state.k), "value_grad": one(dV), "query_grad": one(dQ), "key_grad": one(dK),
-               "expected_compat": one(state.baseline), "attn_entropy": one(ent),
-               "attn_entropy_norm": one(ent_n), "column_usage": one(usage), "value_norm": one(value_norm),
-               "logit_max": sums["smax"][r].view(1, 1).float(),
-               "logit_norm": torch.sqrt(sums["s2"][r] / sums["cnt"][r]).view(1, 1).float(),
-               "routing_residual": resid[r].view(1, 1).float()}
-        for n, key in (("alpha", "attn_pooled"), ("B", "compat_pooled"), ("A", "advantage_pooled"),
-                       ("dS", "score_grad_pooled")):
-            if n in P:
-                rec[key] = one(P[n])
-        per_run.append(rec)
-    return per_run, diag, W["alpha"]
+    per_run = [] if arrays is None else _per_run(state, arrays, sums, usage, ent, ent_n, value_norm, resid)
+    return per_run, diag, win_attn
 
 
-def _diagnostics(state, sums, usage, ent, ent_n, value_norm, W, H_bayes, h_min, prev_alpha) -> dict:
+def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn=None,
+                         chunk: int = 256, recorded=None, workers: int = 2):
+    """:func:`step_record` with the runs dealt to ``workers`` Python threads, each on one torch
+    thread; results in the same layout and order.  Why: every diagnostic is per run, and (as in the
+    training engine) one join per step keeps 2 cores busy where OpenMP's per-op barriers stall on a
+    loaded machine (measured: the recorded step 2× faster than 2 intra-op threads under load)."""
+    R = state.upstream.shape[0]
+    recorded = list(range(R)) if recorded is None else list(recorded)
+    workers = max(1, min(workers, R))
+    if workers == 1:
+        return step_record(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn, chunk, recorded)
+    # deal recorded runs and the others round-robin, so every worker gets a similar share of both
+    rec_set = set(recorded)
+    order = recorded + [i for i in range(R) if i not in rec_set]
+    groups = [sorted(order[w::workers]) for w in range(workers)]
+
+    def one(g):
+        gi = torch.as_tensor(g)
+        prev = None if prev_window_attn is None else prev_window_attn[gi]
+        local = [j for j, i in enumerate(g) if i in rec_set]
+        return step_record(state.select(g), qwin, kwin, block, prev_sym[gi], H_bayes[gi], h_min, prev,
+                           chunk, local)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            parts = list(pool.map(one, groups))
+    finally:
+        torch.set_num_threads(threads)
+    arrays, diag, attn_w = {}, {}, None
+    for g, (per_run, d, w) in zip(groups, parts):
+        gi = torch.as_tensor(g)
+        arrays.update(zip([i for i in g if i in rec_set], per_run))
+        for k, v in d.items():
+            diag.setdefault(k, torch.empty(R, dtype=v.dtype))[gi] = v
+        attn_w = w.new_empty((R,) + w.shape[1:]) if attn_w is None else attn_w
+        attn_w[gi] = w
+    return [arrays[i] for i in recorded], diag, attn_w
+
+
+def _per_run(state, arrays: _Arrays, sums, usage, ent, ent_n, value_norm, resid) -> list[dict]:
+    """One dict per recorded run in the (layer=1, head=1, seq=1, ...) layout of record.names."""
+    W = {n: torch.cat(v, 1) for n, v in arrays.win.items()}
+    P = {n: torch.cat(v, 1) for n, v in arrays.pooled.items() if v}      # NaN for fully masked blocks
+    dQ = torch.cat(arrays.dQ, 1)
+    out = []
+    for j, r in enumerate(arrays.idx.tolist()):
+        def one(t, i=r):
+            return t[i][None, None, None]                                 # → (1, 1, 1, ...)
+        rec = {n: one(W[n], j) for n in MATRIX_NAMES}
+        rec.update({f"{n}_pooled": one(t, j) for n, t in P.items()})
+        rec.update(upstream=one(state.upstream), values=one(state.values), queries=one(state.queries),
+                   keys=one(state.keys), value_grad=one(arrays.dV, j), query_grad=one(dQ, j),
+                   key_grad=one(arrays.dK, j), expected_compat=one(state.expected_compat),
+                   attn_entropy=one(ent), attn_entropy_norm=one(ent_n), column_usage=one(usage),
+                   value_norm=one(value_norm),
+                   logit_max=sums["smax"][r].view(1, 1).float(),
+                   logit_norm=torch.sqrt(sums["s2"][r] / sums["cnt"][r]).view(1, 1).float(),
+                   routing_residual=resid[r].view(1, 1).float())
+        out.append(rec)
+    return out
+
+
+def _top_singular_value(B: torch.Tensor) -> torch.Tensor:
+    """σ_max of each (R, w, w') matrix as √λ_max(B Bᵀ): a symmetric eigensolve, several times
+    cheaper than the SVD behind ``matrix_norm(ord=2)`` (and never stuck in LAPACK's threads)."""
+    G = B @ B.transpose(1, 2) if B.shape[1] <= B.shape[2] else B.transpose(1, 2) @ B
+    return torch.linalg.eigvalsh(G)[:, -1].clamp_min(0).sqrt()
+
+
+def _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compat, H_bayes, h_min,
+                 prev_attn) -> dict:
     R, N = usage.shape
     mean_b = sums["b"] / sums["cnt"]
     c = usage.double() / usage.double().sum(-1, keepdim=True)
@@ -179,23 +294,23 @@ def _diagnostics(state, sums, usage, ent, ent_n, value_norm, W, H_bayes, h_min, 
     cos = (WK.transpose(1, 2) @ WK).abs()
     d = cos.shape[-1]
     off = (cos.sum((1, 2)) - cos.diagonal(dim1=1, dim2=2).sum(-1)) / (d * (d - 1))
-    P = state.P.double()
+    P = state.probs.double()
     H_pred = -(P * torch.log(P + 1e-10)).sum(-1).mean(-1)
     diag = {
         "diag_b_mean": mean_b, "diag_b_std": torch.sqrt((sums["b2"] / sums["cnt"] - mean_b ** 2).clamp_min(0)),
         "diag_neg_b_mass": sums["neg"] / N,
-        "diag_b_sv1": torch.linalg.matrix_norm(W["B"].double(), ord=2),
+        "diag_b_sv1": _top_singular_value(win_compat.double()),
         "diag_routing_drive": sums["drive"] / N,
         "diag_eff_columns": torch.exp(-(c * torch.log(c.clamp_min(1e-300))).sum(-1)),
         "diag_max_usage": usage.double().amax(-1) / N, "diag_dead_values": (usage < 1e-3).sum(-1).double(),
         "diag_value_norm": value_norm.double().mean(-1),
         "diag_attn_entropy": ent.double().mean(-1), "diag_attn_entropy_norm": ent_n.double().mean(-1),
-        **_pca_stats(state.G, H_bayes),
+        **_pca_stats(state.head_out, H_bayes),
         "diag_key_orthogonality": off,
         "diag_same_symbol_mass": sums["same"] / N,
         "diag_grad_norm_qk": torch.sqrt(sq["qk"]), "diag_grad_norm_v": g["W_V"], "diag_grad_norm_o": g["W_O"],
         "diag_share_qk": sq["qk"] / total, "diag_share_v": sq["v"] / total, "diag_share_o": sq["o"] / total,
-        "diag_js_drift": (_js(W["alpha"].double(), prev_alpha.double()).mean(-1) if prev_alpha is not None
+        "diag_js_drift": (_js(win_attn.double(), prev_attn.double()).mean(-1) if prev_attn is not None
                           else torch.full((R,), float("nan"), dtype=torch.float64)),
         "diag_entropy_gap": H_pred - h_min, "diag_excess_loss": state.loss.double() - h_min,
     }

@@ -13,7 +13,8 @@ Why it is fast (≈10× the per-run autograd loop on 2 CPU cores at T = 2000):
 * Matmuls through X instead of per-position gradients: αX (the row sums come free from a
   ones column) gives both G = (αX) W_V and ∂L/∂W_V = (αX)ᵀ U; with M = Xᵀ dS X,
   ∂L/∂W_Q = M W_K/√d_k and ∂L/∂W_K = Mᵀ W_Q/√d_k.  So dQ, dK, dV (N-sized) are never formed
-  in training; :class:`StepState` rebuilds them (and α, B, A, dS) on request for recorded steps.
+  in training; :class:`~dyntool.sims.step_state.StepState` rebuilds them (``attn``, ``compat``,
+  ``advantage``, ``score_grad``, ...) on request for recorded steps.
 * No max-shift when a Cauchy–Schwarz bound shows |s| ≤ 30 (exp cannot overflow); else rows are
   shifted by their exact max.
 
@@ -32,7 +33,7 @@ from typing import Callable, Iterable
 import torch
 
 from dyntool.errors import NonFiniteLossError
-from dyntool.record.recorder import pool_blocks
+from dyntool.sims.step_state import StepState
 
 PARAMS = ("W_Q", "W_K", "W_V", "W_O")
 _NO_SHIFT_BOUND = 30.0   # |s| ≤ 30 ⇒ exp(s) ≤ 1e13 and row sums ≤ 1e17: safe in float32
@@ -394,86 +395,3 @@ def _update(W: Weights, acc: dict, lrs, cf, N: int, kappa: float, ridge: float):
     if cf.any():
         closed = _closed_form_value(old_v, acc["W_V"], acc["HtH"], N, kappa, ridge)
         W.W_V = torch.where(cf[:, None, None], closed, W.W_V)
-
-
-# ----------------------------------------------------------------------------- hook state
-class StepState:
-    """Everything about one step BEFORE its update, per run r (leading axis R).
-
-    Attributes: ``step``, ``loss`` (R,), ``x`` (R,N,d_x), ``y`` (R,N), ``weights`` (R-batched
-    Weights), ``q``/``k`` (R,N,d_k), ``v`` (R,N,d_v), ``G`` (R,N,d_v), ``P`` (R,N,C) class
-    probabilities, ``U`` (R,N,d_v) = ∂L/∂G, ``baseline`` (R,N) = E_α[b] = u·g, ``grads``
-    {name: (R,·,·)} weight gradients of the mean loss.  N×N quantities are computed on demand for
-    a window of query rows (:meth:`window`) or block-pooled (:meth:`pooled`), never all at once.
-    """
-
-    def __init__(self, step: int, c: _Ctx, acc: dict, loss: torch.Tensor):
-        self.step, self.loss, self._c = step, loss, c
-        self.x, self.y, self.weights, self.causal = c.X, c.Y, c.W, c.causal
-        self.d_k = c.qh.shape[-1]
-        self.q = c.qh * math.sqrt(self.d_k)                   # (R, N, d_k)
-        self.k = c.kt.transpose(1, 2)                         # (R, N, d_k)
-        self.v = c.vt.transpose(1, 2)                         # (R, N, d_v)
-        self.G, self.P, self.U = acc["G"], acc["P"], acc["U"]
-        self.baseline = (self.U * self.G).sum(-1)             # (R, N)
-        self.grads = {n: acc[n] for n in PARAMS}
-        self.N = c.X.shape[1]
-
-    def mask(self, q0: int, q1: int) -> torch.Tensor:
-        """(q1-q0, N) bool, True where key j is visible to query i."""
-        i = torch.arange(q0, q1)[:, None]
-        j = torch.arange(self.N)[None, :]
-        return j <= i if self.causal else torch.ones(q1 - q0, self.N, dtype=torch.bool)
-
-    def window(self, q0: int, q1: int, names=("alpha", "B", "A", "dS")) -> dict:
-        """Rows [q0, q1) × all keys: α, B = U Vᵀ, A = E_α[b] − b, dS = α⊙(B − E_α[b]) = ∂L/∂s,
-        and the pre-softmax scores S = q·k/√d_k (ask for "S"; masked entries −inf).
-
-        Each (R, q1-q0, N); masked entries of the others are 0.
-        """
-        m = self.mask(q0, q1)
-        s = (self._c.qh[:, q0:q1] @ self._c.kt).masked_fill(~m, float("-inf"))
-        alpha = torch.softmax(s, dim=-1)                       # (R, w, N)
-        out = {"alpha": alpha, "S": s}
-        if {"B", "A", "dS"} & set(names):
-            b = (self.U[:, q0:q1] @ self._c.vt).masked_fill(~m, 0.0)   # (R, w, N)
-            diff = (b - self.baseline[:, q0:q1, None]).masked_fill(~m, 0.0)
-            out.update(B=b, A=-diff, dS=alpha * diff)
-        return {n: out[n] for n in names}
-
-    def pooled(self, block: int, names=("alpha", "B", "A", "dS"), rows_per_chunk: int = 256) -> dict:
-        """Block means over b×b blocks of the full N×N matrices: each (R, ⌈N/b⌉, ⌈N/b⌉).
-
-        The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), by
-        :func:`~dyntool.record.recorder.pool_blocks` one chunk of whole block rows at a time, so at
-        most (R, chunk, N) is held per quantity.
-        """
-        chunk = max(1, rows_per_chunk // block) * block
-        parts = {n: [] for n in names}
-        for q0 in range(0, self.N, chunk):
-            q1 = min(q0 + chunk, self.N)
-            win, vis = self.window(q0, q1, names), self.mask(q0, q1)
-            for n in names:
-                parts[n].append(pool_blocks(win[n], block, vis))
-        return {n: torch.cat(parts[n], dim=1) for n in names}
-
-    def positional(self, rows_per_chunk: int = 256) -> dict:
-        """Per-position gradients and attention stats, tiled over query rows.
-
-        dQ, dK (R,N,d_k) = ∂L/∂q, ∂L/∂k; dV (R,N,d_v) = αᵀU; column usage c_j = Σ_i α_ij (R,N);
-        attention entropy H_i = −Σ_j α_ij log α_ij (R,N).
-        """
-        R, N = self.U.shape[:2]
-        dQ, ent = [], []
-        dK, dV = torch.zeros_like(self.k), torch.zeros_like(self.v)
-        usage = torch.zeros(R, N, dtype=self.x.dtype)
-        for q0 in range(0, N, rows_per_chunk):
-            q1 = min(q0 + rows_per_chunk, N)
-            w = self.window(q0, q1, ("alpha", "dS"))
-            a, dS = w["alpha"], w["dS"] / math.sqrt(self.d_k)
-            dQ.append(dS @ self.k)
-            dK += dS.transpose(1, 2) @ self.q[:, q0:q1]
-            dV += a.transpose(1, 2) @ self.U[:, q0:q1]
-            usage += a.sum(1)
-            ent.append(-(a * torch.log(a.clamp_min(1e-30))).sum(-1))
-        return {"dQ": torch.cat(dQ, 1), "dK": dK, "dV": dV, "col_usage": usage, "att_entropy": torch.cat(ent, 1)}

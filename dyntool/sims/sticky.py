@@ -35,7 +35,7 @@ from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
 from ..run import RunWriter, _write_json_atomic, ensure_out_dir
 from . import single_head as engine
-from .diagnostics import step_record
+from .diagnostics import step_record_threaded
 from .summary import summarise
 from .sticky_data import (HELDOUT_OFFSET, generate, h_min, posterior_predictive_entropy, stationary,
                           transition_matrix)
@@ -233,7 +233,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
                 rec = Recorder(st, rec_cfg, cfg.steps + 1, N)
             recorders.append(rec)
         bar = progress(total=cfg.steps + 1, desc=f"sticky-markov ({len(runs)} runs)", disable=quiet)
-        prev_alpha = {"a": None}
+        prev_attn = {"a": None}
 
         diag_rows: dict[int, list[dict]] = {}
         eval_rows: dict[int, list[dict]] = {}
@@ -241,18 +241,19 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
 
         def on_step(step, state):
             """Recorded steps only: one chunked pass gives every recorded array and D1–D11."""
-            want = [r is not None and r.wants(step) for r in recorders]
-            per_run, diag, alpha_w = step_record(state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window),
-                                                 rec_cfg.pool, prev, Hb, hmin, prev_alpha["a"])
-            prev_alpha["a"] = alpha_w
+            want = [i for i, r in enumerate(recorders) if r is not None and r.wants(step)]
+            # arrays only for the runs that store them; diagnostics for every run
+            arrays, diag, attn_w = step_record_threaded(
+                state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window), rec_cfg.pool, prev, Hb, hmin,
+                prev_attn["a"], recorded=want, workers=torch.get_num_threads())
+            prev_attn["a"] = attn_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
             if cfg.heldout:
                 for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho)):
                     rows[i].update(extra)
             diag_rows[step] = rows
-            for i, r in enumerate(recorders):
-                if want[i]:
-                    r.record(step, per_run[i], extra=rows[i], reduced=True)
+            for i, a in zip(want, arrays):
+                recorders[i].write(step, a, extra=rows[i])
 
         def on_eval(step, m):
             rows = []

@@ -79,7 +79,7 @@ def test_step_record_matches_autograd_verified_formulas():
     st = got["state"]
     allowed = torch.ones(N, N, dtype=torch.bool).tril()
     for r in range(R):
-        ref = head_quantities(st.q[r], st.k[r], st.v[r], st.U[r], allowed)
+        ref = head_quantities(st.queries[r], st.keys[r], st.values[r], st.upstream[r], allowed)
         rec = {k: (v[0, 0, 0] if v.dim() > 2 else v) for k, v in got["per_run"][r].items()}
         for name in ("attn", "compat", "advantage", "score_grad"):
             torch.testing.assert_close(rec[name], ref[name][10:30, 5:25], rtol=1e-9, atol=1e-12, msg=name)

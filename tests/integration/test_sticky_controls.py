@@ -122,8 +122,8 @@ def test_routing_drive_is_the_attention_variance_of_b_and_non_negative():
     st = _state()
     _, diag, _ = step_record(st, (0, 31), (0, 31), 0, torch.zeros(2, 31, dtype=torch.long),
                              torch.rand(2, 31, dtype=torch.float64), 1.8)
-    w = st.window(0, 31, ("alpha", "B"))
-    a, b = w["alpha"], w["B"]
+    w = st.window(0, 31, ("attn", "compat"))
+    a, b = w["attn"], w["compat"]
     e = (a * b).sum(-1, keepdim=True)
     var = (a * (b - e) ** 2).sum(-1).sum(-1) / 31            # mean_i Var_{α_i}(b), independent formula
     torch.testing.assert_close(diag["diag_routing_drive"], var)
@@ -134,7 +134,7 @@ def test_engine_score_gradient_checks_itself_against_autograd():
     st = _state()
     r = routing_residual(st, 5, 31)
     assert (r < 1e-10).all()                                # float64: closed form == autograd
-    st.U = st.U * 1.01                                      # a wrong upstream gradient is caught
+    st.upstream = st.upstream * 1.01                                      # a wrong upstream gradient is caught
     assert (routing_residual(st, 5, 31) > 1e-3).all()
 
 

@@ -46,7 +46,7 @@ def test_sim_engine_pools_the_same():
     st = got[0]
     full, vis = st.window(0, 23), st.mask(0, 23)
     pooled = st.pooled(4, rows_per_chunk=8)
-    for n in ("alpha", "B", "A", "dS"):
+    for n in ("attn", "compat", "advantage", "score_grad"):
         torch.testing.assert_close(pooled[n], pool_blocks(full[n], 4, vis), equal_nan=True)
 
 

@@ -75,15 +75,15 @@ def test_analytic_gradients_equal_autograd(causal, std):
         for n, p in Wr.items():
             torch.testing.assert_close(st.grads[n][r], p.grad, rtol=1e-9, atol=1e-12)
         visible = torch.isfinite(t["s"])
-        torch.testing.assert_close(st.U[r], t["G"].grad, rtol=1e-9, atol=1e-13)
-        torch.testing.assert_close(full["alpha"][r], t["alpha"], rtol=1e-9, atol=1e-13)
-        torch.testing.assert_close(full["B"][r], t["alpha"].grad * visible, rtol=1e-9, atol=1e-13)
-        torch.testing.assert_close(full["dS"][r], t["s"].grad, rtol=1e-9, atol=1e-13)
-        for ours, theirs in (("dQ", "q"), ("dK", "k"), ("dV", "v")):
+        torch.testing.assert_close(st.upstream[r], t["G"].grad, rtol=1e-9, atol=1e-13)
+        torch.testing.assert_close(full["attn"][r], t["alpha"], rtol=1e-9, atol=1e-13)
+        torch.testing.assert_close(full["compat"][r], t["alpha"].grad * visible, rtol=1e-9, atol=1e-13)
+        torch.testing.assert_close(full["score_grad"][r], t["s"].grad, rtol=1e-9, atol=1e-13)
+        for ours, theirs in (("query_grad", "q"), ("key_grad", "k"), ("value_grad", "v")):
             torch.testing.assert_close(pos[ours][r], t[theirs].grad, rtol=1e-9, atol=1e-13)
-    assert full["dS"].sum(-1).abs().max() < 1e-12                    # zero-sum routing
-    torch.testing.assert_close(full["A"], -(full["B"] - st.baseline[..., None]) * st.mask(0, N))
-    torch.testing.assert_close(pos["col_usage"].sum(-1), torch.full((3,), float(N), dtype=F64))
+    assert full["score_grad"].sum(-1).abs().max() < 1e-12                    # zero-sum routing
+    torch.testing.assert_close(full["advantage"], -(full["compat"] - st.expected_compat[..., None]) * st.mask(0, N))
+    torch.testing.assert_close(pos["column_usage"].sum(-1), torch.full((3,), float(N), dtype=F64))
 
 
 @pytest.mark.parametrize("causal", [True, False])
@@ -104,7 +104,7 @@ def test_worker_pool_records_the_same_state():
     one, two = _capture(x, y, W, True), {}
     train(x, y, W, [(0.0,) * 4] * 3, 1, tile=4, workers=2,
           on_step=lambda step, st: two.setdefault(step, st), record_steps={0})
-    for n in ("G", "P", "U"):
+    for n in ("head_out", "probs", "upstream"):
         torch.testing.assert_close(getattr(one, n), getattr(two[0], n), rtol=0, atol=1e-14)
 
 
@@ -113,7 +113,7 @@ def test_pooled_is_the_block_mean_over_visible_entries():
     st = _capture(x, y, W, causal=True)
     pooled = st.pooled(5, rows_per_chunk=10)
     full, m = st.window(0, 23), st.mask(0, 23).double()
-    for n in ("alpha", "B", "A", "dS"):
+    for n in ("attn", "compat", "advantage", "score_grad"):
         assert pooled[n].shape == (3, 5, 5)
         for bi, bj in ((0, 0), (2, 1), (4, 4), (4, 0)):
             sl = (slice(None), slice(5 * bi, 5 * bi + 5), slice(5 * bj, 5 * bj + 5))
