@@ -330,7 +330,9 @@ def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 3
     (e.g. on held-out positions for the manifold metrics)."""
     X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
     y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
-    return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True)["G"]
+    R, N, _ = x.shape
+    with _workers(None, R * N * N < _SMALL_PROBLEM) as (pool, _):   # same threading as training
+        return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True, pool=pool)["G"]
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
