@@ -1,26 +1,27 @@
 """The first-order quantities of attention training, as pure tensor functions.
 
-Notation (arXiv 2512.22473, first-order analysis; row-major): per head, queries ``q_i``, keys
+Notation (arXiv 2512.22473, its first-order analysis; the last column names the step of that
+analysis or says "diagnostic" for dyntool's own summaries; row-major): per head, queries ``q_i``, keys
 ``k_j``, values ``v_j``, scale ``τ = 1/sqrt(d_k)``, allowed set ``M(i)`` (the mask).
 
 =====================  =========================================================  ==============
-name                   formula                                                    spec
+name                   formula                                                    where
 =====================  =========================================================  ==============
-``scores``    S        ``s_ij = τ q_i·k_j`` on M(i) (masked entries: NaN on disk)   §1
-``attn``      α        ``softmax_j(s_ij)`` over M(i)                               §1
-``upstream``  U        ``u_i = ∂L/∂g_i``, g_i = Σ_j α_ij v_j (the per-head output)  §2.1
-``compat``    B        ``b_ij = u_i·v_j`` (= ∂L/∂α_ij), 0 off M(i)                  §2.2
-``expected_compat``    ``E_α[b]_i = Σ_j α_ij b_ij = u_i·g_i``                       §2.2
-``advantage`` A        ``A_ij = E_α[b]_i − b_ij``  (positive = value j is better than  §2.3
+``scores``    S        ``s_ij = τ q_i·k_j`` on M(i) (masked entries: NaN on disk)   model
+``attn``      α        ``softmax_j(s_ij)`` over M(i)                               model
+``upstream``  U        ``u_i = ∂L/∂g_i``, g_i = Σ_j α_ij v_j (the per-head output)  output layer
+``compat``    B        ``b_ij = u_i·v_j`` (= ∂L/∂α_ij), 0 off M(i)                  compatibility
+``expected_compat``    ``E_α[b]_i = Σ_j α_ij b_ij = u_i·g_i``                       compatibility
+``advantage`` A        ``A_ij = E_α[b]_i − b_ij``  (positive = value j is better than  routing law
                        query i's current mix; gradient descent moves s_ij up)
-``score_grad`` dS      ``∂L/∂s_ij = α_ij (b_ij − E_α[b]_i) = −α_ij A_ij``           §2.3
-``value_grad`` dV      ``∂L/∂v_j = Σ_i α_ij u_i``                                    §2.4
-``query_grad`` dQ      ``∂L/∂q_i = τ Σ_j dS_ij k_j``                                 §2.5
-``key_grad``   dK      ``∂L/∂k_j = τ Σ_i dS_ij q_i``                                 §2.5
-``attn_entropy``       ``H_i = −Σ_j α_ij log α_ij`` (nats)                           §6 D5
-``attn_entropy_norm``  ``H_i / log|M(i)|`` (0 where |M(i)| = 1)                     §6 D5
-``column_usage``       ``c_j = Σ_i α_ij``                                           §2.4, D3
-``value_norm``         ``‖v_j‖``                                                     D4
+``score_grad`` dS      ``∂L/∂s_ij = α_ij (b_ij − E_α[b]_i) = −α_ij A_ij``           routing law
+``value_grad`` dV      ``∂L/∂v_j = Σ_i α_ij u_i``                                    value update
+``query_grad`` dQ      ``∂L/∂q_i = τ Σ_j dS_ij k_j``                                 query/key law
+``key_grad``   dK      ``∂L/∂k_j = τ Σ_i dS_ij q_i``                                 query/key law
+``attn_entropy``       ``H_i = −Σ_j α_ij log α_ij`` (nats)                           diagnostic
+``attn_entropy_norm``  ``H_i / log|M(i)|`` (0 where |M(i)| = 1)                     diagnostic
+``column_usage``       ``c_j = Σ_i α_ij``                                           value update
+``value_norm``         ``‖v_j‖``                                                     diagnostic
 ``logit_max``          ``max |s_ij|`` over allowed entries (per head)                LS paper
 ``logit_norm``         RMS of ``s_ij`` over allowed entries (per head)
 =====================  =========================================================  ==============

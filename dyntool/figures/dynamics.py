@@ -1,6 +1,6 @@
 """Gradient-dynamics figures from a toy run (arXiv 2512.22473: toy simulation, figures F1–F2).
 
-* ``f1_feedback_loop`` — the §2.4 loop drawn from one recorded step of a real toy run: routing
+* ``f1_feedback_loop`` — the routing / value-update loop of arXiv 2512.22473 drawn from one recorded step of a real toy run: routing
   (advantage signs, α), the value update as the α-weighted sum of error signals (it lands on the
   recorded next value), and the resulting change in compatibility.
 * ``f2_toy`` — α and B at init / mid / final, 2-D value trajectories, loss and attention entropy.

@@ -1,4 +1,5 @@
-"""Recorded-step quantities and the §6 diagnostics (D1–D11) for batched single-head runs.
+"""Recorded-step quantities and the diagnostics D1–D11 (dyntool's numbering, table below) for batched
+single-head runs.
 
 ``step_record(state, ...)`` makes ONE pass over query-row chunks of a
 :class:`~dyntool.sims.single_head.StepState` (R runs at once) and returns, per run, the recorded

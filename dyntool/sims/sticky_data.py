@@ -1,4 +1,5 @@
-"""Sticky Markov-chain data (arXiv 2512.22473, sticky Markov-chain task) and its Bayes reference quantities (§4.5, D7).
+"""Sticky Markov-chain data (arXiv 2512.22473, sticky Markov-chain task) and its Bayes reference quantities
+(minimum and posterior predictive entropies).
 
 The generator follows the authors' RNG protocol literally, so that a given ``seed`` gives the
 same sequence, noise and therefore the same per-seed numbers as their script under the same
