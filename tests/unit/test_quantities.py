@@ -169,7 +169,7 @@ def test_single_head_capture_matches_autograd_batch():
     ref = reference_grads(q, k, v, masks.causal().dense(T),
                           lambda g: F.cross_entropy((g.squeeze(1) @ m.W_O).reshape(-1, C), y.reshape(-1)))
     _check_against_reference(got, ref, masks.causal().dense(T).expand(B, 1, T, T))
-    # closed form of §2.1: U = (P − Y) W_Oᵀ / N
+    # closed form of the output layer: U = (P − Y) W_Oᵀ / N
     p = torch.softmax(m(x), -1).detach()
     u_closed = (p - F.one_hot(y, C)) @ m.W_O.detach().T / (B * T)
     torch.testing.assert_close(got["upstream"][:, 0], u_closed, **TOL)
