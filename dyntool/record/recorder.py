@@ -117,8 +117,9 @@ class Recorder:
             if name in arrays:
                 out[name] = self._to_np(arrays[name], name)
         out["grad_scale"] = np.asarray(grad_scale, dtype=np.float32)
-        for k, v in (extra or {}).items():
-            out[k] = np.asarray(v, dtype=np.float32)
+        with np.errstate(over="ignore"):      # a diverging run's diagnostics become inf, visibly
+            for k, v in (extra or {}).items():
+                out[k] = np.asarray(v, dtype=np.float32)
         self.store.append(int(step), out)
         self.n_recorded += 1
 
