@@ -26,7 +26,8 @@ from common import hardware
 from dyntool.attention import CausalSelfAttention
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.record.store import StoreReader, StoreWriter, _dir_size
+from dyntool.record.store import StoreReader, _dir_size
+from dyntool.record.store_writer import StoreWriter
 
 
 class Block(nn.Module):

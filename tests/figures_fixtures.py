@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dyntool.run import RunWriter
+from dyntool.run_writer import RunWriter
 
 LOG8 = math.log(8)
 

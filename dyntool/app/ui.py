@@ -16,7 +16,7 @@ import streamlit as st
 
 from . import data
 from .data import AppInputError
-from ..errors import RunError
+from ..errors import DyntoolError, RunError
 
 LIVE_EVERY_S = 5.0
 FORMATS = ("png", "pdf", "svg")
@@ -51,13 +51,21 @@ def sidebar() -> None:
             data.clear_caches()
 
 
+# What a half-written or damaged run can still raise below the reader's own checks: dyntool's errors
+# (a figure that can't be drawn from it), a file gone since it was listed (OSError), a missing key or
+# index (LookupError), a value that doesn't parse or fit (ValueError: JSON, numpy shapes).  zarr's own
+# errors are all of these kinds.  Anything else is a bug in the app: streamlit shows its traceback, on
+# this page only.
+DATA_ERRORS = (DyntoolError, OSError, LookupError, ValueError)
+
+
 def guard(body: Callable[[], None]) -> None:
-    """Run a page body; user-facing problems become messages, never tracebacks."""
+    """Run a page body; problems of the input or the data become one-line messages, not tracebacks."""
     try:
         body()
     except (AppInputError, RunError) as e:          # bad input, a corrupt chunk: the reader's message
         st.error(str(e))
-    except Exception as e:                                   # noqa: BLE001 — last-resort message
+    except DATA_ERRORS as e:
         st.error(f"This view could not be drawn: {type(e).__name__}: {e}. The run may be incomplete "
                  "or corrupted; the other pages still work.")
         if os.environ.get("DYNTOOL_DEBUG"):

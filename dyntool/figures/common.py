@@ -122,6 +122,12 @@ def array(run, name: str):
     return a if len(a) > 0 else None
 
 
+def first_head(arr, idx) -> np.ndarray:
+    """Layer 0, head 0, seq 0 of a per-head (step, layer, head, seq, ...) array at step index/indices
+    ``idx``, as float64 (the sticky chain's single head)."""
+    return np.asarray(arr[idx, 0, 0, 0], dtype=np.float64)
+
+
 def diag(run, name: str) -> tuple[np.ndarray, np.ndarray]:
     """A ``diag_*`` scalar: from metrics, else from the recorded array of that name."""
     s, v = metric(run, name)

@@ -4,9 +4,9 @@
   ls / qknorm, mean ± std over seeds, divergence points marked (the paper's Fig. 1 analogue);
 * ``ls_logit_heatmap`` — layer × step max|logit|, LS split into local-head and global-head maxima;
 * ``ls_window_ablation`` / ``ls_global_ablation`` — final validation perplexity and peak max|logit|
-  against the window p / the number of global heads, where such runs exist;
-* ``ls_logits_head_type`` — the ls-logits study: max|logit| per step per arm and head type (LS local /
-  global), and every head of one LS run; ``ls_logits_context`` — its peak against the context length T.
+  against the window p / the number of global heads, where such runs exist.
+
+The ls-logits study's figures (per head type, per context length) are :mod:`dyntool.figures.ls_logits`.
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from ..record import metric_names as mn
 from ..stats import mean_std
 from .common import metric, need
 from .registry import figure
@@ -36,7 +35,7 @@ def _variant(r) -> tuple:
     return (m.get("window"), m.get("n_local"), m.get("n_global")) if attention(r) == "ls" else ()
 
 
-def _main_variant(rs: list) -> list:
+def main_variant(rs: list) -> list:
     """The runs of the most common configuration (LS: window / head split); ties go to the
     toolkit's default configuration, then to the first seen.  Ablation runs have their own figures."""
     groups: dict[tuple, list] = {}
@@ -57,7 +56,7 @@ def _by_type(runs) -> dict[str, list]:
     for t in LS_TYPES:
         rs = sorted([r for r in runs if attention(r) == t], key=seed)
         if rs:
-            out[t] = _main_variant(rs)
+            out[t] = main_variant(rs)
     return out
 
 
@@ -275,141 +274,3 @@ def ls_window_ablation(runs, **opts):
         pick=_ablation_runs("n_global"), check=_ablation_check("n_global", "numbers of global heads"))
 def ls_global_ablation(runs, **opts):
     return _ablation(runs, "n_global", "global heads g", "the number of global heads g")
-
-
-# ------------------------------------------------------- the ls-logits study: per head type, per T
-def _arm(r) -> str:
-    """Study arm: mhsa / mhsa_eager (materialised attention, the paper's fp32 baseline) / ls / qknorm."""
-    t = attention(r)
-    return "mhsa_eager" if t == "mhsa" and model_cfg(r).get("backend") == "manual" else t
-
-
-ARM_LABEL = {"mhsa": "MHSA", "mhsa_eager": "MHSA eager", "ls": "LS", "qknorm": "QK-norm"}
-
-
-def _T(r) -> int:
-    return int(((r.config or {}).get("data") or {}).get("block_size", 0))
-
-
-def _head_curves(r) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Head type ("local" | "global") -> (steps, max over layers and heads of that type per step)."""
-    out = {}
-    for grp, (steps, mat) in layer_logits(r).items():
-        out["global" if grp == "all" else grp] = (steps, np.nanmax(mat, axis=0))
-    return out
-
-
-def _head_type_runs(runs):
-    grp = best_group(runs, lambda rs: len({_arm(r) for r in rs if any(k in ("local", "global", "all")
-                                                                       for k in layer_logits(r))}))
-    grp = [r for r in grp if attention(r) in LS_TYPES and layer_logits(r)]
-    if not grp:
-        return []
-    T = max(_T(r) for r in grp)                      # the longest context of a sweep
-    grp = [r for r in grp if _T(r) == T]
-    ls_main = _main_variant([r for r in grp if attention(r) == "ls"]) if any(attention(r) == "ls" for r in grp) else []
-    return [r for r in grp if attention(r) != "ls"] + ls_main      # LS ablation variants left out
-
-
-def _check_head_type(runs):
-    need(any(attention(r) == "ls" and "local" in layer_logits(r) for r in runs),
-         "needs an LS train run logging per-head max logits (logit_max/L{l}H{h})")
-    return True, ""
-
-
-@figure("ls_logits_head_type", "Max logit per step by head type (ls-logits study)", KIND,
-        needs="ls-logits study runs logging logit_max/L{l}H{h} (an LS run and at least one other arm)",
-        group="ls", pick=_head_type_runs, check=_check_head_type)
-def ls_logits_head_type(runs, **opts):
-    fig = style.figure(style.DOUBLE, 2.4)
-    ax, bx = fig.subplots(1, 2, sharey=True)
-    rows, peaks = [], []
-    arms = sorted({_arm(r) for r in runs}, key=lambda a: list(ARM_LABEL).index(a) if a in ARM_LABEL else 9)
-    for k, arm in enumerate(arms):
-        rs = sorted([r for r in runs if _arm(r) == arm], key=seed)
-        for kind, ls_ in (("global", "-"), ("local", "--")):
-            curves = [c[kind] for c in map(_head_curves, rs) if kind in c]
-            if not curves:
-                continue
-            s, mu, sd = mean_curve(curves)
-            who = f"{ARM_LABEL.get(arm, arm)} {kind} heads"
-            style.band(ax, s, mu, sd, style.attn_color("mhsa" if arm == "mhsa_eager" else arm, k), ls=ls_,
-                       label=f"{who} ({len(curves)} run{'s' if len(curves) > 1 else ''})")
-            peaks.append(f"{who} {np.nanmax(mu):.2f}")
-            rows.append(pd.DataFrame({"arm": arm, "heads": kind, "step": s, "max_logit_mean": mu, "std": sd}))
-    ls_run = next(r for r in sorted(runs, key=seed) if attention(r) == "ls" and "local" in layer_logits(r))
-    n_local = int(model_cfg(ls_run).get("n_local", 0))
-    for (l, h), col in sorted(mn.per_head(ls_run.metrics.columns, mn.LOGIT_MAX).items()):   # every LS head
-        sub = ls_run.metrics[["step", col]].dropna()
-        kind = "local" if h < n_local else "global"
-        bx.plot(sub["step"], sub[col], lw=0.6 if kind == "local" else 1.2, color=style.attn_color("ls"),
-                ls="--" if kind == "local" else "-")
-        rows.append(pd.DataFrame({"arm": "ls", "heads": f"L{l}H{h} {kind}", "step": sub["step"],
-                                  "max_logit_mean": sub[col], "std": 0.0}))
-    bx.plot([], [], color=style.attn_color("ls"), lw=0.6, ls="--", label="local head")
-    bx.plot([], [], color=style.attn_color("ls"), lw=1.2, label="global head")
-    bx.set_title(f"LS run {ls_run.id}: every head", fontsize="small")
-    for a, letter in ((ax, "a"), (bx, "b")):
-        a.set_yscale("log")
-        style.plain_log(a)
-        a.set_xlabel(f"{style.STEP} [steps]")
-        a.legend(loc="best", fontsize="x-small")
-        style.panel_label(a, letter)
-    ax.set_ylabel("max |q·k|/√d_h")
-    m = model_cfg(ls_run)
-    hd = m.get("n_embd", 0) // max(m.get("n_head", 1), 1)
-    caption = (f"Largest pre-softmax logit |q_i·k_j|/√d_h over allowed (i, j) of each step's training batch, "
-               f"T = {_T(ls_run)}, head dim {hd} (n/d = {_T(ls_run) / max(hd, 1):g}). (a) Per arm and head type, "
-               "the maximum over layers and heads of that type (LS: local = sliding-window heads, window "
-               f"{m.get('window')}; global = causal heads; MHSA/QK-norm heads are all causal), mean ± std over "
-               f"seeds. Peak of the mean — {'; '.join(peaks)}. (b) Every head of one LS run (one line per "
-               "layer and head).")
-    return fig, pd.concat(rows, ignore_index=True), caption
-
-
-def _context_runs(runs):
-    grp = best_group(runs, lambda rs: len({_T(r) for r in rs if attention(r) in LS_TYPES}))
-    return [r for r in grp if attention(r) in LS_TYPES and layer_logits(r)]
-
-
-def _check_context(runs):
-    Ts = {_T(r) for r in runs}
-    need(len(Ts) >= 2, f"needs ls-logits runs at ≥ 2 context lengths (data.block_size); found {sorted(Ts) or 'none'}")
-    return True, ""
-
-
-@figure("ls_logits_context", "Peak max logit vs context length (ls-logits study)", KIND,
-        needs="ls-logits study runs at ≥ 2 data.block_size values logging per-head max logits",
-        group="ls", pick=_context_runs, check=_check_context)
-def ls_logits_context(runs, **opts):
-    rows = []
-    for r in runs:
-        for kind, (s, v) in _head_curves(r).items():
-            if len(v) and np.isfinite(v).any():
-                rows.append({"arm": _arm(r), "heads": kind, "T": _T(r), "seed": seed(r), "run": r.id,
-                             "peak_max_logit": float(np.nanmax(v)), "last_max_logit": float(v[np.isfinite(v)][-1]),
-                             "diverged_at": diverged(r)})
-    df = pd.DataFrame(rows)
-    need(len(df), "no per-head max logits in these runs")
-    fig = style.figure(style.SINGLE, 2.4)
-    ax = fig.subplots()
-    desc = []
-    for k, ((arm, kind), g) in enumerate(df.groupby(["arm", "heads"], sort=True)):
-        st = g.groupby("T")["peak_max_logit"].agg(["mean", "std"]).fillna(0.0)
-        c = style.attn_color("mhsa" if arm == "mhsa_eager" else arm, k)
-        ax.errorbar(st.index, st["mean"], yerr=st["std"], marker="o", capsize=2, color=c,
-                    ls="--" if kind == "local" else "-", label=f"{ARM_LABEL.get(arm, arm)} {kind}")
-        desc.append(f"{ARM_LABEL.get(arm, arm)} {kind}: " + ", ".join(f"{int(t)}→{m:.2f}" for t, m in st["mean"].items()))
-    ax.set_xscale("log", base=2)
-    Ts = sorted(df["T"].unique())
-    ax.set_xticks(Ts, [str(int(t)) for t in Ts])
-    ax.minorticks_off()
-    ax.set_yscale("log")
-    style.plain_log(ax)
-    ax.set_xlabel("context length T [tokens]")
-    ax.set_ylabel("peak max |q·k|/√d_h")
-    ax.legend(loc="best", fontsize="x-small")
-    caption = ("Peak over training of the per-step largest pre-softmax logit, per arm and head type, against the "
-               "context length T (mean ± std over seeds; dashed: LS sliding-window heads). Values (T→peak): "
-               + "; ".join(desc) + ".")
-    return fig, df, caption

@@ -6,8 +6,9 @@ whether they hold what it needs (:meth:`FigureSpec.supports` -> ``(ok, reason)``
 (JSON)).  ``draw`` may raise :class:`FigureSkip` when it finds out late that something is
 missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
 
-Figures register themselves at import of :mod:`dyntool.figures.dynamics`, ``.sticky``,
-``.geometry``, ``.ls`` and ``.span`` (done by :func:`load`, which ``dyntool.figures`` calls).
+Figures register themselves at import of their modules :mod:`dyntool.figures.dynamics`,
+``.sticky``, ``.geometry``, ``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits`` and ``.span``
+(done by :func:`load`, which ``dyntool.figures`` calls).
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def load() -> dict[str, FigureSpec]:
     """Import the figure modules (once) and return :data:`FIGURES`."""
     global _loaded
     if not _loaded:
-        from . import bijection, dynamics, geometry, ls, span, sticky  # noqa: F401  (registration side effect)
+        from . import (bijection, dynamics, frame_precision, geometry, ls, ls_logits,  # noqa: F401
+                       span, sticky)  # imported for their side effect: each registers its figures
         groups = ("dynamics", "ls", "span")
         ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)
                                                           if kv[1].group in groups else 9, kv[0]))

@@ -74,7 +74,7 @@ class RunRecorder:
         self._pending = None
         if not self.active:
             return
-        from ..run import RunWriter
+        from ..run_writer import RunWriter
         full = {"source": type(model).__name__, "max_steps": self.max_steps,
                 "model": _model_config(model), "record": asdict(self.cfg), **(config or {})}
         self.run = RunWriter.create(out_dir, "train", full, name=name, device=_device(model))

@@ -41,7 +41,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget, schedule
 from ..record.recorder import Recorder
-from ..run import RunWriter, ensure_out_dir
+from ..run_writer import RunWriter, ensure_out_dir
 from . import bijection_data as data
 from .bijection_analysis import analyze, evaluate, value_loss
 

@@ -28,7 +28,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
-from ..run import RunWriter, ensure_out_dir
+from ..run_writer import RunWriter, ensure_out_dir
 from ..progress import progress
 
 

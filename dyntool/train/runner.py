@@ -105,7 +105,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                  kind: str = "train", extra_meta: dict | None = None):
     """Train one model; returns ``(run_path or None on ranks > 0, final metrics)``."""
     from ..data.wikitext import load_wikitext
-    from ..run import RunWriter
+    from ..run_writer import RunWriter
     from . import ddp
     from .gpt import GPT
     from ..progress import TrainProgress

@@ -230,7 +230,7 @@ class Trainer:
             self.save_checkpoint(self.ckpt_path)
 
     def fit(self) -> dict:
-        from ..run import critical_section
+        from ..run_writer import critical_section
         cfg = self.cfg.train
         stop = min(cfg.stop_at or cfg.max_steps, cfg.max_steps)
         tokens = self.cfg.data.batch_size * self.cfg.data.block_size * self.cfg.optim.accum * self.dist.world

@@ -25,7 +25,7 @@ import torch
 from dyntool import quantities as Q
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.run import RunWriter
+from dyntool.run_writer import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]
 APP_DIR = Path(importlib.util.find_spec("dyntool.app").origin).parent     # the installed app package

@@ -261,7 +261,7 @@ def test_app_folder_box_refuses_nul_bytes_and_escapes(folder, monkeypatch):
 def test_live_slices_labelled_with_marker_m_hold_m_rows(tmp_path, monkeypatch):
     """The app reads a live run at the marker M it saw: later commits don't leak into that slice."""
     from dyntool.record.store import read_marker
-    from dyntool.run import RunWriter
+    from dyntool.run_writer import RunWriter
     run = RunWriter.create(tmp_path, "toy", {}, name="live")
     store = run.open_store(chunk_steps=2)
     for s in range(4):

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from dyntool.cli import main
-from dyntool.run import RunWriter, open_run
+from dyntool.run import open_run
+from dyntool.run_writer import RunWriter
 
 from .test_train import CONFIG, REPO, TINY, TINY_ARGS   # the same tiny model and corpus
 KEYS = ("loss", "grad_norm", "lr", "logit_max", "val_loss")
@@ -212,7 +213,8 @@ def test_deterministic_switch_on_during_training_and_restored(tmp_path, monkeypa
 # -- recording flush timer, disk full ---------------------------------------------------------
 
 def test_flush_timer_commits_the_last_row_without_another_append(tmp_path):
-    from dyntool.record.store import StoreReader, StoreWriter
+    from dyntool.record.store import StoreReader
+    from dyntool.record.store_writer import StoreWriter
     w = StoreWriter(tmp_path / "r.zarr", chunk_steps=100, flush_seconds=0.2)
     w.append(0, {"x": np.ones(3, np.float32)})
     w.append(1, {"x": np.ones(3, np.float32)})

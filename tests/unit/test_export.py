@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from dyntool.cli import main
-from dyntool.run import RunWriter, open_run
+from dyntool.run import open_run
+from dyntool.run_writer import RunWriter
 
 xr = pytest.importorskip("xarray", reason="xarray not installed (pip install 'dyntool[export]')")
 

@@ -17,7 +17,7 @@ from dyntool.figures.common import js_rows
 from dyntool.figures.geometry import pca_oriented
 from dyntool.cli.figures import collect_runs
 from dyntool.run import list_runs
-from dyntool.run import RunWriter
+from dyntool.run_writer import RunWriter
 from tests import figures_fixtures as fx
 
 DPI = 30          # small rasters keep the suite fast; the code path is the same

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from dyntool.cli import main
-from dyntool.run import RunWriter, open_run
+from dyntool.run import open_run
+from dyntool.run_writer import RunWriter
 from dyntool.sinks import SinkCallback, export_scalars, scalars
 
 STEPS = [0, 3, 6]

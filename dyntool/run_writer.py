@@ -1,0 +1,228 @@
+"""Writing a run directory: config.json, meta.json, metrics.jsonl, record.zarr (docs/FORMAT.md).
+
+``RunWriter.create(...)`` as a context manager.  It never deletes or overwrites an
+existing run; SIGTERM and SIGINT (also when SIGINT was inherited as ignored, e.g. a job started
+with ``&`` by a script) raise :class:`Interrupted`, except inside :func:`critical_section`
+(one training step), where the signal is held until the section ends so a step is never half
+applied (a second signal interrupts at once).  On the way out the recorder is flushed and
+``meta.status`` becomes ``finished``, ``interrupted`` or ``failed``; if the disk is full the
+status is still written (in place when no new file fits) and no ``meta.json.tmp`` is left.
+
+The layout constants (``RECORD_DIR``, ``STATUSES``) live here, beside what writes them; the reader
+is :mod:`dyntool.run`.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import json
+import math
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from .atomic import replacing
+from .errors import NonFiniteLossError, RunError
+
+STATUSES = ("running", "finished", "failed", "interrupted")
+RECORD_DIR = "record.zarr"
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised in the main thread on SIGTERM/SIGINT so runs close cleanly."""
+
+
+class _Signals:
+    depth = 0                   # > 0 inside critical_section()
+    pending: int | None = None  # a signal held until the section ends
+
+
+def _on_signal(signum, frame):
+    if _Signals.depth > 0 and _Signals.pending is None:
+        _Signals.pending = signum          # finish the step first; a second signal is not held
+        return
+    _Signals.pending = None
+    raise Interrupted(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def critical_section():
+    """Hold SIGTERM/SIGINT (as installed by RunWriter) until the block ends, then raise
+    :class:`Interrupted`: used around one training step so parameters, optimizer, RNG and
+    metrics always describe the same step when a run is interrupted and checkpointed."""
+    _Signals.depth += 1
+    try:
+        yield
+    finally:
+        _Signals.depth -= 1
+    if _Signals.depth == 0 and _Signals.pending is not None:
+        signum, _Signals.pending = _Signals.pending, None
+        raise Interrupted(f"signal {signum}")
+
+
+def interrupt_pending() -> bool:
+    return _Signals.pending is not None
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _git_commit() -> dict[str, Any]:
+    src = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+                                    capture_output=True, text=True, timeout=5).stdout.strip())
+        return {"git_commit": sha or None, "git_dirty": dirty if sha else None}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": None, "git_dirty": None}
+
+
+def environment() -> dict[str, Any]:
+    """Library versions and machine facts saved with every run."""
+    import numpy
+    import torch
+    import zarr
+    from . import __version__
+    return {"dyntool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
+            "zarr": zarr.__version__, "python": platform.python_version(),
+            "platform": platform.platform(), "cpu_count": os.cpu_count(), **_git_commit()}
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, float) and not math.isfinite(x):
+        return None                      # JSON has no NaN/inf; null marks a non-finite value
+    if hasattr(x, "item") and getattr(x, "ndim", 1) == 0:
+        return _jsonable(x.item())
+    if isinstance(x, dict):
+        return {k: _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    return x
+
+
+def _write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) -> None:
+    """Temp file + ``os.replace``.  On failure the temp file is removed (never a 0-byte
+    ``.tmp`` left behind); with ``in_place_fallback`` a full disk (ENOSPC/EDQUOT) falls back to
+    rewriting the existing file in place, which reuses its blocks (used for the final status)."""
+    text = json.dumps(_jsonable(obj), indent=2)
+    try:
+        with replacing(path) as tmp:
+            tmp.write_text(text)
+    except OSError as e:
+        if not (in_place_fallback and e.errno in (errno.ENOSPC, errno.EDQUOT) and path.exists()):
+            raise
+        with open(path, "r+") as f:
+            f.write(text)
+            f.truncate()
+
+
+def ensure_out_dir(out_dir: str | Path) -> Path:
+    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
+    if not os.access(out, os.W_OK):
+        raise RunError(f"output directory {out} is not writable")
+    return out
+
+
+class RunWriter:
+    def __init__(self, path: Path, meta: dict[str, Any]):
+        self.path, self.meta = path, meta
+        self._metrics = open(path / "metrics.jsonl", "a", buffering=1)   # line-buffered: one flush per row
+        self.store = None
+        self._old_handlers: dict = {}
+
+    @classmethod
+    def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
+               seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
+               extra_meta: dict | None = None) -> "RunWriter":
+        out = ensure_out_dir(out_dir)
+        run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        path = out / run_id
+        try:
+            path.mkdir()
+        except FileExistsError:
+            raise RunError(f"run {path} already exists; choose another name (existing runs are never overwritten)") from None
+        except OSError as e:
+            raise RunError(f"run directory {path} can't be created: {e.strerror or e}") from None
+        _write_json_atomic(path / "config.json", config)
+        meta = {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
+                "seeds": list(seeds or []), "tags": list(tags or []), "device": device,
+                "argv": sys.argv, **environment(), **(extra_meta or {})}
+        _write_json_atomic(path / "meta.json", meta)
+        return cls(path, meta)
+
+    # -- recording ----------------------------------------------------------------------
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
+        from .record.store_writer import StoreWriter
+        self.store = StoreWriter(self.path / RECORD_DIR, chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def log(self, step: int, **metrics: Any) -> None:
+        """Append one row to metrics.jsonl (``step`` first)."""
+        self._metrics.write(json.dumps(_jsonable({"step": int(step), **metrics})) + "\n")
+
+    def update_meta(self, _final_status: bool = False, **kv: Any) -> None:
+        self.meta.update(kv, updated=_now())
+        _write_json_atomic(self.path / "meta.json", self.meta, in_place_fallback=_final_status)
+
+    def finish(self, status: str = "finished", **kv: Any) -> None:
+        """Flush and close everything, then write the final status.  A failure while flushing
+        (e.g. disk full) turns ``finished`` into ``failed`` and is re-raised after the status
+        is written, so meta.json never stays ``running`` after the process is gone."""
+        assert status in STATUSES
+        errors: list[BaseException] = []
+        for close in ((self.store.close if self.store is not None else None), self._metrics.close):
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as e:
+                errors.append(e)
+        if errors and status == "finished":
+            e = errors[0]
+            status, kv = "failed", {**kv, "error": f"{type(e).__name__}: {e}"}
+        self.update_meta(_final_status=True, status=status, **kv)
+        if errors:
+            raise errors[0]
+
+    # -- context manager: signals and final status ----------------------------------------
+    def __enter__(self) -> "RunWriter":
+        # SIGINT too: when it was inherited as ignored (a background job of a script) Python
+        # installs no KeyboardInterrupt handler, and `kill -INT` would do nothing at all
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, _on_signal)
+            except ValueError:     # not the main thread (e.g. inside a test runner thread)
+                pass
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        for sig, h in self._old_handlers.items():
+            signal.signal(sig, h)
+        _Signals.pending = None
+        if exc_type is None:
+            self.finish("finished")
+            return False
+        try:
+            if issubclass(exc_type, KeyboardInterrupt):
+                self.finish("interrupted", error=str(exc) or "interrupted")
+            elif issubclass(exc_type, NonFiniteLossError):
+                self.finish("failed", error=str(exc), failed_step=exc.step)
+            else:
+                self.finish("failed", error=f"{exc_type.__name__}: {exc}")
+        except Exception:
+            pass               # the original exception is the one to report
+        return False
