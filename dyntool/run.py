@@ -14,8 +14,6 @@ from typing import Any
 
 from .errors import RunError
 from .run_writer import RECORD_DIR, STATUSES
-# kept importable from here for dyntool/sims/sticky.py, which imports the writer from this module
-from .run_writer import RunWriter, _write_json_atomic, ensure_out_dir  # noqa: F401
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -17,7 +17,7 @@ import torch
 from ..capture import Capture
 from . import names
 from .policy import RecordConfig, schedule, windows
-from .store import StoreWriter
+from .store_writer import StoreWriter
 
 
 def pool_blocks(x, block: int, visible=None, masked_zero: bool = False):

@@ -21,8 +21,6 @@ import zarr
 from zarr.storage import LocalStore
 
 from ..errors import RunError
-# kept importable from here for dyntool/record/recorder.py, which imports the writer from this module
-from .store_writer import StoreWriter  # noqa: F401
 
 
 class RecordError(RunError):

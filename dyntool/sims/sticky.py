@@ -35,7 +35,7 @@ from ..errors import ConfigError, RunError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
-from ..run import RunWriter, _write_json_atomic, ensure_out_dir
+from ..run_writer import RunWriter, _write_json_atomic, ensure_out_dir
 from . import single_head as engine
 from .diagnostics import step_record_threaded
 from .summary import summarise

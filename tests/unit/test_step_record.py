@@ -80,7 +80,7 @@ def test_logit_stats_and_pooled_overview_equal_the_full_matrix_formulas(state):
 
 def test_recorder_write_stores_what_reduce_makes(tmp_path):
     """record = write ∘ reduce: a full-T producer and a pre-reduced one store the same arrays."""
-    from dyntool.record.store import StoreWriter
+    from dyntool.record.store_writer import StoreWriter
     T = 10
     cfg = RecordConfig(every=1, pool=5, dtype="float32", query_window=[2, 8], key_window=[0, 6])
     g = torch.Generator().manual_seed(0)
