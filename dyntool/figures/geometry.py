@@ -299,15 +299,17 @@ def f6_value_pca(runs, **opts):
         sc = ax.scatter(z[o, 0], z[o, 1] if z.shape[1] > 1 else np.zeros(len(o)), c=h[o], s=size, cmap="cividis",
                         vmin=lo, vmax=hi, lw=0, rasterized=True)
         ax.set_title(f"{style.arm_label(arm)}, seed {seed_arm(r)[0]}, step {int(r.steps[-1])}\n"
-                     f"training sequence: r(PC1, H) = {rr[0]:.2f}", fontsize=7)
+                     f"training sequence: r(PC1, H) = {rr[0]:.2f}")
         ax.set_xlabel(f"PC1 ({evr[0]:.0%} of variance)")
         ax.set_ylabel(f"PC2 ({evr[1]:.0%})" if len(evr) > 1 else "")
         style.panel_label(ax, "abcdefg"[k])
+        ax.set_title(ax.get_title(loc="left"), loc="left", fontsize=6.5)     # two lines side by side
     fig.colorbar(sc, cax=fig.add_subplot(gs[0, n]), label="Bayes predictive entropy [nats]")
     bx = axs[-1]
     groups = mp.draw(bx, runs, per_run, arms)
-    bx.set_title("training | held-out sequence", fontsize=7)
+    bx.set_title("training | held-out sequence")
     style.panel_label(bx, "abcdefg"[len(arms)])
+    bx.set_title(bx.get_title(loc="left"), loc="left", fontsize=6.5)
     ho_steps = sorted({p["heldout_step"] for p in per_run if p.get("heldout_step") is not None})
     ho_txt = (" and, from the simulation's log on the HELD-OUT sequence (another path of the same chain; "
               f"dyntool.manifold at step {', '.join(map(str, ho_steps))}), the same r for the values (heldout_v_r_pc1) "

@@ -365,14 +365,17 @@ def controls(runs, **opts):
            capsize=2, alpha=0.85)
     for k in range(len(names)):
         if not shown[k]:
-            ax.text(k, 0.02 * max(n_steps, 1), "target", ha="center", va="bottom", fontsize=6, rotation=90)
+            ax.text(k, 0.02 * max(n_steps, 1), "sets the\ntarget", ha="center", va="bottom", fontsize=6)
             continue
         pts = [v for c, v in df.iloc[k].items() if str(c).startswith("steps_seed")]
         ax.plot(np.full(len(pts), k) + np.linspace(-0.15, 0.15, len(pts)), pts, ".", color="black", ms=2.5)
     if n_steps:
         style.hline(ax, n_steps, f"not reached in {n_steps} steps", ls=":")
+        ax.text(-0.45, n_steps, f"not reached in {n_steps} steps", va="bottom", fontsize=6, color=style.REF_COLOR)
+        ax.set_ylim(0, 1.12 * n_steps)
     ticks = [style.arm_label(a, short=True) for a in names]
     ax.set_xticks(x, ticks, rotation=20)
+    ax.set_xlim(-0.65, len(names) - 0.35)
     ax.set_ylabel("steps to SGD's mean final loss")
     style.panel_label(ax, "a")
     if "heldout_mean" in df:
