@@ -2,10 +2,12 @@
 
 * ``f3_em_vs_sgd`` — loss per step, mean ± std over seeds per arm, H_min line, and a marker at the
   mean step where EM-like first goes below SGD's mean final loss (the authors' metric);
-* ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8;
+* ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8, on the
+  training sequence (solid) and the held-out sequence (dashed / open markers) where logged;
 * ``value_lr_sweep`` — EM steps to SGD's final loss against the value-LR multiplier;
 * ``controls`` — steps to SGD's final loss and final held-out loss per arm (sgd, em and the
-  learning-rate controls readout / routing / all / sgd_tuned), from ``summary.json``.
+  learning-rate controls readout / routing / all / sgd_tuned), from ``summary.json``; skipped with a
+  one-line reason when the study ran no control arm (the default study), drawn for the arms present.
 
 The figures read one study: the runs of the first study directory among the inputs.
 """
