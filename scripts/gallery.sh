@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Regenerate the README gallery, figures/*.png, from the default simulations:
+# Regenerate the README gallery, figures/*.png, from the toy head and the sticky-chain study with its controls:
 #
 #     scripts/gallery.sh
 #
 # 1. simulates what is missing under $RUNS (default runs/gallery, git-ignored):
 #      dyntool sim toy           --config sims/toy.toml            -> $RUNS/toy/toy            (seconds)
-#      dyntool sim sticky-markov --config sims/sticky_markov.toml  -> $RUNS/sticky-markov/default
-#        (5 seeds x 2 arms x 1000 steps at T = 2000: several minutes on 2 CPU cores)
+#      dyntool sim sticky-markov --config sims/sticky_markov.toml --controls  -> $RUNS/sticky-markov/controls
+#        (5 seeds x 6 arms x 1000 steps at T = 2000, 35 runs: ~13 minutes on 2 quiet CPU cores; its sgd
+#        and em runs equal the default study's, and the controls figure needs the control arms)
 #    An incomplete run/study left by an interrupted earlier call is removed and redone.
 # 2. draws every figure those runs support as small PNGs (dpi $DPI, default 110) and copies only
 #    the PNGs into $OUT (default figures/); data files and captions are dropped (run
@@ -37,14 +38,14 @@ fi
 inputs+=("$toy")
 
 # -- sticky Markov chain (arXiv 2512.22473, sticky Markov-chain task); guarded: needs `dyntool sim sticky-markov` ------------------
-sticky="$RUNS/sticky-markov/default"
+sticky="$RUNS/sticky-markov/controls"
 if dt sim sticky-markov --help >/dev/null 2>&1; then
     if [ -d "$sticky" ] && [ ! -f "$sticky/summary.json" ]; then
         echo "gallery: removing incomplete $sticky"; rm -rf "$sticky"
     fi
     if [ ! -d "$sticky" ]; then
-        echo "gallery: simulating the sticky-chain study -> $sticky (several minutes)"
-        dt sim sticky-markov --config sims/sticky_markov.toml --out "$RUNS/sticky-markov" --name default --quiet
+        echo "gallery: simulating the sticky-chain study with its learning-rate controls -> $sticky (~13 minutes)"
+        dt sim sticky-markov --config sims/sticky_markov.toml --controls --out "$RUNS/sticky-markov" --name controls --quiet
     fi
     inputs+=("$sticky")
 else

@@ -4,7 +4,9 @@
 * :func:`make_sticky_study` — a sticky-chain study (``summary.json`` + ``seed{S}-{arm}`` runs) with
   the lead's layout: per-step ``loss``/``entropy``/``accuracy`` metrics, ``diag_*`` on recorded
   steps, ``attn`` (and friends) on a query/key window, ``attn_pooled``, ``values``/``upstream`` at
-  every position, statics ``bayes_entropy``/``targets``/``prev_symbol``.  The data (inputs, Bayes
+  every position, statics ``bayes_entropy``/``targets``/``prev_symbol``; with ``heldout`` (default)
+  also ``heldout_loss``/``heldout_entropy`` every 5 steps and ``heldout_{g,v}_*`` manifold metrics;
+  the learning-rate control arms (readout, routing, all) where ``arms`` names them.  The data (inputs, Bayes
   entropies) are a real sticky chain; the training dynamics are synthetic but shaped like the
   paper's: EM-like routing settles early, values keep moving, losses fall from log 8;
 * :func:`make_train_run`, :func:`make_ls_study`, :func:`make_span_study` — WikiText-shaped
@@ -95,9 +97,15 @@ def _attention(same: np.ndarray, noise: np.ndarray, beta: float) -> np.ndarray:
     return s
 
 
+# learning rates W_Q/W_K/W_V/W_O per arm (as dyntool.sims.single_head.arm_lrs gives them at lr 0.01, ×10)
+_LRS = {"sgd": (0.01,) * 4, "em": (0.01, 0.01, 0.1, 0.01), "readout": (0.01, 0.01, 0.01, 0.1),
+        "routing": (0.1, 0.1, 0.01, 0.01), "all": (0.1,) * 4}
+_FAST = {"sgd": 0.0, "em": 1.0, "em_like": 1.0, "readout": 0.9, "routing": 1.4, "all": 2.2}   # synthetic speed
+
+
 def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("sgd", "em"), T: int = 120,
                       steps: int = 60, every: int = 5, window: int = 24, pool: int = 8, d_v: int = 6,
-                      sweep: bool = True, dtype=np.float32, summary: bool = True) -> Path:
+                      sweep: bool = True, dtype=np.float32, summary: bool = True, heldout: bool = True) -> Path:
     """A sticky-markov study directory; see the module docstring.  Recorded steps: 0, every, ...,
     and steps − 1.  Matrices (attn, compat, advantage, score_grad) on queries/keys [N − window, N)."""
     study = Path(out) / name
@@ -115,7 +123,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
         direction = rng_w.standard_normal(d_v)
         entry = {"seed": seed}
         for arm in arms:
-            fast = 0.0 if arm == "sgd" else 1.0                           # 0 = SGD, 1 = EM-like
+            fast = _FAST.get(arm, 1.0)                                     # 0 = SGD, 1 = EM-like
             route_rate = 0.25 + 0.5 * fast                                 # routing settles early
             value_rate = 0.6 + 1.8 * fast                                  # values keep moving
             floor = 2.06 - 0.05 * fast - 0.003 * seed
@@ -131,7 +139,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
                 st.write_static("bayes_entropy", H.astype(np.float32), ("query",))
                 st.write_static("targets", y.astype(np.int64), ("query",))
                 st.write_static("prev_symbol", prev.astype(np.int64), ("query",))
-                rng = np.random.default_rng(1000 * seed + (7 if arm == "sgd" else 11))
+                rng = np.random.default_rng(1000 * seed + (7 if arm == "sgd" else 11 + 3 * (arm not in ("em", "em_like"))))
                 same = (prev[:, None] == prev[None, :]).astype(np.float32)
                 noise = (0.3 * rng.standard_normal((N, N))).astype(np.float32)
                 causal_w = np.tri(N, dtype=bool)[q0:, k0:]
@@ -144,6 +152,8 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
                     ent = loss + 0.008 * (1 - t)
                     row = {"loss": loss, "entropy": ent,
                            "accuracy": 0.125 + (0.3 - 0.125) * (1 - math.exp(-3 * t * (0.4 + fast)))}
+                    if heldout and (step % 5 == 0 or step == steps - 1):     # the held-out sequence
+                        row.update(heldout_loss=loss + 0.012 * t, heldout_entropy=ent + 0.006 * t)
                     if step in rec_steps:
                         r_t = 1 - math.exp(-6 * route_rate * t)
                         v_t = 1 - math.exp(-value_rate * t)
@@ -170,12 +180,20 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
                         if pool:
                             arrays["attn_pooled"] = _pool(A, pool)[None, None, None].astype(dtype)
                         st.append(step, arrays)
+                        if heldout:                               # manifold metrics on held-out positions
+                            row.update(diag_r_pc1_entropy=0.1 + 0.3 * v_t * fast,
+                                       **{f"heldout_{g}_{k}": val for g, f in (("g", 0.5), ("v", 0.3)) for k, val in
+                                          (("pc1_share", 0.3 + f * v_t), ("r_pc1", f * v_t * (0.5 + 0.5 * fast)),
+                                           ("r_best", 0.05 + f * v_t), ("r2_linear", f * v_t * 0.8),
+                                           ("ordering_score", 0.5 + 0.4 * f * v_t))})
                         row.update(diag_attn_entropy=float(ent_rows.mean()), diag_pc1_share=0.3 + 0.5 * v_t,
                                    diag_share_qk=0.2 * (1 - r_t), diag_share_v=0.6,
                                    diag_share_o=0.2 + 0.2 * r_t)
                     run.log(step, **row)
                 final = {"final_loss": losses[-1], "entropy": losses[-1] + 0.004, "accuracy": 0.2 + 0.05 * fast,
                          "losses": losses}
+                if heldout:
+                    final.update(heldout_loss=losses[-1] + 0.012, heldout_entropy=losses[-1] + 0.014)
                 run.update_meta(final={"loss": final["final_loss"], "entropy": final["entropy"]})
             entry[arm] = final
             curves.setdefault(arm, []).append(np.array(losses))
@@ -193,11 +211,11 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
             s["t_test"] = {"t": -4.5, "p": 0.01}
             s["entropy_gap"] = {a: float(np.mean([p[a]["entropy"] for p in per_seed]) - h_min) for a in arms}
             s["sgd_final_threshold"] = thr
-            # the per-arm table of a --controls study (as dyntool.sims.summary writes it)
-            s["arms"] = {a: {"lrs": [0.01, 0.01, 0.1 if a == em else 0.01, 0.01],
-                             "steps_to_target": ({"mean": float(np.mean(hits)), "std": float(np.std(hits)),
-                                                  "per_seed": hits} if a == em else
-                                                 {"mean": float(steps), "std": 0.0, "per_seed": [steps] * len(seeds)}),
+            # the per-arm table (as dyntool.sims.summary writes it; control arms only in a --controls study)
+            def to_target(a):
+                h = [int(np.nonzero(c < thr)[0][0]) if (c < thr).any() else steps for c in curves[a]]
+                return {"mean": float(np.mean(h)), "std": float(np.std(h, ddof=1)), "per_seed": h}
+            s["arms"] = {a: {"lrs": list(_LRS.get(a, _LRS["sgd"])), "steps_to_target": to_target(a),
                              "final_heldout_loss": {"mean": float(np.mean([c[-1] for c in curves[a]])) + 0.01,
                                                     "std": float(np.std([c[-1] for c in curves[a]]))}}
                          for a in arms}

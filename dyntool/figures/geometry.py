@@ -2,8 +2,9 @@
 
 * ``f5_attention`` — α on the recorded window at the end, per arm, raw and sorted by the previous
   symbol (content routing shows as blocks), plus mean attention entropy per step;
-* ``f6_value_pca`` — PCA of the values at the final step (one basis per run), coloured by the
-  Bayes posterior-predictive entropy of each position, with r(PC1, entropy) ≥ 0 by orientation.
+* ``f6_value_pca`` — PCA of the values of the training sequence at the final step (one basis per
+  run), coloured by the Bayes posterior-predictive entropy of each position, with r(PC1, entropy) ≥ 0
+  by orientation, beside r(PC1, entropy) on held-out positions (:mod:`.manifold_panel`).
 
 F7 (frame and precision over training) is :mod:`dyntool.figures.frame_precision`.
 """
@@ -255,10 +256,12 @@ def _values_entropy(run, idx=-1):
     return (x[ok], h[ok]), ""
 
 
-@figure("f6_value_pca", "Value geometry: PCA coloured by posterior entropy", KIND,
-        needs="a sticky-markov study recording values (all positions) and static bayes_entropy",
+@figure("f6_value_pca", "Value geometry on the training sequence; manifold metrics on held-out positions", KIND,
+        needs="a sticky-markov study recording values (all positions) and static bayes_entropy; the held-out "
+              "panel uses the logged heldout_v_* / heldout_g_* metrics where present",
         group="dynamics", pick=main_study, check=_check_arrays("values", static="bayes_entropy"))
 def f6_value_pca(runs, **opts):
+    from . import manifold_panel as mp
     per_run, shown = [], {}
     reps = _representatives(runs)
     for arm, rs in arms_of(runs).items():
@@ -268,18 +271,17 @@ def f6_value_pca(runs, **opts):
                 continue
             x, h = got
             z, evr, rr, _ = pca_oriented(x, h)
-            ds, dv = diag(r, "diag_r_pc1_entropy")
             per_run.append({"run": r.id, "arm": arm, "seed": seed_arm(r)[0], "step": int(r.steps[-1]),
                             "explained_variance_ratio": evr.tolist(), "r_pc_entropy": rr.tolist(),
-                            "r_pc1_entropy": float(rr[0]), "n_positions": int(len(h)),
-                            "diag_r_pc1_entropy_outputs": float(dv[-1]) if len(dv) else None})
+                            "pc1_share": float(evr[0]), "r_pc1_entropy": float(rr[0]), "n_positions": int(len(h)),
+                            **mp.heldout_row(r)})
             if reps.get(arm) is r:
                 shown[arm] = (r, z, h, evr, rr)
     need(shown, "values and bayes_entropy of the study's runs don't align")
     arms = list(shown)
-    fig = style.figure(style.DOUBLE, 2.5)
+    fig = style.figure(style.DOUBLE, 2.7)
     n = len(arms)
-    gs = fig.add_gridspec(1, n + 3, width_ratios=[1] * n + [0.05, 0.12, 0.8])   # colorbar, spacer, (c)
+    gs = fig.add_gridspec(1, n + 3, width_ratios=[1] * n + [0.05, 0.1, 1.15])   # colorbar, spacer, (c)
     axs = [fig.add_subplot(gs[0, k]) for k in range(n)] + [fig.add_subplot(gs[0, n + 2])]
     hs = np.concatenate([v[2] for v in shown.values()])
     lo, hi = float(np.percentile(hs, 1)), float(np.percentile(hs, 99))
@@ -290,43 +292,34 @@ def f6_value_pca(runs, **opts):
         size = 1.5 + 10 * np.clip((h[o] - lo) / ((hi - lo) or 1.0), 0, 1)
         sc = ax.scatter(z[o, 0], z[o, 1] if z.shape[1] > 1 else np.zeros(len(o)), c=h[o], s=size, cmap="cividis",
                         vmin=lo, vmax=hi, lw=0, rasterized=True)
-        ax.set_title(f"{style.arm_label(arm)}, seed {seed_arm(r)[0]}: r(PC1, H) = {rr[0]:.2f}")
+        ax.set_title(f"{style.arm_label(arm)}, seed {seed_arm(r)[0]}, step {int(r.steps[-1])}\n"
+                     f"training sequence: r(PC1, H) = {rr[0]:.2f}")
         ax.set_xlabel(f"PC1 ({evr[0]:.0%} of variance)")
         ax.set_ylabel(f"PC2 ({evr[1]:.0%})" if len(evr) > 1 else "")
         style.panel_label(ax, "abcdefg"[k])
+        ax.set_title(ax.get_title(loc="left"), loc="left", fontsize=6.5)     # two lines side by side
     fig.colorbar(sc, cax=fig.add_subplot(gs[0, n]), label="Bayes predictive entropy [nats]")
     bx = axs[-1]
-    for k, arm in enumerate(arms_of(runs)):
-        rs = [p for p in per_run if p["arm"] == arm]
-        if not rs:
-            continue
-        y = [p["r_pc1_entropy"] for p in rs]
-        bx.plot(np.full(len(y), k) + np.linspace(-0.1, 0.1, len(y)), y, "o", color=style.arm_color(arm, k), ms=3)
-        bx.errorbar(k + 0.25, np.mean(y), yerr=mean_std(y)[1], color="black", marker="_", capsize=2)
-        yd = [p["diag_r_pc1_entropy_outputs"] for p in rs if p["diag_r_pc1_entropy_outputs"] is not None]
-        if yd:
-            bx.plot(np.full(len(yd), k) + np.linspace(-0.1, 0.1, len(yd)), yd, "o", mfc="none",
-                    mec=style.arm_color(arm, k), ms=3, mew=0.6)
-    if any(p["diag_r_pc1_entropy_outputs"] is not None for p in per_run):
-        bx.plot([], [], "o", color="grey", ms=3, label="values (this figure)")
-        bx.plot([], [], "o", mfc="none", mec="grey", ms=3, label="head outputs (sim)")
-        bx.legend(loc="upper right", fontsize=6)
-    bx.set_xticks(range(len(arms_of(runs))), [style.arm_label(a) for a in arms_of(runs)], rotation=15)
-    bx.set_ylabel("r(PC1, entropy)")
-    bx.set_ylim(0, 1.02)
+    groups = mp.draw(bx, runs, per_run, arms)
+    bx.set_title("training | held-out sequence")
     style.panel_label(bx, "abcdefg"[len(arms)])
-    summ = "; ".join(f"{style.arm_label(a)}: PC1 {np.mean([p['explained_variance_ratio'][0] for p in per_run if p['arm'] == a]):.0%}, "
-                     f"r = {np.mean([p['r_pc1_entropy'] for p in per_run if p['arm'] == a]):.2f}"
-                     for a in arms_of(runs) if any(p["arm"] == a for p in per_run))
-    caption = ("Value vectors v_j of every position at the last recorded step, projected on their own PCA "
-               "basis (one basis per run, fitted on that step), coloured by the exact Bayes "
-               "posterior-predictive entropy of the position; each PC is oriented so that its correlation "
-               "with the entropy is non-negative; point size also grows with the entropy. Last panel: "
-               "r(PC1, entropy) for every seed (dots) with mean ± std, and, where the simulation logged it, "
-               "the same correlation for the head outputs g_i (open circles, diag_r_pc1_entropy). "
-               f"Means over seeds — {summ}.")
-    data = {"runs": per_run,
-            "points": {arm: {"run": v[0].id, "pc1": v[1][:, 0].round(6).tolist(),
+    bx.set_title(bx.get_title(loc="left"), loc="left", fontsize=6.5)
+    ho_steps = sorted({p["heldout_step"] for p in per_run if p.get("heldout_step") is not None})
+    ho_txt = (" and, from the simulation's log on the HELD-OUT sequence (another path of the same chain; "
+              f"dyntool.manifold at step {', '.join(map(str, ho_steps))}), the same r for the values (heldout_v_r_pc1) "
+              "and the head outputs (heldout_g_r_pc1)" if any(g.startswith("heldout") for g in groups)
+              else "; this study logged no held-out manifold metrics")
+    caption = ("Scatter panels: value vectors v_j of every position of the TRAINING sequence at the last recorded "
+               "step, projected on their own PCA basis (one basis per run, fitted on that step), coloured by the "
+               "exact Bayes posterior-predictive entropy of the position; each PC is oriented so that its "
+               "correlation with the entropy is non-negative; point size also grows with the entropy. Last panel: "
+               "r(PC1, entropy) per seed (dots) with mean ± std (black), for the training-sequence values of the "
+               "scatter" + (", the training-sequence head outputs g_i (diag_r_pc1_entropy)"
+                            if "train_g" in groups else "") + ho_txt +
+               f". Means over seeds — {mp.caption_numbers(per_run, arms)}.")
+    data = {"runs": per_run, "heldout_steps": ho_steps,
+            "points": {arm: {"run": v[0].id, "sequence": "training",
+                             "pc1": v[1][:, 0].round(6).tolist(),
                              "pc2": (v[1][:, 1] if v[1].shape[1] > 1 else v[1][:, 0] * 0).round(6).tolist(),
                              "bayes_entropy": v[2].round(6).tolist()} for arm, v in shown.items()}}
     return fig, data, caption

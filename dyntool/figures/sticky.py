@@ -2,10 +2,12 @@
 
 * ``f3_em_vs_sgd`` — loss per step, mean ± std over seeds per arm, H_min line, and a marker at the
   mean step where EM-like first goes below SGD's mean final loss (the authors' metric);
-* ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8;
+* ``f4_entropy`` — predictive entropy per step and at the end, against H_min and log 8, on the
+  training sequence (solid) and the held-out sequence (dashed / open markers) where logged;
 * ``value_lr_sweep`` — EM steps to SGD's final loss against the value-LR multiplier;
 * ``controls`` — steps to SGD's final loss and final held-out loss per arm (sgd, em and the
-  learning-rate controls readout / routing / all / sgd_tuned), from ``summary.json``.
+  learning-rate controls readout / routing / all / sgd_tuned), from ``summary.json``; skipped with a
+  one-line reason when the study ran no control arm (the default study), drawn for the arms present.
 
 The figures read one study: the runs of the first study directory among the inputs.
 """
@@ -17,8 +19,8 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from .common import (align, arms_of, fmt_pm, h_min, is_em, main_study, mean_std, metric, n_symbols, need,
-                     seed_arm, summary_of)
+from .common import (align, arms_of, fmt_pm, h_min, is_em, is_sweep, main_study, mean_std, metric, n_symbols,
+                     need, seed_arm, summary_of)
 from .registry import figure
 
 KIND = "sticky-markov"
@@ -142,8 +144,25 @@ def f3_em_vs_sgd(runs, **opts):
     return fig, df, caption
 
 
-@figure("f4_entropy", "Predictive entropy vs minimum Bayesian entropy", KIND,
-        needs="a sticky-markov study: runs per (seed, arm) logging 'entropy' (nats) per step",
+def _finals(runs, curves: dict, key: str) -> dict:
+    """arm -> {per_seed, mean, std} of the final ``key`` (summary.json per_seed, else the last logged value)."""
+    per_seed = {(int(p.get("seed", -1))): p for p in summary_of(runs[0]).get("per_seed", []) or []
+                if isinstance(p, dict)}
+    out = {}
+    for arm, cs in curves.items():
+        vals = []
+        for seed, _, v in cs:
+            rec = per_seed.get(seed, {}).get(arm) or per_seed.get(seed, {}).get("em" if is_em(arm) else arm) or {}
+            fin = rec.get(key) if isinstance(rec, dict) else None
+            vals.append(float(fin) if isinstance(fin, (int, float)) else float(v[np.isfinite(v)][-1]))
+        out[arm] = {"per_seed": dict(zip([s for s, _, _ in cs], vals)), "mean": float(np.mean(vals)),
+                    "std": float(mean_std(vals)[1])}
+    return out
+
+
+@figure("f4_entropy", "Predictive entropy on the training and held-out sequences vs minimum Bayesian entropy",
+        KIND, needs="a sticky-markov study: runs per (seed, arm) logging 'entropy' (nats) per step; "
+                    "'heldout_entropy' (held-out sequence) is drawn dashed where logged",
         group="dynamics", pick=main_study, check=_check_metric("entropy"))
 def f4_entropy(runs, **opts):
     curves = _curves(runs, "entropy")
@@ -151,71 +170,71 @@ def f4_entropy(runs, **opts):
     hm = h_min(runs)
     n = n_symbols(runs[0])
     logn = math.log(n)
-    per_seed = {(int(p.get("seed", -1))): p for p in summary_of(runs[0]).get("per_seed", []) or []
-                if isinstance(p, dict)}
-    final = {}
-    for arm, cs in curves.items():
-        vals = []
-        for seed, _, v in cs:
-            rec = per_seed.get(seed, {}).get(arm) or per_seed.get(seed, {}).get(
-                "em" if is_em(arm) else arm) or {}
-            fin = rec.get("entropy") if isinstance(rec, dict) else None
-            vals.append(float(fin) if isinstance(fin, (int, float)) else float(v[np.isfinite(v)][-1]))
-        final[arm] = {"per_seed": dict(zip([s for s, _, _ in cs], vals)), "mean": float(np.mean(vals)),
-                      "std": float(mean_std(vals)[1])}
-
-    fig = style.figure(style.DOUBLE, 2.6)
-    ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])
-    _bands(ax, df, curves, "entropy")
+    final = _finals(runs, curves, "entropy")
     ho = _curves(runs, "heldout_entropy")
     ho_df = _wide(ho, "heldout_entropy") if ho else None
+    ho_final = _finals(runs, ho, "heldout_entropy") if ho else {}
+
+    fig = style.figure(style.DOUBLE, 2.7)
+    ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])
+    _bands(ax, df, curves, "entropy")
     for k, arm in enumerate(ho):
         ax.plot(ho_df["step"], ho_df[f"{arm}_heldout_entropy_mean"], color=style.arm_color(arm, k), ls="--", lw=0.9)
     if ho:
-        ax.plot([], [], color="grey", ls="--", lw=0.9, label="held-out (dashed)")
+        ax.plot([], [], color="grey", ls="-", lw=1.2, label="training sequence (solid, ± 1 std)")
+        ax.plot([], [], color="grey", ls="--", lw=0.9, label="held-out sequence (dashed, mean)")
     if hm is not None:
         style.hline(ax, hm, f"H_min = {hm:.4f}", color=style.H_MIN_COLOR)
     style.hline(ax, logn, f"log {n} = {logn:.4f}", ls=":")
     ax.set_xlabel(f"{style.STEP} [steps]")
-    ax.set_ylabel("mean predictive entropy [nats]\n(solid: training sequence)" if ho else
+    ax.set_ylabel("mean predictive entropy [nats]" if ho else
                   "mean predictive entropy [nats]\n(training sequence)")
     h, lab = ax.get_legend_handles_labels()
     fig.legend(h, lab, loc="outside lower center", ncol=min(len(lab), 4))
     style.panel_label(ax, "a")
     x = np.arange(len(final))
+    dx = 0.17 if ho_final else 0.0
     for k, (arm, f) in enumerate(final.items()):
         c = style.arm_color(arm, k)
-        bx.errorbar(k, f["mean"], yerr=f["std"], color=c, marker="D", ms=5, capsize=3, lw=1.2)
+        bx.errorbar(k - dx, f["mean"], yerr=f["std"], color=c, marker="D", ms=4.5, capsize=2.5, lw=1.1)
         pts = list(f["per_seed"].values())
-        bx.plot(np.full(len(pts), k + 0.2), pts, "o", color=c, ms=2.5, alpha=0.7, mew=0)
+        bx.plot(np.full(len(pts), k - dx - 0.12), pts, "o", color=c, ms=2.2, alpha=0.7, mew=0)
+        g = ho_final.get(arm)
+        if g is not None:
+            bx.errorbar(k + dx, g["mean"], yerr=g["std"], color=c, marker="D", ms=4.5, mfc="white", capsize=2.5,
+                        lw=1.1, ls="none")
+    if ho_final:
+        bx.plot([], [], "D", color="grey", ms=4, label="training")
+        bx.plot([], [], "D", color="grey", mfc="white", ms=4, label="held-out")
+        bx.legend(loc="upper right", fontsize=6, handletextpad=0.2, borderaxespad=0.2)
     if hm is not None:
         style.hline(bx, hm, "H_min", color=style.H_MIN_COLOR)
     style.hline(bx, logn, f"log {n}", ls=":")
-    bx.set_xticks(x, [style.arm_label(a) for a in final], rotation=15)
+    bx.set_xticks(x, [style.arm_label(a, short=True) for a in final], rotation=20)
     bx.set_xlim(-0.6, len(final) - 0.4)
-    lo = min([f["mean"] - f["std"] for f in final.values()] + ([hm] if hm is not None else []))
-    bx.set_ylim(lo - 0.05 * (logn - lo) - 0.01, logn + 0.08 * (logn - lo) + 0.01)
+    allv = [f["mean"] - f["std"] for f in list(final.values()) + list(ho_final.values())]
+    lo = min(allv + ([hm] if hm is not None else []))
+    bx.set_ylim(lo - 0.05 * (logn - lo) - 0.01, logn + 0.22 * (logn - lo) + 0.01)
     bx.set_ylabel("final predictive entropy [nats]")
     style.panel_label(bx, "b")
-    gaps = ""
-    if hm is not None:
-        parts = [f"{style.arm_label(a)} {f['mean'] - hm:.3f} nats ({(f['mean'] - hm) / (logn - hm):.2f} of "
-                 f"the way from H_min to log {n})" for a, f in final.items()]
-        gaps = " Gap ΔH = H_pred − H_min at the end: " + "; ".join(parts) + "."
-    ho_txt = ""
+
+    def gap_txt(fin):
+        return "; ".join(f"{style.arm_label(a)} {f['mean'] - hm:.3f} nats ({(f['mean'] - hm) / (logn - hm):.2f} of "
+                         f"the way from H_min to log {n})" for a, f in fin.items())
+    gaps = (" Gap ΔH = H_pred − H_min at the end, training sequence: " + gap_txt(final) + "." +
+            (" Held-out sequence: " + gap_txt(ho_final) + "." if ho_final else "")) if hm is not None else ""
+    seq = ("solid lines with ± 1 std bands: the training sequence; dashed lines: the held-out sequence (another "
+           "path of the same chain), mean over seeds" if ho else "the training sequence, mean ± 1 std over seeds")
+    caption = (f"(a) Mean predictive entropy per step ({seq}) and (b) at the end of training "
+               + ("(filled diamonds: training sequence, open diamonds: held-out sequence, mean ± std over seeds; "
+                  "dots: training-sequence seeds)" if ho_final else "(diamonds: mean ± std over seeds; dots: seeds)")
+               + f" against the minimum Bayesian entropy H_min = {hm if hm is not None else float('nan'):.4f} nats "
+               f"(black dashed) and the uniform predictor log {n} = {logn:.4f} nats (grey dotted)." + gaps)
+    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn,
+            "final_source": "summary.json per_seed" if summary_of(runs[0]).get("per_seed") else "last logged step"}
     if ho:
-        fin = {a: float(np.nanmean([v[np.isfinite(v)][-1] for _, _, v in cs])) for a, cs in ho.items()}
-        ho_txt = (" Dashed: the same on the held-out sequence (mean over seeds; final " +
-                  "; ".join(f"{style.arm_label(a)} {v:.4f}" for a, v in fin.items()) + " nats).")
-        data_ho = {"heldout_final_mean": fin}
-    else:
-        data_ho = {}
-    caption = (f"(a) Mean predictive entropy per step on the training sequence (mean ± 1 std over seeds) and (b) at the end of "
-               f"training (diamonds: mean ± std; dots: seeds) against the minimum Bayesian entropy H_min = "
-               f"{hm if hm is not None else float('nan'):.4f} nats (black dashed) and the uniform predictor "
-               f"log {n} = {logn:.4f} nats (grey)." + gaps + ho_txt)
-    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn, **data_ho,
-            "final_source": "summary.json per_seed" if per_seed else "last logged step"}
+        data["heldout_curves"] = {c: ho_df[c].tolist() for c in ho_df.columns}
+        data["heldout_final"] = ho_final
     return fig, data, caption
 
 
@@ -283,20 +302,44 @@ def value_lr_sweep(runs, **opts):
     return fig, df, caption
 
 
+# the learning-rate control arms of dyntool.sims.sticky.CONTROLS (a test keeps the two equal; not
+# imported, so that drawing figures does not import the simulation and torch)
+CONTROLS = ("readout", "routing", "all", "sgd_tuned")
+NO_CONTROLS = ("the study has no learning-rate control arm (readout, routing, all, sgd_tuned) in summary.json "
+               "'arms'; run dyntool sim sticky-markov --controls")
+
+
+def _control_arms(runs) -> list[str]:
+    arms = summary_of(runs[0]).get("arms") if runs else None
+    return [a for a in CONTROLS if isinstance(arms, dict) and isinstance(arms.get(a), dict)]
+
+
+def _controls_study(runs):
+    """The first study among the inputs that ran a control arm, else the first study (then skipped)."""
+    for rs in _by_study(runs):
+        if _control_arms(rs):
+            return [r for r in rs if not is_sweep(r)]
+    return main_study(runs)
+
+
 def _check_controls(runs):
-    arms = summary_of(runs[0]).get("arms")
-    need(isinstance(arms, dict) and len(arms) >= 2, "the study's summary.json has no per-arm 'arms' table "
-                                                     "(run with --controls)")
+    need(_control_arms(runs), NO_CONTROLS)
+    arms = summary_of(runs[0])["arms"]
+    need(all(isinstance(e.get("steps_to_target"), dict) for e in arms.values()),
+         "summary.json 'arms' entries need 'steps_to_target'")
     return True, ""
 
 
 @figure("controls", "Steps to SGD's final loss and final held-out loss, per learning-rate arm", KIND,
-        needs="a sticky-markov study whose summary.json has 'arms' (dyntool sim sticky-markov --controls)",
-        group="dynamics", pick=main_study, check=_check_controls)
+        needs="a sticky-markov study with learning-rate control arms (readout, routing, all, sgd_tuned) in "
+              "summary.json 'arms': dyntool sim sticky-markov --controls (or --arms sgd,em,routing,...); "
+              "drawn for the arms the study ran",
+        group="dynamics", pick=_controls_study, check=_check_controls)
 def controls(runs, **opts):
     summ = summary_of(runs[0])
     arms = summ["arms"]
     names = list(arms)
+    missing = [a for a in CONTROLS if a not in arms]
     n_steps = int(summ.get("steps", 0))
     rows = []
     for a in names:
@@ -324,14 +367,17 @@ def controls(runs, **opts):
            capsize=2, alpha=0.85)
     for k in range(len(names)):
         if not shown[k]:
-            ax.text(k, 0.02 * max(n_steps, 1), "target", ha="center", va="bottom", fontsize=6, rotation=90)
+            ax.text(k, 0.02 * max(n_steps, 1), "sets the\ntarget", ha="center", va="bottom", fontsize=6)
             continue
         pts = [v for c, v in df.iloc[k].items() if str(c).startswith("steps_seed")]
         ax.plot(np.full(len(pts), k) + np.linspace(-0.15, 0.15, len(pts)), pts, ".", color="black", ms=2.5)
     if n_steps:
         style.hline(ax, n_steps, f"not reached in {n_steps} steps", ls=":")
+        ax.text(-0.45, n_steps, f"not reached in {n_steps} steps", va="bottom", fontsize=6, color=style.REF_COLOR)
+        ax.set_ylim(0, 1.12 * n_steps)
     ticks = [style.arm_label(a, short=True) for a in names]
     ax.set_xticks(x, ticks, rotation=20)
+    ax.set_xlim(-0.65, len(names) - 0.35)
     ax.set_ylabel("steps to SGD's mean final loss")
     style.panel_label(ax, "a")
     if "heldout_mean" in df:
@@ -352,5 +398,6 @@ def controls(runs, **opts):
                "W_Q/W_K/W_V/W_O: " + "; ".join(f"{style.arm_label(a)} {r}" for a, r in zip(names, df["lrs"])) + ". "
                + ("sgd_tuned uses one uniform learning rate, " + f"{tuned.get('picked_lr', float('nan')):g}, picked from "
                   f"{tuned.get('grid')} on the mean final held-out loss. " if tuned else "")
-               + "Measured: " + "; ".join(parts) + ".")
+               + "Measured: " + "; ".join(parts) + "."
+               + (f" Control arms not in this study: {', '.join(missing)}." if missing else ""))
     return fig, df, caption

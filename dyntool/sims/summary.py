@@ -8,6 +8,10 @@ import numpy as np
 from ..stats import mean_std
 
 
+# SGD's mean final training loss IS the target, so its own "steps to target" only restates the budget
+SGD_TARGET = "(sets the target)"
+
+
 def steps_to_threshold(losses: np.ndarray, thr: float) -> int:
     """First index k with losses[k] < thr, or len(losses) if never (the authors' rule)."""
     below = np.nonzero(losses < thr)[0]
@@ -153,7 +157,7 @@ def table(summary: dict) -> str:
                      f"{g['heldout']['mean']:>8.4f}")
         if "arms" in summary:
             st = summary["arms"][a]["steps_to_target"]
-            line += f"{st['mean']:>15.0f} ± {st['std']:.0f}"
+            line += f"{SGD_TARGET:>22}" if a == "sgd" else f"{st['mean']:>15.0f} ± {st['std']:.0f}"
         lines.append(line)
     if "sgd_tuned" in summary:
         t = summary["sgd_tuned"]
@@ -169,7 +173,7 @@ def table(summary: dict) -> str:
         vs = e.get("vs_em") or {}
         parts = [f"{k.replace('_', ' ')} {v['mean_diff']:+.4g} " +
                  (f"(t = {v['t']:.2f}, p = {v['p']:.3g})" if v["t"] is not None else "(constant difference)")
-                 for k, v in vs.items() if v]
+                 for k, v in vs.items() if v and not (a == "sgd" and k == "steps_to_target")]
         if parts:
             lines.append(f"{a} − em, paired: " + "; ".join(parts))
     for s in summary.get("value_lr_sweep", []):
@@ -193,6 +197,6 @@ def markdown_table(summary: dict) -> str:
                  f"{f['heldout_loss']['mean']:.4f} ± {f['heldout_loss']['std']:.4f}" if ho else "–",
                  f"{f['accuracy']['mean']:.3f}", f"{f['heldout_accuracy']['mean']:.3f}" if ho else "–",
                  f"{g['raw']['mean']:.3f} / {g['heldout']['mean']:.3f}" if ho else f"{g['raw']['mean']:.3f}",
-                 f"{st['mean']:.0f} ± {st['std']:.0f}" if st else "–"]
+                 SGD_TARGET if a == "sgd" else f"{st['mean']:.0f} ± {st['std']:.0f}" if st else "–"]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -28,6 +28,9 @@ def root(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("figruns")
     fx.make_toy(d, steps=40)
     fx.make_bijection(d)
+    # a --controls study first (list_runs puts the newest first, so sticky-study stays the main study)
+    fx.make_sticky_study(d, name="sticky-controls", seeds=(0, 1), arms=("sgd", "em", "routing", "all"), T=40,
+                         steps=20, every=10, window=10, pool=8, sweep=False)
     fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, window=16, pool=8)
     fx.make_ls_study(d, seeds=(0, 1), steps=40)
     fx.make_ls_context_study(d, seeds=(0, 1), steps=20)
@@ -110,9 +113,8 @@ def test_f3_marks_the_authors_crossing_step(sticky):
 
 def test_same_inputs_give_the_same_bytes(sticky, runs, exported):
     out, _ = exported
-    toy = [r for r in runs if r.kind == "toy"]
-    for name, rs in (("f3_em_vs_sgd", sticky), ("f2_toy", toy)):
-        png = render_bytes(FIGURES[name], rs, "png", dpi=DPI)
+    for name in ("f3_em_vs_sgd", "f2_toy"):       # the export drew them from all fixture runs: so do we
+        png = render_bytes(FIGURES[name], runs, "png", dpi=DPI)
         assert png.startswith(b"\x89PNG") and png == (out / f"{name}.png").read_bytes()
     pdf = render_bytes(FIGURES["value_lr_sweep"], sticky, "pdf")
     assert pdf == (out / "value_lr_sweep.pdf").read_bytes() and b"CreationDate" not in pdf
@@ -237,3 +239,90 @@ def test_pca_orientation_and_js():
     p = np.array([[0.5, 0.5], [1.0, 0.0]])
     assert np.allclose(js_rows(p, p), 0)
     assert js_rows(np.array([1.0, 0.0]), np.array([0.0, 1.0])) == pytest.approx(math.log(2))
+
+
+# -- issue 10: the controls figure needs control arms; F4/F6 say training vs held-out ------------------
+
+def test_controls_figure_is_skipped_without_control_arms(sticky, tmp_path, capsys):
+    from dyntool.figures.sticky import NO_CONTROLS
+    ok, why = FIGURES["controls"].supports(sticky)                   # sgd and em only
+    assert not ok and why == NO_CONTROLS and "--controls" in why and "\n" not in why
+    rc = main(["figures", str(sticky[0].path.parent), "--out", str(tmp_path / "o"), "--format", "png",
+               "--only", "controls", "--dpi", str(DPI)])
+    out = capsys.readouterr().out
+    assert rc == 0 and f"skipped controls             {NO_CONTROLS}" in out and "0 figure(s) written" in out
+
+
+def test_controls_figure_draws_the_arms_the_study_ran(root, runs):
+    spec = FIGURES["controls"]
+    sel = spec.select(runs)                                           # found among both studies
+    assert {p.parent.name for p in (r.path for r in sel)} == {"sticky-controls"} and spec.supports(sel)[0]
+    summ = json.loads((root / "sticky-controls" / "summary.json").read_text())
+    fig, df, cap = spec.draw(sel)
+    assert list(df["arm"]) == list(summ["arms"]) == ["sgd", "em", "routing", "all"]
+    for a in ("em", "routing", "all"):
+        st = summ["arms"][a]["steps_to_target"]
+        row = df[df["arm"] == a].iloc[0]
+        assert row["steps_mean"] == pytest.approx(st["mean"]) and row["steps_std"] == pytest.approx(st["std"])
+    assert "Control arms not in this study: readout, sgd_tuned." in cap
+    assert "routing 0.1/0.1/0.01/0.01" in cap
+
+
+def test_controls_listing_and_arm_names_agree_with_the_sim():
+    from dyntool.cli.sim import CONTROL_ARMS
+    from dyntool.figures.sticky import CONTROLS
+    from dyntool.sims.sticky import CONTROLS as SIM_CONTROLS
+    assert CONTROLS == SIM_CONTROLS and set(CONTROL_ARMS) == {"sgd", "em", *CONTROLS}
+    assert "--controls" in FIGURES["controls"].needs and all(a in FIGURES["controls"].needs for a in CONTROLS)
+
+
+def _legend_texts(fig):
+    return [t.get_text() for leg in fig.legends + [a.get_legend() for a in fig.axes if a.get_legend()]
+            for t in leg.get_texts()]
+
+
+def _r_panel(fig):
+    return next(a for a in fig.axes if a.get_ylabel().startswith("r(PC1"))
+
+
+def test_f4_labels_training_and_heldout(sticky):
+    fig, data, cap = FIGURES["f4_entropy"].draw(sticky)
+    texts = _legend_texts(fig)
+    assert any("training sequence" in t for t in texts) and any("held-out sequence" in t for t in texts)
+    assert {"training", "held-out"} <= set(texts)                     # panel (b) markers
+    assert "dashed lines: the held-out sequence" in cap and "open diamonds: held-out sequence" in cap
+    # the held-out finals are the study's own numbers (summary.json per_seed), not the training ones
+    summ = json.loads((sticky[0].path.parent / "summary.json").read_text())
+    for arm in ("sgd", "em"):
+        want = [p[arm]["heldout_entropy"] for p in summ["per_seed"]]
+        assert data["heldout_final"][arm]["mean"] == pytest.approx(np.mean(want))
+        assert data["final"][arm]["mean"] == pytest.approx(np.mean([p[arm]["entropy"] for p in summ["per_seed"]]))
+        assert f"{style.arm_label(arm)} {np.mean(want) - summ['h_min']:.3f} nats" in cap.split("Held-out sequence:")[1]
+
+
+def test_f6_says_which_positions_it_uses(sticky):
+    fig, data, cap = FIGURES["f6_value_pca"].draw(sticky)
+    titles = [a.get_title(loc="left") for a in fig.axes]
+    assert sum("training sequence" in t for t in titles) == 2           # one scatter per arm
+    assert "TRAINING sequence" in cap and "HELD-OUT sequence" in cap
+    assert all(p["sequence"] == "training" for p in data["points"].values())
+    ticks = [t.get_text() for t in _r_panel(fig).get_xticklabels()]
+    assert ticks == ["values\ntrain", "outputs\ntrain", "values\nheld-out", "outputs\nheld-out"]
+    for p in data["runs"]:                                             # the sim's last logged held-out numbers
+        rows = [json.loads(x) for x in (sticky[0].path.parent / p["run"] / "metrics.jsonl").read_text().splitlines()]
+        last = [r for r in rows if "heldout_g_r_pc1" in r][-1]
+        assert p["heldout_g_r_pc1"] == pytest.approx(last["heldout_g_r_pc1"])
+        assert p["heldout_v_ordering_score"] == pytest.approx(last["heldout_v_ordering_score"])
+        assert p["heldout_step"] == last["step"]
+
+
+def test_f4_f6_without_heldout_metrics_say_so(tmp_path):
+    study = fx.make_sticky_study(tmp_path, name="no-heldout", seeds=(0, 1), T=40, steps=12, every=6, window=10,
+                                 pool=8, sweep=False, heldout=False)
+    rs = collect_runs([str(study)])
+    fig, data, cap = FIGURES["f4_entropy"].draw(rs)
+    assert "heldout_final" not in data and "held-out" not in cap and "training sequence" in cap
+    assert not any("held-out" in t for t in _legend_texts(fig))
+    fig, data, cap = FIGURES["f6_value_pca"].draw(rs)
+    assert "logged no held-out manifold metrics" in cap
+    assert [t.get_text() for t in _r_panel(fig).get_xticklabels()] == ["values\ntrain"]

@@ -1,0 +1,50 @@
+"""The sticky study's printed and markdown tables: SGD's row sets the steps-to-target threshold
+(its own mean final loss), so it shows "(sets the target)" as the README does, never a step count."""
+from dyntool.sims.summary import SGD_TARGET, markdown_table, table
+
+
+def _summary(arms=("sgd", "em", "routing")):
+    ms = lambda m, s: {"mean": m, "std": s}                                           # noqa: E731
+    steps = {"sgd": ms(731.0, 250.0), "em": ms(458.0, 184.0), "routing": ms(272.0, 80.0)}
+    final = {a: {"final_loss": ms(2.0 - 0.01 * k, 0.02), "entropy": ms(2.05, 0.01), "accuracy": ms(0.2, 0.01),
+                 "heldout_loss": ms(2.04, 0.02), "heldout_entropy": ms(2.06, 0.01), "heldout_accuracy": ms(0.18, 0.01)}
+             for k, a in enumerate(arms)}
+    return {"h_min": 1.8292, "log_n": 2.0794, "T": 2000, "steps": 1000, "seeds": [42, 2024],
+            "heldout": {"offset": 10000}, "final": final,
+            "entropy_gap": {a: {"raw": ms(0.2, 0.0), "heldout": ms(0.21, 0.0)} for a in arms},
+            "arms": {a: {"lrs": [0.01] * 4, "steps_to_target": {**steps[a], "per_seed": [1, 2]},
+                         **({} if a == "em" else {"vs_em": {  # paired tests against em, as summarise() writes
+                             "steps_to_target": {"t": 3.0, "p": 0.2, "mean_diff": 111.0},
+                             "final_heldout_loss": {"t": 2.0, "p": 0.3, "mean_diff": 0.05}}})}
+                     for a in arms}}
+
+
+def _row(text: str, arm: str) -> str:
+    return next(line for line in text.splitlines() if line.split()[0].strip("|").strip() == arm
+                or line.startswith(f"| {arm} |"))
+
+
+def test_printed_table_says_sgd_sets_the_target():
+    t = table(_summary())
+    sgd, em, routing = _row(t, "sgd"), _row(t, "em"), _row(t, "routing")
+    assert SGD_TARGET in sgd and "731" not in sgd and "250" not in sgd
+    assert "458 ± 184" in em and SGD_TARGET not in em
+    assert "272 ± 80" in routing
+    assert "steps to SGD final" in t.splitlines()[1]
+    # the paired line for sgd keeps the held-out loss test but not its steps to its own target
+    paired = {line.split(" − ")[0]: line for line in t.splitlines() if " − em, paired" in line}
+    assert "steps to target" not in paired["sgd"] and "final heldout loss" in paired["sgd"]
+    assert "steps to target +111" in paired["routing"]
+
+
+def test_markdown_table_says_sgd_sets_the_target():
+    t = markdown_table(_summary())
+    sgd = _row(t, "sgd")
+    assert sgd.rstrip().endswith(f"| {SGD_TARGET} |") and "731" not in sgd
+    assert _row(t, "em").rstrip().endswith("| 458 ± 184 |")
+
+
+def test_without_an_arms_table_there_is_no_steps_column():
+    s = _summary()
+    del s["arms"]
+    assert SGD_TARGET not in table(s) and "steps to SGD final" not in table(s)
