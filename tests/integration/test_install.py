@@ -71,3 +71,32 @@ def test_installed_package_runs_outside_the_repository(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run("train", "--config", "wikitext_mhsa", "--preset", "nope")
     assert r.returncode == 2 and "unknown preset" in r.stderr
+
+
+# Paths built from __file__ that leave the package on purpose: nothing the installed package
+# *needs* may live there (a checkout is optional).
+OUTSIDE_OK = {
+    "dyntool/run.py": "git commit of a checkout, None when installed",
+    "dyntool/data/wikitext.py": "../shared/data next to a checkout, one of several places tried",
+}
+
+
+def test_no_module_reads_files_from_the_checkout():
+    """`Path(__file__).parents[k]` / `.parent.parent…` past dyntool/ reaches the repository, which
+    `pip install .` doesn't have (the old `parents[2] / "sims"` preset lookup): presets, app
+    files and styles must be package data, found inside dyntool/."""
+    import re
+    bad = []
+    for f in sorted((REPO / "dyntool").rglob("*.py")):
+        rel = f.relative_to(REPO).as_posix()
+        depth = len(f.relative_to(REPO / "dyntool").parts)      # parents[depth - 1] is dyntool/
+        for n, line in enumerate(f.read_text().splitlines(), 1):
+            if "__file__" not in line:
+                continue
+            up = [int(k) + 1 for k in re.findall(r"__file__\)(?:\.resolve\(\))?\.parents\[(\d+)\]", line)]
+            m = re.search(r"__file__\)(?:\.resolve\(\))?((?:\.parent)+)", line)
+            if m:
+                up.append(m.group(1).count(".parent"))
+            if any(u > depth for u in up) and rel not in OUTSIDE_OK:
+                bad.append(f"{rel}:{n}: {line.strip()}")
+    assert not bad, "reads from the repository, which an installed package lacks:\n" + "\n".join(bad)
