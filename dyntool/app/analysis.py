@@ -14,15 +14,16 @@ import pandas as pd
 from dyntool.stats import mean_std
 
 
-def block_mean(x: np.ndarray, block: int) -> np.ndarray:
-    """Mean over ``block × block`` tiles of a 2-D array over its finite (visible) entries: NaN marks
-    masked entries; edge tiles average what they hold; all-masked tiles stay NaN.  The one pooling
-    function of dyntool (:func:`dyntool.record.recorder.pool_blocks`)."""
+def block_mean(x: np.ndarray, block: int, visible: np.ndarray | None = None) -> np.ndarray:
+    """Mean over ``block × block`` tiles of a 2-D array over its visible entries (``visible``; by
+    default the finite ones, so NaN marks masked entries); edge tiles average what they hold;
+    all-masked tiles stay NaN.  The one pooling function of dyntool
+    (:func:`dyntool.record.recorder.pool_blocks`)."""
     if block <= 1:
         return x
     from dyntool.record.recorder import pool_blocks
     x = np.asarray(x, dtype=np.float32)
-    return pool_blocks(x, block, np.isfinite(x))
+    return pool_blocks(x, block, np.isfinite(x) if visible is None else np.asarray(visible, dtype=bool))
 
 
 def display_block(n: int, max_cells: int) -> int:

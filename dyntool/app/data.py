@@ -226,9 +226,16 @@ def matrix(path: str, mark: int, name: str, idx: int, layer: int, head: int, seq
 
 @st.cache_data(max_entries=512, show_spinner=False)
 def pooled(path: str, mark: int, name: str, idx: int, layer: int, head: int, seq: int, block: int) -> np.ndarray:
-    """Block-mean overview of a recorded matrix (used when no ``*_pooled`` array was recorded)."""
+    """Block-mean overview of a recorded matrix (used when no ``*_pooled`` array was recorded), over
+    the visible entries as the recorder pools: masked α, B, A, ∂L/∂s are stored as 0, so the mask
+    is read from the recorded ``scores`` (NaN where masked); without scores, the finite entries."""
     from .analysis import block_mean
-    return block_mean(matrix(path, mark, name, idx, layer, head, seq), block)
+    m = matrix(path, mark, name, idx, layer, head, seq)
+    visible = None
+    if "scores" in array_info(path, mark)["arrays"]:
+        s = m if name == "scores" else matrix(path, mark, "scores", idx, layer, head, seq)
+        visible = ~np.isnan(s) if s.shape == m.shape else None      # ±inf: a float16 overflow, visible
+    return block_mean(m, block, visible)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
