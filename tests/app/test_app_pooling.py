@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dyntool.run import RunWriter
+from dyntool.run_writer import RunWriter
 from tests.unit.test_pooling import loop_pool
 
 T, BLOCK = 24, 5
