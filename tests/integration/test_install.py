@@ -76,7 +76,7 @@ def test_installed_package_runs_outside_the_repository(tmp_path):
 # Paths built from __file__ that leave the package on purpose: nothing the installed package
 # *needs* may live there (a checkout is optional).
 OUTSIDE_OK = {
-    "dyntool/run.py": "git commit of a checkout, None when installed",
+    "dyntool/run_writer.py": "git commit of a checkout, None when installed",
     "dyntool/data/wikitext.py": "../shared/data next to a checkout, one of several places tried",
 }
 
