@@ -33,6 +33,7 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 
@@ -212,6 +213,18 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
     return per_run, diag, win_attn
 
 
+@contextlib.contextmanager
+def _pool_of(state, workers: int):
+    """The engine's idle worker threads when it has enough (no new threads, no new malloc arenas),
+    else a pool for this call."""
+    pool = getattr(state, "pool", None)
+    if pool is not None and getattr(pool, "n_workers", 0) >= workers:
+        yield pool
+        return
+    with ThreadPoolExecutor(max_workers=workers) as own:
+        yield own
+
+
 def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn=None,
                          chunk: int = 256, recorded=None, workers: int = 2):
     """:func:`step_record` with the runs dealt to ``workers`` Python threads, each on one torch
@@ -220,7 +233,7 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     loaded machine (measured: the recorded step 2× faster than 2 intra-op threads under load)."""
     R = state.upstream.shape[0]
     recorded = list(range(R)) if recorded is None else list(recorded)
-    workers = max(1, min(workers, R))
+    workers = max(1, min(workers, R, getattr(getattr(state, "pool", None), "n_workers", workers)))
     if workers == 1:
         return step_record(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn, chunk, recorded)
     # deal recorded runs and the others round-robin, so every worker gets a similar share of both
@@ -238,7 +251,7 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        with _pool_of(state, workers) as pool:
             parts = list(pool.map(one, groups))
     finally:
         torch.set_num_threads(threads)

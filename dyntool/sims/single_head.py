@@ -325,14 +325,21 @@ def _evaluate(ev, W, causal, tile, pool) -> dict:
     return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, pool=pool), xe.shape[1])
 
 
-def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32) -> torch.Tensor:
+def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32, pool=None) -> torch.Tensor:
     """Head outputs g_i = (α V)_i (R, N, d_v) of weights ``W`` on inputs ``x`` (R, N, d_x), forward only
-    (e.g. on held-out positions for the manifold metrics)."""
+    (e.g. on held-out positions for the manifold metrics).  ``pool``: worker threads to borrow (a
+    hook's ``StepState.pool``), else a pool of its own as in training."""
     X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
     y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
     R, N, _ = x.shape
-    with _workers(None, R * N * N < _SMALL_PROBLEM) as (pool, _):   # same threading as training
-        return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True, pool=pool)["G"]
+    ctx = contextlib.nullcontext((pool, None)) if pool is not None else _workers(None, R * N * N < _SMALL_PROBLEM)
+    threads = torch.get_num_threads()
+    with ctx as (workers, _):
+        torch.set_num_threads(1)                               # same threading as training
+        try:
+            return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True, pool=workers)["G"]
+        finally:
+            torch.set_num_threads(threads)
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
@@ -366,7 +373,7 @@ def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps
         if rec:   # the hook runs under the caller's torch thread count
             torch.set_num_threads(threads)
             try:
-                on_step(step, StepState(step, ctx, acc, loss))
+                on_step(step, StepState(step, ctx, acc, loss, pool))
             finally:
                 torch.set_num_threads(1)
         fm = _final_metrics(acc, N)

@@ -20,7 +20,6 @@ Held-out evaluation: seed s is evaluated on a second sequence of the same chain,
 from __future__ import annotations
 
 import datetime as _dt
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -149,10 +148,10 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
     return out, grid
 
 
-def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray) -> list[dict]:
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None) -> list[dict]:
     """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j."""
     from ..manifold import manifold_metrics
-    g = engine.head_outputs(W, x_ho).double().numpy()                      # (R, N, d_v)
+    g = engine.head_outputs(W, x_ho, pool=pool).double().numpy()           # (R, N, d_v)
     v = (x_ho @ W.W_V).double().numpy()
 
     def one(r):
@@ -163,7 +162,9 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray) -> list[dict]:
         return row
     # (N, d_v) SVDs and least squares are tiny: one BLAS thread each, runs spread over Python threads
     # (measured under load: 0.25 s -> 0.006 s per call; OpenBLAS's own threads spin on small problems)
-    with threadpool_limits(1), ThreadPoolExecutor(max(1, torch.get_num_threads())) as pool:
+    with threadpool_limits(1):
+        if pool is None:                      # no engine workers to borrow: run them here
+            return [one(r) for r in range(g.shape[0])]
         return list(pool.map(one, range(g.shape[0])))
 
 
@@ -254,7 +255,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             prev_attn["a"] = attn_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
             if cfg.heldout:
-                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho)):
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.pool)):
                     rows[i].update(extra)
             diag_rows[step] = rows
             for i, a in zip(want, arrays):
