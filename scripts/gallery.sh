@@ -6,7 +6,7 @@
 # 1. simulates what is missing under $RUNS (default runs/gallery, git-ignored):
 #      dyntool sim toy           --config sims/toy.toml            -> $RUNS/toy/toy            (seconds)
 #      dyntool sim sticky-markov --config sims/sticky_markov.toml --controls  -> $RUNS/sticky-markov/controls
-#        (5 seeds x 6 arms x 1000 steps at T = 2000, 35 runs: ~13 minutes on 2 quiet CPU cores; its sgd
+#        (5 seeds x 6 arms x 1000 steps at T = 2000, 35 runs: ~8 minutes on 2 quiet CPU cores; its sgd
 #        and em runs equal the default study's, and the controls figure needs the control arms)
 #    An incomplete run/study left by an interrupted earlier call is removed and redone.
 # 2. draws every figure those runs support as small PNGs (dpi $DPI, default 110) and copies only
@@ -44,7 +44,7 @@ if dt sim sticky-markov --help >/dev/null 2>&1; then
         echo "gallery: removing incomplete $sticky"; rm -rf "$sticky"
     fi
     if [ ! -d "$sticky" ]; then
-        echo "gallery: simulating the sticky-chain study with its learning-rate controls -> $sticky (~13 minutes)"
+        echo "gallery: simulating the sticky-chain study with its learning-rate controls -> $sticky (~8 minutes)"
         dt sim sticky-markov --config sims/sticky_markov.toml --controls --out "$RUNS/sticky-markov" --name controls --quiet
     fi
     inputs+=("$sticky")

@@ -34,7 +34,10 @@ REF_COLOR = "#555555"
 
 # fixed colour per arm / attention type so every figure agrees
 ARM_COLORS = {"sgd": OKABE_ITO["vermillion"], "em": OKABE_ITO["blue"], "em_like": OKABE_ITO["blue"],
-              "em_closed_form": OKABE_ITO["green"]}
+              "em_closed_form": OKABE_ITO["green"],
+              # the learning-rate controls: the same colour in F3, F4 and the controls figure
+              "readout": OKABE_ITO["purple"], "routing": OKABE_ITO["sky"], "all": OKABE_ITO["orange"],
+              "sgd_tuned": OKABE_ITO["yellow"]}
 ARM_LABELS = {"sgd": "SGD", "em": "EM-like", "em_like": "EM-like",
               "em_closed_form": "EM closed form (ext.)"}
 ATTN_COLORS = {"mhsa": OKABE_ITO["vermillion"], "ls": OKABE_ITO["blue"], "qknorm": OKABE_ITO["green"],
