@@ -15,6 +15,7 @@ from dyntool.sims.frame_precision import describe_change, interval_measures
 from dyntool.sims.sticky import StickyConfig, _arms
 from dyntool.sims.sticky_data import (HELDOUT_OFFSET, generate, h_min, posterior_predictive_entropy, stationary,
                                       transition_matrix)
+from tests.engine_fixtures import engine_state
 
 ARMS = "sgd,em,readout,routing,all,sgd_tuned"
 SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--window", "20",
@@ -108,18 +109,8 @@ def test_a_diverging_grid_run_does_not_stop_the_others():
         engine.train(x, y, W, [(0.01,) * 4, (1e5,) * 4], 20)
 
 
-def _state(R=2, N=31, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(R, N, 20, generator=g, dtype=torch.float64)
-    y = torch.randint(8, (R, N), generator=g)
-    W = engine.init_weights(list(range(R)), dtype=torch.float64, std=0.5)
-    got = {}
-    engine.train(x, y, W, torch.zeros(R, 4), 1, on_step=lambda s, st: got.setdefault(s, st), record_steps={0})
-    return got[0]
-
-
 def test_routing_drive_is_the_attention_variance_of_b_and_non_negative():
-    st = _state()
+    st = engine_state()
     _, diag, _ = step_record(st, (0, 31), (0, 31), 0, torch.zeros(2, 31, dtype=torch.long),
                              torch.rand(2, 31, dtype=torch.float64), 1.8)
     w = st.window(0, 31, ("attn", "compat"))
@@ -131,7 +122,7 @@ def test_routing_drive_is_the_attention_variance_of_b_and_non_negative():
 
 
 def test_engine_score_gradient_checks_itself_against_autograd():
-    st = _state()
+    st = engine_state()
     r = routing_residual(st, 5, 31)
     assert (r < 1e-10).all()                                # float64: closed form == autograd
     st.upstream = st.upstream * 1.01                                      # a wrong upstream gradient is caught

@@ -7,21 +7,15 @@ import torch
 from dyntool.quantities import head_quantities
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import step_record, step_record_threaded
+from tests.engine_fixtures import engine_state
 
 R, N = 4, 41
 
 
 @pytest.fixture(scope="module")
 def state():
-    g = torch.Generator().manual_seed(3)
-    x = torch.randn(R, N, 20, generator=g, dtype=torch.float64)
-    y = torch.randint(8, (R, N), generator=g)
-    W = engine.init_weights(list(range(R)), dtype=torch.float64, std=0.5)
-    got = {}
-    engine.train(x, y, W, torch.zeros(R, 4), 1, on_step=lambda s, st: got.setdefault(s, st), record_steps={0})
-    return got[0]
+    return engine_state(R, N, seed=3)
 
 
 def _args(st):
