@@ -1,14 +1,23 @@
 #!/usr/bin/env bash
 # Install dyntool and its dependencies into the current Python (or a venv you activated).
+#
+#     scripts/setup.sh          # the core: what the main job, the app and the figures need
+#     scripts/setup.sh all      # + every extra the tests exercise (test, hf, tl, lightning, export,
+#                               #   tensorboard: transformers, TransformerLens, Lightning, xarray, ...)
+#
 # On machines that carry the CPU torch wheel, torch==2.13.0 is taken from it (no CUDA download);
 # pyproject's own torch range stays open for GPU users.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+case "${1:-core}" in
+  core) TARGET="." ;;
+  all)  TARGET=".[test,hf,tl,lightning,export,tensorboard]" ;;
+  *)    echo "setup.sh: unknown argument '$1' (use 'core' or 'all')" >&2; exit 2 ;;
+esac
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then
   "$PY" -m pip install -q "torch==2.13.0"
 fi
-# the adapter extras (hf, tl, lightning) so the adapter tests run; the torch pin keeps pip from
-# replacing the installed torch with another build while resolving them
+# the torch pin keeps pip from replacing the installed torch with another build while resolving
 TORCH=$("$PY" -W ignore -c "import torch; print(torch.__version__.split('+')[0])")
-"$PY" -m pip install -q -e ".[test,hf,tl,lightning,export,tensorboard]" "torch==$TORCH"
+"$PY" -m pip install -q -e "$TARGET" "torch==$TORCH"

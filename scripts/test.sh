@@ -3,5 +3,5 @@
 # long tests (-m slow) excluded.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+./scripts/setup.sh all
 exec ${PYTHON:-python3} -m pytest tests "$@"
