@@ -38,9 +38,7 @@ import torch
 
 def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """``τ q kᵀ`` with disallowed entries set to −inf.  # (..., T, T)"""
-    s = torch.matmul(q, k.transpose(-1, -2))
-    if scale != 1.0:      # callers holding pre-scaled queries pass 1 and skip a T×T pass
-        s = s * scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
     return s.masked_fill(~allowed, float("-inf"))
 
 

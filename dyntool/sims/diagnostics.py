@@ -40,7 +40,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from .. import quantities as Q
-from .step_state import MATRIX_NAMES, POOLED_NAMES, pool_to_width
+from .step_state import MATRIX_NAMES, POOLED_NAMES, accumulate_grads, pool_to_width
 
 
 def _js(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -108,9 +108,16 @@ def _logit_sums(s: torch.Tensor, visible: torch.Tensor, last_full: int) -> tuple
     return mx, sq
 
 
-def _widen(t: torch.Tensor, width: int, fill: float) -> torch.Tensor:
-    """Pad the key axis of a chunk that stops at its last visible key back to ``width`` keys."""
-    return t if t.shape[-1] >= width else torch.nn.functional.pad(t, (0, width - t.shape[-1]), value=fill)
+def _key_window(t: torch.Tensor, k0: int, k1: int, fill: float) -> torch.Tensor:
+    """Keys [k0, k1) of a chunk that may stop before k1 (at its last visible key): padded with the
+    masked value ``fill``."""
+    if t.shape[-1] < k1:
+        t = torch.nn.functional.pad(t, (0, k1 - t.shape[-1]), value=fill)
+    return t[..., k0:k1]
+
+
+# the recorded window of attn and compat is cut for every run (diagnostics); these only for stored runs
+_STORED_ONLY = ("advantage", "score_grad", "scores")
 
 
 class _Arrays:
@@ -120,41 +127,37 @@ class _Arrays:
         self.st, self.idx, self.block = state, idx, block
         self.every_run = torch.equal(idx, torch.arange(state.upstream.shape[0]))
         (self.q0w, self.q1w), (self.k0w, self.k1w) = qwin, kwin
-        self.win = {n: [] for n in MATRIX_NAMES}
+        self.win = {n: [] for n in _STORED_ONLY}
         self.pooled = {n: [] for n in POOLED_NAMES}
-        pick = state.queries.index_select(0, idx), state.keys.index_select(0, idx)
-        self.q, self.k = pick
-        self.u = state.upstream.index_select(0, idx)
-        self.e = state.expected_compat.index_select(0, idx)
+        self.q, self.k, self.u, self.e = (self._pick(t) for t in (state.queries, state.keys, state.upstream,
+                                                                   state.expected_compat))
         self.dQ = []
         self.dK = torch.zeros_like(self.k)
         self.dV = torch.zeros(len(idx), state.N, state.values.shape[-1], dtype=state.x.dtype)
 
+    def _pick(self, t: torch.Tensor) -> torch.Tensor:
+        """The stored runs' slice of an (R, ...) tensor (a copy unless every run is stored)."""
+        return t if self.every_run else t.index_select(0, self.idx)
+
     def add(self, q0: int, q1: int, vis: torch.Tensor, w: dict) -> None:
-        st, k1 = self.st, vis.shape[-1]
-        if not self.every_run:       # copy the recorded runs' rows out: (r, c, k1) each
-            w = {n: (t if n == "scores" else t.index_select(0, self.idx)) for n, t in w.items()}
+        # scores are only stored on the window rows: not copied whole
+        w = {n: (t if n == "scores" else self._pick(t)) for n, t in w.items()}      # (r, c, k1) each
         # the advantage is only stored, never needed for a diagnostic: computed for these runs only
         w["advantage"] = Q.advantage(w["attn"], w["compat"], vis, expected=self.e[:, q0:q1])
-        dS = w["score_grad"]
-        self.dQ.append((dS @ self.k[:, :k1]) * st.scale)
-        self.dK[:, :k1] += (dS.transpose(1, 2) @ self.q[:, q0:q1]) * st.scale
-        self.dV[:, :k1] += w["attn"].transpose(1, 2) @ self.u[:, q0:q1]
+        self.dQ.append(accumulate_grads(self.dK, self.dV, w["attn"], w["score_grad"], self.q, self.k, self.u,
+                                        q0, q1, self.st.scale))
         lo, hi = max(q0, self.q0w), min(q1, self.q1w)
         if lo < hi:
             rows = slice(lo - q0, hi - q0)
-            for n in MATRIX_NAMES:
-                t = w[n]
-                if n == "scores":    # only the window rows of the scores are kept: select those
-                    t = t[:, rows] if self.every_run else t[:, rows].index_select(0, self.idx)
-                    t, rows_ = t.masked_fill(~vis[rows], float("nan")), slice(None)
-                else:
-                    rows_ = rows
+            for n in _STORED_ONLY:
+                t = w[n][:, rows]
+                if n == "scores":
+                    t = self._pick(t).masked_fill(~vis[rows], float("nan"))
                 fill = float("nan") if n == "scores" else 0.0
-                self.win[n].append(_widen(t[:, rows_], self.k1w, fill)[..., self.k0w:self.k1w])
+                self.win[n].append(_key_window(t, self.k0w, self.k1w, fill))
         if self.block > 0:       # chunks hold whole block rows, so per-chunk block means are final
             for n in POOLED_NAMES:
-                self.pooled[n].append(pool_to_width(w[n], self.block, vis, st.N))
+                self.pooled[n].append(pool_to_width(w[n], self.block, vis, self.st.N))
 
 
 def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int, prev_sym: torch.Tensor,
@@ -198,8 +201,8 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
         sums["s2"] += s2
         lo, hi = max(q0, q0w), min(q1, q1w)
         if lo < hi:          # the recorded window, every run (D1 top singular value, D10 JS drift)
-            win_attn.append(_widen(a[:, lo - q0:hi - q0], k1w, 0.0)[..., k0w:k1w])
-            win_compat.append(_widen(b[:, lo - q0:hi - q0], k1w, 0.0)[..., k0w:k1w])
+            win_attn.append(_key_window(a[:, lo - q0:hi - q0], k0w, k1w, 0.0))
+            win_compat.append(_key_window(b[:, lo - q0:hi - q0], k0w, k1w, 0.0))
         if arrays is not None:
             arrays.add(q0, q1, m, w)
     ent, ent_n = torch.cat(ent, 1), torch.cat(ent_n, 1)
@@ -209,7 +212,8 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
                         prev_window_attn)
     resid = routing_residual(state, q0w, q1w)
     diag["diag_routing_residual"] = resid       # also stored as the routing_residual array
-    per_run = [] if arrays is None else _per_run(state, arrays, sums, usage, ent, ent_n, value_norm, resid)
+    per_run = [] if arrays is None else _per_run(state, arrays, {"attn": win_attn, "compat": win_compat}, sums,
+                                                 usage, ent, ent_n, value_norm, resid)
     return per_run, diag, win_attn
 
 
@@ -217,9 +221,8 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
 def _pool_of(state, workers: int):
     """The engine's idle worker threads when it has enough (no new threads, no new malloc arenas),
     else a pool for this call."""
-    pool = getattr(state, "pool", None)
-    if pool is not None and getattr(pool, "n_workers", 0) >= workers:
-        yield pool
+    if state.pool is not None:      # step_record_threaded never asks for more workers than it has
+        yield state.pool
         return
     with ThreadPoolExecutor(max_workers=workers) as own:
         yield own
@@ -230,10 +233,11 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     """:func:`step_record` with the runs dealt to ``workers`` Python threads, each on one torch
     thread; results in the same layout and order.  Why: every diagnostic is per run, and (as in the
     training engine) one join per step keeps 2 cores busy where OpenMP's per-op barriers stall on a
-    loaded machine (measured: the recorded step 2× faster than 2 intra-op threads under load)."""
+    loaded machine (measured on one 35-run recorded step, 2 cores: 11.1 s vs 29.7 s with 2 intra-op
+    threads under load average ≈ 9; 2.1 s vs 3.0 s quiet)."""
     R = state.upstream.shape[0]
     recorded = list(range(R)) if recorded is None else list(recorded)
-    workers = max(1, min(workers, R, getattr(getattr(state, "pool", None), "n_workers", workers)))
+    workers = max(1, min(workers, R, state.pool.n_workers if state.pool is not None else workers))
     if workers == 1:
         return step_record(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn, chunk, recorded)
     # deal recorded runs and the others round-robin, so every worker gets a similar share of both
@@ -266,7 +270,8 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     return [arrays[i] for i in recorded], diag, attn_w
 
 
-def _per_run(state, arrays: _Arrays, sums, usage, ent, ent_n, value_norm, resid) -> list[dict]:
+def _per_run(state, arrays: _Arrays, every_run_windows: dict, sums, usage, ent, ent_n, value_norm,
+             resid) -> list[dict]:
     """One dict per recorded run in the (layer=1, head=1, seq=1, ...) layout of record.names."""
     W = {n: torch.cat(v, 1) for n, v in arrays.win.items()}
     P = {n: torch.cat(v, 1) for n, v in arrays.pooled.items() if v}      # NaN for fully masked blocks
@@ -275,7 +280,7 @@ def _per_run(state, arrays: _Arrays, sums, usage, ent, ent_n, value_norm, resid)
     for j, r in enumerate(arrays.idx.tolist()):
         def one(t, i=r):
             return t[i][None, None, None]                                 # → (1, 1, 1, ...)
-        rec = {n: one(W[n], j) for n in MATRIX_NAMES}
+        rec = {n: one(W[n], j) if n in W else one(every_run_windows[n]) for n in MATRIX_NAMES}
         rec.update({f"{n}_pooled": one(t, j) for n, t in P.items()})
         rec.update(upstream=one(state.upstream), values=one(state.values), queries=one(state.queries),
                    keys=one(state.keys), value_grad=one(arrays.dV, j), query_grad=one(dQ, j),

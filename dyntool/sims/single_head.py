@@ -331,15 +331,17 @@ def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 3
     hook's ``StepState.pool``), else a pool of its own as in training."""
     X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
     y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
+    ctx = _make_ctx(x, X1, y, W, causal)
     R, N, _ = x.shape
-    ctx = contextlib.nullcontext((pool, None)) if pool is not None else _workers(None, R * N * N < _SMALL_PROBLEM)
+    if pool is None:                                           # same threading as training
+        with _workers(None, R * N * N < _SMALL_PROBLEM) as (own, _):
+            return _pass(ctx, tile, False, collect=True, pool=own)["G"]
     threads = torch.get_num_threads()
-    with ctx as (workers, _):
-        torch.set_num_threads(1)                               # same threading as training
-        try:
-            return _pass(_make_ctx(x, X1, y, W, causal), tile, False, collect=True, pool=workers)["G"]
-        finally:
-            torch.set_num_threads(threads)
+    torch.set_num_threads(1)                                   # borrowed workers: one torch thread each
+    try:
+        return _pass(ctx, tile, False, collect=True, pool=pool)["G"]
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,

@@ -89,28 +89,28 @@ class StepState:
         ``attention_weights``, ``advantage``, ``score_grad``), but the mask is applied in place and
         only to keys > q0: every key ≤ q0 is visible to every row of the window, so for a chunk
         that stops at k1 = q1 only a (w × w) triangle is touched instead of the whole (w × k1)
-        block (the recorded step is memory-bound; measured 2× fewer passes than masked_fill).
+        block (the recorded step is memory-bound, so untouched entries are time saved).
         """
         k1 = self.N if k1 is None else k1
+        m = self.mask(q0, q1, k1)
         s = torch.bmm(self._qh[:, q0:q1], self._kt[:, :, :k1])          # (R, w, k1) = τ q·k
-        self._mask_in_place(s, q0, q1, float("-inf"))
+        self._mask_in_place(s, m, q0, float("-inf"))
         out = {"scores": s, "attn": Q.attention_weights(s)}
         if {"compat", "advantage", "score_grad"} & set(names):
             b = torch.bmm(self.upstream[:, q0:q1], self._vt[:, :, :k1])   # (R, w, k1) = U Vᵀ
-            self._mask_in_place(b, q0, q1, 0.0)
+            self._mask_in_place(b, m, q0, 0.0)
             e = self.expected_compat[:, q0:q1]
             out["compat"] = b
             if "advantage" in names:
-                out["advantage"] = Q.advantage(out["attn"], b, self.mask(q0, q1, k1), expected=e)
+                out["advantage"] = Q.advantage(out["attn"], b, m, expected=e)
             if "score_grad" in names:
                 out["score_grad"] = Q.score_grad(out["attn"], b, expected=e)
         return {n: out[n] for n in names}
 
-    def _mask_in_place(self, t: torch.Tensor, q0: int, q1: int, fill: float) -> None:
+    def _mask_in_place(self, t: torch.Tensor, visible: torch.Tensor, q0: int, fill: float) -> None:
         """Set the masked entries of rows [q0, q1) of ``t`` (R, w, k1) to ``fill``: keys > q0 only."""
-        k1 = t.shape[-1]
-        if self.causal and k1 > q0 + 1:
-            t[..., q0 + 1:].masked_fill_(~self.mask(q0, q1, k1)[:, q0 + 1:], fill)
+        if self.causal and t.shape[-1] > q0 + 1:
+            t[..., q0 + 1:].masked_fill_(~visible[:, q0 + 1:], fill)
 
     def chunks(self, rows: int, names=MATRIX_NAMES) -> Iterator[tuple[int, int, torch.Tensor, dict]]:
         """Yield ``(q0, q1, visible, window)`` over query rows in chunks of ``rows``, each window
@@ -142,15 +142,23 @@ class StepState:
         dK, dV = torch.zeros_like(self.keys), torch.zeros_like(self.values)
         usage = torch.zeros(R, N, dtype=self.x.dtype)
         for q0, q1, _, w in self.chunks(rows_per_chunk, ("attn", "score_grad")):
-            a, dS = w["attn"], w["score_grad"]
-            k1 = a.shape[-1]
-            dQ.append((dS @ self.keys[:, :k1]) * self.scale)
-            dK[:, :k1] += (dS.transpose(1, 2) @ self.queries[:, q0:q1]) * self.scale
-            dV[:, :k1] += a.transpose(1, 2) @ self.upstream[:, q0:q1]
-            usage[:, :k1] += a.sum(1)
+            a = w["attn"]
+            dQ.append(accumulate_grads(dK, dV, a, w["score_grad"], self.queries, self.keys, self.upstream,
+                                       q0, q1, self.scale))
+            usage[:, :a.shape[-1]] += a.sum(1)
             ent.append(Q.entropy(a))
         return {"query_grad": torch.cat(dQ, 1), "key_grad": dK, "value_grad": dV,
                 "column_usage": usage, "attn_entropy": torch.cat(ent, 1)}
+
+
+def accumulate_grads(dK, dV, attn, score_grad, queries, keys, upstream, q0: int, q1: int, scale: float):
+    """One chunk of query rows [q0, q1) (keys [0, k1)) of the per-position gradients: adds its share
+    of ∂L/∂k_j = τ Σ_i dS_ij q_i and ∂L/∂v_j = Σ_i α_ij u_i into ``dK``, ``dV`` and returns its rows
+    of ∂L/∂q_i = τ Σ_j dS_ij k_j."""
+    k1 = attn.shape[-1]
+    dK[:, :k1] += (score_grad.transpose(1, 2) @ queries[:, q0:q1]) * scale
+    dV[:, :k1] += attn.transpose(1, 2) @ upstream[:, q0:q1]
+    return (score_grad @ keys[:, :k1]) * scale
 
 
 def pool_to_width(x: torch.Tensor, block: int, visible: torch.Tensor, width: int) -> torch.Tensor:
