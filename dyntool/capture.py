@@ -17,8 +17,16 @@ Design (the PyTorch hook pitfalls TransformerLens and nnsight users hit):
   the mask and the scale, so fused kernels record the same numbers as a materialised softmax;
 - grouped-query attention is recorded per *query* head (k, v repeated; ``attrs["kv_head"]``
   says which k/v head each query head reads);
-- query rows with no visible key (left padding) are treated as seeing every key, which is what
-  an additive-mask softmax does;
+- every capture checks itself during the forward (:mod:`dyntool.selfcheck`): α V must reproduce
+  the output the model produced, or the layer is refused with a one-line reason before any
+  backward; score modifiers the producer reports (``bias``, ``softcap``, ``sinks``) are recorded
+  exactly, ones it does not are caught there;
+- query rows with no visible key (left padding) follow the attention's own semantics, read off
+  its output by the self-check: α = 0 and no gradient (SDPA), or uniform over every key
+  (an additive-mask softmax);
+- sites of different shapes (encoder self-, decoder self- and cross-attention) are stacked
+  padded to one square size N: padded α/B/A/dS entries are 0, padded scores and vectors NaN;
+  ``attrs["sites"]`` says which layer index is which site and its (T, Tk);
 - a hook that never fired (backward outside the ``with``, a compiled module, a layer skipped)
   raises :class:`CaptureError` instead of silently recording nothing;
 - ``grad_scale`` is the factor the loss was multiplied by before ``backward`` (``1/accum`` for
@@ -33,6 +41,8 @@ import torch
 
 from .observe import Observer, Site, expand_kv, kv_head_map
 from .quantities import head_quantities
+from .record import names
+from .selfcheck import SelfCheckError, verify
 
 
 class CaptureError(RuntimeError):
@@ -40,11 +50,12 @@ class CaptureError(RuntimeError):
 
 
 class _Slot:
-    __slots__ = ("q", "k", "v", "u", "ds", "dq", "dk", "allowed", "scale", "n_kv")
+    __slots__ = ("q", "k", "v", "u", "ds", "dq", "dk", "allowed", "scale", "n_kv", "bias", "softcap",
+                 "sinks", "uniform_rows")
 
     def __init__(self):
         self.q = self.k = self.v = self.u = self.ds = self.dq = self.dk = self.allowed = None
-        self.n_kv = None
+        self.n_kv = self.bias = self.softcap = self.sinks = self.uniform_rows = None
 
 
 class Capture(Observer):
@@ -71,6 +82,15 @@ class Capture(Observer):
         if kv:
             nh = next(iter(self.slots.values())).q.shape[1]
             out["kv_head"] = kv_head_map(nh, kv[0])
+        if self.slots:
+            out["sites"] = [{"index": i, "name": s.name, "kind": s.kind, "stack": s.stack, "label": s.label,
+                             "T": int(self.slots[s].q.shape[-2]), "Tk": int(self.slots[s].k.shape[-2])}
+                            for i, s in enumerate(self.sites) if s in self.slots]
+        mods = sorted({m for sl in self.slots.values() for m, on in
+                       (("bias", sl.bias is not None), ("softcap", bool(sl.softcap)), ("sinks", sl.sinks is not None))
+                       if on})
+        if mods:
+            out["score_modifiers"] = mods
         return out
 
     # -- context management -------------------------------------------------------------
@@ -86,7 +106,7 @@ class Capture(Observer):
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1,
-                grads: str = "standard", scores=None) -> None:
+                grads: str = "standard", scores=None, bias=None, softcap=None, sinks=None) -> None:
         if site in self.slots:
             raise CaptureError("an attention module ran twice inside one Capture; capture one micro-step")
         if not out.requires_grad:
@@ -100,6 +120,20 @@ class Capture(Observer):
         slot.scale = float(scale)
         allowed = allowed if allowed.dim() == 4 else allowed.unsqueeze(0)
         slot.allowed = allowed[sl] if allowed.shape[0] > 1 else allowed     # (S|1, nh|1, T, Tk)
+        if bias is not None:
+            bias = bias.detach()
+            bias = bias if bias.dim() == 4 else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+            slot.bias = bias[sl] if bias.shape[0] > 1 else bias             # (S|1, nh|1, T|1, Tk)
+        slot.softcap = float(softcap) if softcap else None
+        if sinks is not None:
+            slot.sinks = sinks.detach().reshape(1, -1, 1, 1)                # (1, nh, 1, 1)
+        o = out[sl].detach()
+        o = o.transpose(1, 2) if heads_dim == 2 else o                      # (S, nh, T, d_v)
+        try:
+            slot.uniform_rows = verify(slot.q, slot.k, slot.v, o, slot.allowed, slot.scale, slot.bias,
+                                       slot.softcap, slot.sinks, what=_where(site))
+        except SelfCheckError as e:
+            raise CaptureError(str(e)) from None
         self.slots[site] = slot
 
         def on_u(grad, slot=slot, sl=sl, hd=heads_dim):
@@ -124,18 +158,26 @@ class Capture(Observer):
 
     # -- after backward -----------------------------------------------------------------
     def compute(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-        """Quantities stacked over layers: matrices (L, nh, S, T, T), vectors (L, nh, S, T[, d]),
-        per-head scalars (L, nh).  ``dtype`` defaults to float32 (float64 inputs stay float64)."""
+        """Quantities stacked over sites: matrices (L, nh, S, N, N), vectors (L, nh, S, N[, d]),
+        per-head scalars (L, nh).  N = T when every site has the same (T, Tk); otherwise (an
+        encoder–decoder) every site is padded to the largest length, see ``attrs["sites"]``.
+        ``dtype`` defaults to float32 (float64 inputs stay float64)."""
         per_layer = []
         for site in self.sites:
             slot = self.slots.get(site)
             if slot is None:
-                raise CaptureError(f"layer {site.layer}: attention did not run inside the Capture")
+                raise CaptureError(f"{_where(site)}: attention did not run inside the Capture (its forward "
+                                   "was not called, or ran outside the `with` block)")
             if slot.u is None:
-                raise CaptureError(f"layer {site.layer}: gradient hook never fired; call "
+                raise CaptureError(f"{_where(site)}: gradient hook never fired; call "
                                    "backward() inside the Capture and run recording steps uncompiled")
             per_layer.append(self._layer(slot, dtype))
-        return {name: torch.stack([d[name] for d in per_layer]) for name in per_layer[0]}
+        shapes = {(d["attn"].shape[-2], d["attn"].shape[-1]) for d in per_layer}
+        if len(shapes) > 1:
+            n = max(max(s) for s in shapes)
+            per_layer = [{k: _pad(k, x, n) for k, x in d.items()} for d in per_layer]
+        keys = [k for k in per_layer[0] if all(k in d for d in per_layer)]
+        return {name: torch.stack([d[name] for d in per_layer]) for name in keys}
 
     def _layer(self, slot: _Slot, dtype) -> dict[str, torch.Tensor]:
         dt = dtype or (torch.float64 if slot.q.dtype == torch.float64 else torch.float32)
@@ -143,17 +185,19 @@ class Capture(Observer):
         q, k, v = (t.to(dt).transpose(0, 1) for t in (slot.q, slot.k, slot.v))
         u = slot.u.to(dt).transpose(0, 1) / self.grad_scale
         allowed = slot.allowed.transpose(0, 1)                             # (nh|1, S|1, T, Tk)
-        empty = ~allowed.any(-1, keepdim=True)
-        if empty.any():                   # a query with no visible key: softmax over all keys
-            allowed = allowed | empty
+        heads_first = lambda t: None if t is None else t.transpose(0, 1)   # noqa: E731
+        bias = heads_first(slot.bias)
         with torch.no_grad():
-            qs = head_quantities(q, k, v, u, allowed, slot.scale)
+            qs = head_quantities(q, k, v, u, allowed, slot.scale, bias=None if bias is None else bias.to(dt),
+                                 softcap=slot.softcap, sinks=heads_first(slot.sinks),
+                                 uniform_rows=heads_first(slot.uniform_rows))
             if slot.ds is not None:
                 ds_auto = slot.ds.to(dt).transpose(0, 1) / self.grad_scale
-                diff = (ds_auto - qs["score_grad"]).masked_fill(~allowed, 0.0)
+                seen = allowed if slot.uniform_rows is None else allowed | heads_first(slot.uniform_rows)
+                diff = (ds_auto - qs["score_grad"]).masked_fill(~seen, 0.0)
                 # relative, so it does not shrink with U: ‖autograd − closed form‖ / ‖autograd‖
                 qs["routing_residual"] = (diff.flatten(1).norm(dim=1)
-                                          / ds_auto.masked_fill(~allowed, 0.0).flatten(1).norm(dim=1).clamp_min(1e-300))
+                                          / ds_auto.masked_fill(~seen, 0.0).flatten(1).norm(dim=1).clamp_min(1e-300))
             if slot.dq is not None:       # span: the dQ/dK the backward really applied
                 qs["query_grad"] = slot.dq.to(dt).transpose(0, 1) / self.grad_scale
             if slot.dk is not None:
@@ -162,3 +206,26 @@ class Capture(Observer):
                     dk = expand_kv(dk, q.shape[0])
                 qs["key_grad"] = dk.transpose(0, 1)
         return qs
+
+
+def _where(site: Site) -> str:
+    """How an error names a site: ``layer 3 (model.decoder.layers.1.encoder_attn, BartAttention)``."""
+    what = ", ".join(x for x in (site.name, site.label) if x)
+    return f"layer {site.layer}" + (f" ({what})" if what else "")
+
+
+# padded entries of stacked sites: masked-looking (0) for the matrices, missing (NaN) elsewhere
+_ZERO_PAD = ("attn", "compat", "advantage", "score_grad")
+
+
+def _pad(name: str, x: torch.Tensor, n: int) -> torch.Tensor:
+    """Pad the query/key axes of one site's ``name`` (nh, S, ...) to length ``n``."""
+    dims = names.DIMS.get(name, ())[3:]                 # after (layer, head, seq)
+    if not any(d in ("query", "key") for d in dims):
+        return x
+    pad: list[int] = []
+    for axis, d in reversed(list(enumerate(dims))):
+        size = x.shape[2 + axis]
+        pad += [0, n - size] if d in ("query", "key") else [0, 0]
+    value = 0.0 if name in _ZERO_PAD else float("nan")
+    return torch.nn.functional.pad(x, pad, value=value)

@@ -16,6 +16,11 @@ adapter in :mod:`dyntool.adapters` for Hugging Face, nanoGPT-style SDPA modules,
 - ``allowed``: boolean, True = attend, broadcastable to (B, nh, T, Tk): causal, padding and
   sliding-window masks all end up here (:func:`allowed_from` converts the usual forms).
 - ``scale``: the factor on ``q·k`` (``1/sqrt(d_k)`` unless the model says otherwise).
+- score modifiers (optional, keyword): ``bias`` an additive float bias broadcastable to
+  (B, nh, T, Tk) (ALiBi, T5's relative-position bias, the finite part of a float mask),
+  ``softcap`` a float c (scores ``c·tanh(τ q·k / c)``), ``sinks`` a (nh,) tensor of sink logits
+  (one extra logit per row in the softmax's denominator).  A modifier the producer does not pass
+  is caught by the observer's self-check (:class:`dyntool.capture.Capture`), never recorded wrong.
 - ``grads`` (optional): ``"standard"`` when the backward is autograd's own; ``"applied"`` when
   the implementation rescales dQ/dK in its backward (the span variant) and the observer should
   record the gradients that really reach q and k (tensor hooks on ``q`` and ``k``).
@@ -33,10 +38,17 @@ import torch
 
 @dataclass(frozen=True)
 class Site:
-    """One attention layer: ``layer`` orders recordings; ``key`` tells sites apart (module id)."""
+    """One attention layer: ``layer`` orders recordings; ``key`` tells sites apart (module id).
+
+    ``kind``: ``"self"`` or ``"cross"`` (queries from one sequence, keys/values from another, as
+    in encoder–decoders); ``stack``: ``"encoder"``, ``"decoder"`` or ``""``; ``name``: the module's
+    path in the model (``model.decoder.layers.0.encoder_attn``)."""
     layer: int
     key: int = 0
     label: str = ""
+    kind: str = "self"
+    stack: str = ""
+    name: str = ""
 
 
 class Observer:
@@ -46,7 +58,7 @@ class Observer:
 
     def observe(self, site: Site, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, allowed: torch.Tensor, scale: float, heads_dim: int = 1,
-                grads: str = "standard", scores: torch.Tensor | None = None) -> None:
+                grads: str = "standard", scores: torch.Tensor | None = None, **modifiers) -> None:
         raise NotImplementedError
 
 
@@ -122,7 +134,8 @@ class KeepQK(Observer):
     def __init__(self):
         self.q = self.k = self.allowed = self.scale = None
 
-    def observe(self, site, q, k, v, out, allowed, scale, heads_dim=1, grads="standard", scores=None):
+    def observe(self, site, q, k, v, out, allowed, scale, heads_dim=1, grads="standard", scores=None,
+                **modifiers):
         self.q, self.k = q.detach(), expand_kv(k.detach(), q.shape[1])
         self.allowed, self.scale = allowed, scale
 

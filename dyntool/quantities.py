@@ -22,9 +22,14 @@ name                   formula                                                  
 ``attn_entropy_norm``  ``H_i / log|M(i)|`` (0 where |M(i)| = 1)                     diagnostic
 ``column_usage``       ``c_j = Σ_i α_ij``                                           value update
 ``value_norm``         ``‖v_j‖``                                                     diagnostic
-``logit_max``          ``max |s_ij|`` over allowed entries (per head)                LS paper
-``logit_norm``         RMS of ``s_ij`` over allowed entries (per head)
+``logit_max``          ``max |τ q_i·k_j|`` over allowed entries (per head)          LS paper
+``logit_norm``         RMS of ``τ q_i·k_j`` over allowed entries (per head)
+``sink_mass``          ``1 − Σ_j α_ij``: an attention sink's share (sink models)     diagnostic
 =====================  =========================================================  ==============
+
+Score modifiers (soft-capping, additive biases such as ALiBi or T5's relative-position bias,
+attention sinks): ``S`` is what the softmax sees, ``c·tanh(τ q·k / c) + bias``; see
+:func:`head_quantities`.
 
 Every function takes batched tensors ``(..., T, d)`` and a boolean ``allowed`` mask broadcastable
 to ``(..., T, T)``; they are checked against autograd in ``tests/unit/test_quantities.py``.
@@ -45,6 +50,35 @@ def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale
 def attention_weights(scores: torch.Tensor) -> torch.Tensor:
     """Row softmax; a fully-masked row (never produced by our masks) would give NaN."""
     return torch.softmax(scores, dim=-1)
+
+
+def score_parts(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None = None,
+                bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logits, scores)``: the raw ``τ q kᵀ`` and the scores the softmax sees,
+    ``c·tanh(logits / c) + bias`` (soft-capping first, as Gemma-2 and TransformerLens do; the bias
+    holds ALiBi, T5's relative-position bias or any additive float mask).  # (..., T, Tk) each"""
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    s = softcap * torch.tanh(logits / softcap) if softcap else logits
+    return logits, (s if bias is None else s + bias)
+
+
+def masked_softmax(s: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor | None = None
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(α, sink_mass)``: softmax of ``s`` over the allowed keys of each row.
+
+    ``sinks`` (broadcastable to (..., T, 1)): one extra logit per row in the denominator with no
+    value (gpt-oss ``s_aux``, TransformerLens attention sinks); α over the real keys then sums to
+    ``1 − sink_mass``.  A row with no allowed key gets α = 0 (what SDPA outputs there), never NaN."""
+    sm = s.masked_fill(~allowed, float("-inf"))
+    if sinks is None:
+        a, sink_mass = torch.softmax(sm, dim=-1), None
+    else:
+        p = torch.softmax(torch.cat([sm, sinks.to(s.dtype).expand(*sm.shape[:-1], 1)], dim=-1), dim=-1)
+        a, sink_mass = p[..., :-1], p[..., -1]
+    empty = ~allowed.any(-1, keepdim=True)
+    if empty.any():
+        a = a.masked_fill(empty, 0.0)
+    return a, sink_mass
 
 
 def compatibility(u: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -97,24 +131,39 @@ def logit_stats(scores: torch.Tensor, allowed: torch.Tensor, reduce_dims: tuple[
 
 
 def head_quantities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.Tensor,
-                    allowed: torch.Tensor, scale: float | None = None) -> dict[str, torch.Tensor]:
+                    allowed: torch.Tensor, scale: float | None = None, *, bias: torch.Tensor | None = None,
+                    softcap: float | None = None, sinks: torch.Tensor | None = None,
+                    uniform_rows: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """All per-head quantities from saved ``q, k, v`` and the captured ``u``.
 
-    Shapes: ``q, k`` (..., T, d_k); ``v, u`` (..., T, d_v); ``allowed`` broadcastable to
-    (..., T, T).  Matrices come back as (..., T, T), per-query/per-key vectors as (..., T),
-    and ``logit_max``/``logit_norm`` reduced over the last three axes of (..., seq, T, T)
-    when ``q`` is 4-D or more (i.e. per head), else over (T, T).
+    Shapes: ``q, k`` (..., T, d_k); ``v, u`` (..., Tk, d_v) / (..., T, d_v); ``allowed``
+    broadcastable to (..., T, Tk).  Matrices come back as (..., T, Tk), per-query/per-key vectors
+    as (..., T), and ``logit_max``/``logit_norm`` reduced over the last three axes of
+    (..., seq, T, Tk) when ``q`` is 4-D or more (i.e. per head), else over (T, Tk).
+
+    Score modifiers (see :func:`score_parts`, :func:`masked_softmax`): ``scores`` are the ones the
+    softmax sees and ``score_grad`` is ∂L/∂ of those (the routing law holds for them);
+    ``query_grad``/``key_grad`` go back through the soft-cap; ``logit_max``/``logit_norm`` are
+    about the raw ``τ q·k`` (the statistic logit-growth papers report).  ``sinks`` adds
+    ``sink_mass`` (the sink's share of each row).  Rows with no allowed key: α = 0 and no
+    gradient (SDPA's semantics), or, where ``uniform_rows`` (..., T, 1) is True, uniform over all
+    keys with the gradient autograd gives an additive-mask softmax (eager's semantics).
     """
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    s = masked_scores(q, k, allowed, scale)
-    a = attention_weights(s)
+    logits, s = score_parts(q, k, scale, softcap, bias)
+    seen = allowed                                     # what the statistics of real entries use
+    if uniform_rows is not None and uniform_rows.any():
+        allowed = allowed | uniform_rows               # every key, equal scores: uniform α
+        s = s.masked_fill(uniform_rows, 0.0)
+    a, sink_mass = masked_softmax(s, allowed, sinks)
     b = compatibility(u, v, allowed)
     eb = expected_compat(a, b)
     ds = a * (b - eb.unsqueeze(-1))
+    d_logits = ds * (1 - torch.tanh(logits / softcap) ** 2) if softcap else ds
     ent = entropy(a)
     red = (-3, -2, -1) if q.dim() >= 4 else (-2, -1)
-    lmax, lrms = logit_stats(s, allowed, red)
-    return {
+    lmax, lrms = logit_stats(logits, seen, red)
+    out = {
         "scores": s.masked_fill(~allowed, float("nan")),
         "attn": a,
         "compat": b,
@@ -126,8 +175,8 @@ def head_quantities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.
         "queries": q,
         "keys": k,
         "value_grad": torch.matmul(a.transpose(-1, -2), u),
-        "query_grad": torch.matmul(ds, k) * scale,
-        "key_grad": torch.matmul(ds.transpose(-1, -2), q) * scale,
+        "query_grad": torch.matmul(d_logits, k) * scale,
+        "key_grad": torch.matmul(d_logits.transpose(-1, -2), q) * scale,
         "attn_entropy": ent,
         "attn_entropy_norm": normalised_entropy(ent, allowed),
         "column_usage": a.sum(-2),
@@ -135,3 +184,6 @@ def head_quantities(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, u: torch.
         "logit_max": lmax,
         "logit_norm": lrms,
     }
+    if sink_mass is not None:
+        out["sink_mass"] = sink_mass
+    return out

@@ -32,6 +32,7 @@ DIMS: dict[str, tuple[str, ...]] = {
     "expected_compat": HEAD + ("query",),
     "attn_entropy": HEAD + ("query",),
     "attn_entropy_norm": HEAD + ("query",),
+    "sink_mass": HEAD + ("query",),          # models with attention sinks only
     "column_usage": HEAD + ("key",),
     "value_norm": HEAD + ("key",),
     # per-head scalars

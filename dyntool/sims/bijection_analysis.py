@@ -59,7 +59,8 @@ class Tap(Observer):
         for c in self.cores:
             c.detach(self)
 
-    def observe(self, site, q, k, v, out, allowed, scale, heads_dim=1, grads="standard", scores=None) -> None:
+    def observe(self, site, q, k, v, out, allowed, scale, heads_dim=1, grads="standard", scores=None,
+                **modifiers) -> None:
         self.out[site.layer] = {"q": q.detach(), "k": k.detach(), "v": v.detach(), "y": out.detach(),
                                 "scale": scale, "allowed": allowed}
 

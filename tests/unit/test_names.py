@@ -22,6 +22,7 @@ PINNED = {
     "expected_compat": ("step", "layer", "head", "seq", "query"),
     "attn_entropy": ("step", "layer", "head", "seq", "query"),
     "attn_entropy_norm": ("step", "layer", "head", "seq", "query"),
+    "sink_mass": ("step", "layer", "head", "seq", "query"),
     "column_usage": ("step", "layer", "head", "seq", "key"),
     "value_norm": ("step", "layer", "head", "seq", "key"),
     "logit_max": ("step", "layer", "head"),
@@ -44,4 +45,7 @@ def test_quantities_produce_exactly_the_registered_names():
     out = head_quantities(q, q, q, q, torch.ones(3, 3, dtype=torch.bool))
     unrecorded = set(out) - set(names.DIMS)
     assert not unrecorded
-    assert set(names.DIMS) - set(out) == {"routing_residual", "grad_scale", *names.POOLED.values()}
+    assert set(names.DIMS) - set(out) == {"routing_residual", "grad_scale", "sink_mass",
+                                           *names.POOLED.values()}
+    with_sinks = head_quantities(q, q, q, q, torch.ones(3, 3, dtype=torch.bool), sinks=torch.zeros(1, 1, 1, 1))
+    assert set(with_sinks) - set(out) == {"sink_mass"}
