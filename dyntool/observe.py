@@ -114,6 +114,25 @@ def allowed_from(mask: torch.Tensor | None, T: int, Tk: int, causal: bool = True
     return mask > torch.finfo(mask.dtype).min / 2       # additive: 0 kept, min/−inf masked
 
 
+def additive_bias(bias: torch.Tensor | None, mask: torch.Tensor | None, T: int, Tk: int) -> torch.Tensor | None:
+    """The additive part of the scores besides ``τ q·k``, or None when there is none.
+
+    ``bias``: an explicit score bias (T5's ``position_bias``); ``mask``: a float attention mask,
+    whose finite (allowed) entries are a bias too when nonzero (ALiBi folded into the mask, as
+    Falcon and Bloom do).  Masked entries (min/−inf) are the mask's job, not the bias's."""
+    parts = []
+    if bias is not None:
+        parts.append(bias.detach()[..., -T:, :Tk] if bias.dim() >= 2 else bias.detach())
+    if mask is not None and mask.dim() == 4 and mask.dtype.is_floating_point:
+        m = mask.detach()[..., -T:, :Tk]
+        finite = m.masked_fill(m <= torch.finfo(m.dtype).min / 2, 0.0)
+        if bool(finite.ne(0).any()):
+            parts.append(finite)
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
 class Fanout(Observer):
     """Several observers on one producer (e.g. a Capture and the per-step logit statistics)."""
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import torch
 
+from ..capture import CaptureError
 from ..observe import Observer, Site
 
 
-class AdapterError(RuntimeError):
-    pass
+class AdapterError(CaptureError):
+    """dyntool cannot reach this model's attention (a CaptureError: one line, the reason, the way out)."""
 
 
 class Adapter:
@@ -48,7 +49,28 @@ def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
         ad = mod.detect(model)
         if ad is not None:
             return ad
+    unreachable = _attention_like(model)
+    if unreachable:
+        names = ", ".join(sorted(unreachable))
+        raise AdapterError(
+            f"{type(model).__name__}: refused: its attention ({names}) computes the attention weights itself "
+            "(it neither dispatches through transformers' attention registry nor calls "
+            "F.scaled_dot_product_attention), so dyntool cannot see its scores; a module whose own code "
+            "calls F.scaled_dot_product_attention can be named: Capture(model, attention='ClassName')")
     raise AdapterError(
         f"no attention found in {type(model).__name__} that dyntool can record: supported are dyntool's "
         "own modules, Hugging Face transformers models, TransformerLens HookedTransformer, and modules "
         "calling F.scaled_dot_product_attention (name them: Capture(model, attention='ClassName'))")
+
+
+def _attention_like(model) -> set[str]:
+    """Class names of innermost modules that look like attention (``*Attention`` with projection
+    weights), for the refusal message of a model dyntool cannot reach."""
+    out = set()
+    for m in model.modules():
+        name = type(m).__name__
+        if name.endswith(("Attention", "SelfAttention", "Attn")) and not any(
+                type(c).__name__.endswith(("Attention", "Attn")) for c in m.children()):
+            if any(isinstance(c, torch.nn.Linear) for c in m.children()):
+                out.add(name)
+    return out

@@ -18,20 +18,42 @@ GPT-2's ``reorder_and_upcast_attn`` under eager (it bypasses the registry).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 
 import torch
 
-from ..observe import Site, allowed_from
+from ..observe import Site, additive_bias, allowed_from
 from . import Adapter, AdapterError
 
 PREFIX = "dyntool_"
 _ACTIVE: dict[int, tuple] = {}          # id(attention module) -> (observer, site) while capturing
 
 
-def _is_attention(m) -> bool:
-    return hasattr(m, "config") and hasattr(m, "layer_idx") and any(
-        hasattr(m, a) for a in ("q_proj", "c_attn", "qkv_proj", "query_key_value", "q_attn"))
+_ROUTES: dict[type, bool] = {}
+
+
+def _uses_registry(m) -> bool:
+    """Does this module's forward dispatch through ``ALL_ATTENTION_FUNCTIONS``?  Read from its
+    source once per class: it finds every attention transformers routes through the registry
+    (decoders, BERT/RoBERTa/ViT encoders, T5/BART self- and cross-attention) without a list."""
+    cls = type(m)
+    if cls not in _ROUTES:
+        try:
+            src = inspect.getsource(cls.forward)
+        except (OSError, TypeError):
+            src = ""
+        _ROUTES[cls] = cls.__module__.startswith("transformers.") and "ALL_ATTENTION_FUNCTIONS" in src
+    return _ROUTES[cls]
+
+
+def site_kind(name: str, module) -> tuple[str, str]:
+    """``(kind, stack)`` from the module's path and flags: cross-attention reads another sequence."""
+    parts = name.lower().split(".")
+    cross = bool(getattr(module, "is_cross_attention", False)) or any(
+        p in ("encdecattention", "encoder_attn", "crossattention", "cross_attn", "cross_attention") for p in parts)
+    stack = "encoder" if "encoder" in parts else "decoder" if "decoder" in parts else ""
+    return ("cross" if cross else "self"), stack
 
 
 def _inner(impl: str, module):
@@ -56,9 +78,14 @@ def _recording_fn(impl: str):
             T, Tk = query.shape[-2], key.shape[-2]
             scale = kw.get("scaling") or query.shape[-1] ** -0.5
             mask = attention_mask if torch.is_tensor(attention_mask) else None
-            allowed = allowed_from(mask, T, Tk, causal=getattr(module, "is_causal", True),
-                                   window=kw.get("sliding_window"), device=query.device)
-            obs.observe(site, query, key, value, out, allowed, scale, heads_dim=2)
+            causal = kw.get("is_causal")
+            causal = getattr(module, "is_causal", True) if causal is None else causal
+            allowed = allowed_from(mask, T, Tk, causal=causal, window=kw.get("sliding_window"), device=query.device)
+            # what the softmax adds to τ q·k: T5's relative-position bias, the finite part of a
+            # float mask (ALiBi); soft-capping and sinks (gpt-oss s_aux) as the kernels take them
+            bias = additive_bias(kw.get("position_bias"), mask, T, Tk)
+            obs.observe(site, query, key, value, out, allowed, scale, heads_dim=2, bias=bias,
+                        softcap=kw.get("softcap"), sinks=kw.get("s_aux"))
         return out, weights
     attention.__name__ = f"{PREFIX}{impl}"
     return attention
@@ -88,12 +115,16 @@ def _configs(model) -> list:
 class HFAdapter(Adapter):
     name = "hf"
 
-    def __init__(self, model, modules):
-        self.model, self.modules = model, modules
+    def __init__(self, model, named):
+        self.model = model
+        self.names, self.modules = [n for n, _ in named], [m for _, m in named]
         self._saved: list = []
 
     def sites(self):
-        return [Site(int(m.layer_idx), id(m), type(m).__name__) for m in self.modules]
+        # registration order = execution order (encoder before decoder, self before cross);
+        # layer_idx repeats between an encoder and a decoder, so it cannot order sites
+        return [Site(i, id(m), type(m).__name__, *site_kind(n, m), name=n)
+                for i, (n, m) in enumerate(zip(self.names, self.modules))]
 
     def attach(self, observer) -> None:
         for c in _configs(self.model):
@@ -131,7 +162,7 @@ class HFAdapter(Adapter):
 def detect(model):
     if not any(type(m).__module__.startswith("transformers.") for m in model.modules()):
         return None
-    mods = [m for m in model.modules() if _is_attention(m) and not getattr(m, "is_cross_attention", False)]
-    if not mods:
-        return None
-    return HFAdapter(model, sorted(mods, key=lambda m: int(m.layer_idx)))
+    named = [(n, m) for n, m in model.named_modules() if _uses_registry(m)]
+    if named:
+        return HFAdapter(model, named)
+    return None

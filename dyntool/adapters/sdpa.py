@@ -23,11 +23,11 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ..observe import Site, allowed_from
+from ..observe import Site, additive_bias, allowed_from
 from . import Adapter, AdapterError
 
 _REAL = F.scaled_dot_product_attention
-_STATE: dict = {"obs": None, "site": None}
+_STATE: dict = {"obs": None, "site": None, "seen": False}
 
 
 def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
@@ -40,8 +40,11 @@ def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
     if attn_mask is not None:
         attn_mask = attn_mask.expand(*q.shape[:-2], T, Tk) if attn_mask.dim() < 4 else attn_mask
     allowed = allowed_from(attn_mask, T, Tk, causal=is_causal, device=q.device)
-    obs.observe(site, q, k, v, out, allowed, q.shape[-1] ** -0.5 if scale is None else scale)
+    # a float mask's finite entries are added to the scores (ALiBi folded into the mask: Falcon)
+    bias = additive_bias(None, attn_mask, T, Tk) if attn_mask is not None else None
+    obs.observe(site, q, k, v, out, allowed, q.shape[-1] ** -0.5 if scale is None else scale, bias=bias)
     _STATE["site"] = None          # one call per module forward
+    _STATE["seen"] = True
 
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
@@ -52,8 +55,9 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     return out
 
 
-def _calls_sdpa(m) -> bool:
-    if type(m).__module__.startswith(("torch.", "transformers.", "dyntool.")):
+def _calls_sdpa(m, include_hf: bool = False) -> bool:
+    skip = ("torch.", "dyntool.") if include_hf else ("torch.", "transformers.", "dyntool.")
+    if type(m).__module__.startswith(skip):
         return False
     try:
         src = inspect.getsource(type(m).forward)
@@ -70,8 +74,8 @@ def _matches(m, attention) -> bool:
 class SDPAAdapter(Adapter):
     name = "sdpa"
 
-    def __init__(self, model, attention=None):
-        pick = (lambda m: _matches(m, attention)) if attention is not None else _calls_sdpa
+    def __init__(self, model, attention=None, include_hf: bool = False):
+        pick = (lambda m: _matches(m, attention)) if attention is not None else (lambda m: _calls_sdpa(m, include_hf))
         self.modules = [m for m in model.modules() if pick(m)]
         if attention is not None and not self.modules:
             raise AdapterError(f"no module of class {attention!r} in {type(model).__name__}")
@@ -83,12 +87,19 @@ class SDPAAdapter(Adapter):
     def attach(self, observer) -> None:
         for site, m in zip(self.sites(), self.modules):
             def pre(mod, args, site=site):
-                _STATE["obs"], _STATE["site"] = observer, site
+                _STATE["obs"], _STATE["site"], _STATE["seen"] = observer, site, False
                 F.scaled_dot_product_attention = attention
 
-            def post(mod, args, out):
+            def post(mod, args, out, site=site):
                 F.scaled_dot_product_attention = _REAL
                 _STATE["site"] = None
+                if not _STATE["seen"] and torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                    # refuse now, before any backward, rather than "did not run" after it
+                    raise AdapterError(
+                        f"layer {site.layer} ({site.label}) ran without calling F.scaled_dot_product_attention "
+                        "(it computed its attention itself, e.g. attn_implementation='eager', or through an "
+                        "alias dyntool cannot swap); dyntool cannot see its scores: use the SDPA path "
+                        "(attn_implementation='sdpa') or wrap the call with dyntool.adapters.sdpa.attention")
             self._handles.append(m.register_forward_pre_hook(pre))
             self._handles.append(m.register_forward_hook(post))
 
@@ -101,5 +112,5 @@ class SDPAAdapter(Adapter):
 
 
 def detect(model):
-    ad = SDPAAdapter(model)
+    ad = SDPAAdapter(model, include_hf=True)
     return ad if ad.modules else None
