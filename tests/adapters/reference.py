@@ -22,8 +22,10 @@ def group_sum(x: torch.Tensor, n_kv: int) -> torch.Tensor:
     return x.reshape(B, n_kv, nh // n_kv, *x.shape[2:]).sum(2)
 
 
-def check(got: dict, ref: dict, allowed: torch.Tensor, n_kv: int | None = None, name: str = "") -> None:
+def check(got: dict, ref: dict, allowed: torch.Tensor, n_kv: int | None = None, name: str = "",
+          tol: float | None = None) -> None:
     """ref: attn, attn_grad (= ∂L/∂α), scores_grad, y_grad (U), q_grad, k_grad, v_grad."""
+    TOL = globals()["TOL"] if tol is None else dict(rtol=tol, atol=tol)
     ok = allowed.expand_as(ref["attn"])
     z = lambda t: t.masked_fill(~ok, 0.0)                     # noqa: E731
     torch.testing.assert_close(got["attn"], ref["attn"], **TOL, msg=f"{name} attn")
