@@ -152,3 +152,51 @@ def test_an_additive_bias_dyntool_is_not_told_about_is_refused():
             model(**inputs)
     assert "\n" not in str(e.value)
     assert model.config._attn_implementation == "biased_test"            # restored on the error
+
+
+def test_encoder_decoder_run_records_its_sites(tmp_path):
+    """BART through RunRecorder: one record with encoder self-, decoder self- and cross-attention
+    sites, each with its own (T, Tk), readable by `dyntool check`."""
+    import zarr
+
+    from dyntool.cli import main
+    from dyntool.integrations import RunRecorder
+    model = make_model("bart", "sdpa")
+    inputs = make_inputs("bart")
+    with RunRecorder(model, tmp_path, max_steps=2, every=1, probe=inputs) as rec:
+        for step in range(2):
+            rec.probe_step(step)
+            rec.log(step, loss=1.0)
+    g = zarr.open_group(str(rec.path / "record.zarr"), mode="r")
+    sites = g.attrs["sites"]
+    assert [(s["stack"], s["kind"], s["T"], s["Tk"]) for s in sites] == [
+        ("encoder", "self", 7, 7), ("decoder", "self", 5, 5), ("decoder", "cross", 5, 7)]
+    assert g["attn"].shape[1:] == (3, 2, 1, 7, 7)
+    attn = g["attn"][0]
+    assert (attn[1, :, :, 5:, :] == 0).all() and (attn[1, :, :, :, 5:] == 0).all()    # padded 5 × 5 site
+    assert main(["check", str(rec.path)]) == 0
+
+
+def test_an_unknown_kwarg_reaching_the_attention_is_refused_not_dropped():
+    """transformers forwards extra model kwargs to the attention function; one that changes the
+    scores (here a temperature dyntool knows nothing of) is caught by the self-check."""
+    def tempered(module, query, key, value, attention_mask, scaling=None, temperature=1.0, **kw):
+        k = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
+        v = value.repeat_interleave(query.shape[1] // value.shape[1], 1)
+        s = query @ k.transpose(-1, -2) * scaling / temperature
+        if attention_mask is not None:
+            s = s + attention_mask
+        a = torch.softmax(s, -1)
+        return (a @ v).transpose(1, 2), a
+
+    AttentionInterface.register("tempered_test", tempered)
+    AttentionMaskInterface.register("tempered_test", eager_mask)
+    model = make_model("llama", "eager")
+    model.config._attn_implementation = "tempered_test"
+    inputs = make_inputs("llama")
+    with Capture(model) as cap:                       # temperature 1: nothing to see, recorded
+        model(**inputs).loss.backward()
+    assert cap.compute()["attn"].shape[0] == 2
+    with pytest.raises(CaptureError, match="does not reproduce the output"):
+        with Capture(model):
+            model(**inputs, temperature=3.0)
