@@ -1,0 +1,167 @@
+"""The cheap tier's statistics, computed in query-row blocks: no T × T matrix is ever kept.
+
+Every statistic is a per-head reduction of a full-tier quantity of :mod:`dyntool.quantities`
+(the tests check each against ``Capture.compute()`` in float64).  Per head, over the S observed
+sequences and their T query rows (``Σ_s,i`` = over sequences and queries):
+
+=====================  ===============================================================
+``score_max``          ``max s_ij`` over allowed entries: the largest score the softmax sees
+                       (after soft-cap and bias; the raw ``max |τ q·k|`` is ``logit_max``)
+``logit_max``          ``max |τ q_i·k_j|`` over allowed entries (as the full tier's)
+``attn_entropy``       ``Σ_s,i H_i / (S T)``: mean attention entropy (nats)
+``expected_compat``    ``Σ_s,i E_α[b]_i / (S T)`` with ``E_α[b]_i = Σ_j α_ij b_ij (= u_i·o_i)``
+``compat_var``         ``Σ_s,i Var_α[b]_i / (S T)``, ``Var_α[b]_i = Σ_j α_ij (b_ij − E_α[b]_i)²``
+``score_grad_norm``    ``sqrt(Σ_s ‖∂L/∂S‖²_F / S)``: per-sequence Frobenius norm, RMS over the batch
+``upstream_norm``      ``sqrt(Σ_s ‖U‖²_F / S)``
+``value_grad_norm``    ``sqrt(Σ_s ‖Σ_i α_ij u_i‖²_F / S)``: the value update ``dV = αᵀ U``
+``column_max``         ``Σ_s max_j c_j / (S T)`` with column usage ``c_j = Σ_i α_ij``
+``column_entropy``     ``Σ_s H(c / Σ_j c_j) / S``: how spread the keys' usage is (nats)
+``sink_mass``          ``Σ_s,i (1 − Σ_j α_ij) / (S T)`` (models with attention sinks only)
+=====================  ===============================================================
+
+Layout: grouped-query attention is computed without repeating k and v: queries are viewed as
+(B, n_kv, g, T, d) against keys (B, n_kv, 1, Tk, d), so a head's statistics cost what its
+own attention costs.  Row blocks are sized from a memory budget (``max_block_mib``); with a causal
+mask a block only reads the keys its rows can see.
+"""
+from __future__ import annotations
+
+import torch
+
+from .quantities import masked_softmax, score_parts
+
+# the live (B, n_kv, g, rows, Tk) temporaries of one row block (logits, scores, α, B, dS, …)
+_LIVE_BLOCKS = 6
+
+
+def grouped(t: torch.Tensor | None, n_kv: int, nh: int) -> torch.Tensor | None:
+    """(B|1, nh|1, ...) → (B|1, n_kv|1, g|1, ...): query head h = kv head h // g, member h % g."""
+    if t is None:
+        return None
+    if t.shape[1] == nh and nh != 1:
+        return t.unflatten(1, (n_kv, nh // n_kv))
+    return t.unsqueeze(2)                           # shared by every head: broadcast
+
+
+def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float) -> int:
+    """Query rows per block so that the block's temporaries fit ``max_block_mib``; 0 = not even one."""
+    per_row = _LIVE_BLOCKS * B * nh * Tk * itemsize
+    return min(T, int(max_block_mib * 2**20 // per_row))
+
+
+def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor | None,
+                 n_head: int) -> torch.Tensor | None:
+    """Rows with no visible key that the attention made uniform over all keys (an additive-mask
+    softmax) rather than 0 (SDPA): read off the output, as :func:`dyntool.selfcheck.verify` does,
+    but for the empty rows only (no T × T work).  ``v`` (B, n_kv, Tk, d), ``out`` (B, nh, T, d),
+    ``allowed`` (B|1, nh|1, T, Tk), ``sinks`` (nh,) or None.  Returns (B, nh, T, 1) bool or None."""
+    empty = ~allowed.any(-1, keepdim=True)                          # (B|1, nh|1, T, 1)
+    if not bool(empty.any()):
+        return None
+    Tk = v.shape[-2]
+    vsum = v.sum(-2, keepdim=True).repeat_interleave(n_head // v.shape[1], dim=1)   # (B, nh, 1, d)
+    denom = torch.full((1, n_head, 1, 1), float(Tk), dtype=v.dtype, device=v.device)
+    if sinks is not None:                       # all-zero scores plus the sink's logit
+        denom = denom + sinks.to(v.dtype).exp().reshape(1, -1, 1, 1)
+    o_u = vsum / denom
+    err_zero = out.norm(dim=-1, keepdim=True)
+    err_unif = (out - o_u).norm(dim=-1, keepdim=True)
+    rows = empty & (err_unif < err_zero)
+    return rows if bool(rows.any()) else None
+
+
+class Sums:
+    """Running per-head sums of one site (nh,), on the device; finished by :meth:`finish`."""
+
+    FIELDS = ("rows", "seqs", "ent", "eb", "var", "ds2", "u2", "dv2", "colmax", "colent", "sink")
+
+    def __init__(self, nh: int, dtype, device):
+        z = lambda: torch.zeros(nh, dtype=dtype, device=device)       # noqa: E731
+        for f in self.FIELDS:
+            setattr(self, f, z())
+        self.score_max = torch.full((nh,), float("-inf"), dtype=dtype, device=device)
+        self.logit_max = torch.zeros(nh, dtype=dtype, device=device)
+        self.has_sinks = False
+
+    def finish(self) -> dict[str, torch.Tensor]:
+        rows, seqs = self.rows.clamp_min(1), self.seqs.clamp_min(1)
+        out = {
+            "score_max": self.score_max, "logit_max": self.logit_max,
+            "attn_entropy": self.ent / rows, "expected_compat": self.eb / rows, "compat_var": self.var / rows,
+            "score_grad_norm": (self.ds2 / seqs).sqrt(), "upstream_norm": (self.u2 / seqs).sqrt(),
+            "value_grad_norm": (self.dv2 / seqs).sqrt(),
+            "column_max": self.colmax / rows, "column_entropy": self.colent / seqs,
+        }
+        if self.has_sinks:
+            out["sink_mass"] = self.sink / rows
+        return out
+
+
+@torch.no_grad()
+def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, softcap=None, sinks=None,
+               uniform=None, max_block_mib: float = 64.0) -> None:
+    """Add one forward's statistics to ``sums``.  ``q`` (B, nh, T, d_k), ``k``/``v`` (B, n_kv, Tk, d),
+    ``o``/``u`` (B, nh, T, d_v) (U already divided by the loss factor), ``allowed`` (B|1, nh|1, T, Tk),
+    ``bias`` broadcastable to (B, nh, T, Tk), ``sinks`` (nh,), ``uniform`` (B, nh, T, 1) or None;
+    all in the compute dtype."""
+    B, nh, T, _ = q.shape
+    n_kv, Tk = k.shape[1], k.shape[-2]
+    rows = block_rows(B, nh, T, Tk, q.element_size(), max_block_mib)
+    if rows < 1:
+        raise ValueError(f"record.max_block_mib={max_block_mib} is too small for one query row "
+                         f"({B}×{nh}×{Tk} scores)")
+    gq, gu, go = (grouped(t, n_kv, nh) for t in (q, u, o))            # (B, n_kv, g, T, d)
+    gk, gv = k.unsqueeze(2), v.unsqueeze(2)                           # (B, n_kv, 1, Tk, d)
+    gal, gbias, guni = grouped(allowed, n_kv, nh), grouped(bias, n_kv, nh), grouped(uniform, n_kv, nh)
+    if gbias is not None and gbias.dim() < 5:
+        gbias = gbias.reshape((1,) * (5 - gbias.dim()) + tuple(gbias.shape))
+    gsink = None if sinks is None else sinks.to(q.dtype).reshape(1, n_kv, nh // n_kv, 1, 1)
+    col = torch.zeros(B, n_kv, nh // n_kv, Tk, dtype=q.dtype, device=q.device)   # c_j
+    dv = torch.zeros(B, n_kv, nh // n_kv, Tk, v.shape[-1], dtype=q.dtype, device=q.device)  # αᵀU per query head
+    flat = lambda t: t.reshape(nh)          # noqa: E731  per-head reductions (n_kv, g) → (nh,)
+    for a0 in range(0, T, rows):
+        a1 = min(a0 + rows, T)
+        al = gal[..., a0:a1, :]
+        uni = None if guni is None else guni[..., a0:a1, :]
+        kend = Tk
+        if uni is None or not bool(uni.any()):     # keys no row of this block sees are skipped
+            seen_cols = al.reshape(-1, Tk).any(0).nonzero()
+            kend = int(seen_cols.max()) + 1 if seen_cols.numel() else 1
+        al = al[..., :kend]
+        bb = None
+        if gbias is not None:               # a bias with one row broadcasts over the queries
+            bb = gbias[..., a0:a1, :kend] if gbias.shape[-2] > 1 else gbias[..., :kend]
+        logits, s = score_parts(gq[..., a0:a1, :], gk[..., :kend, :], scale, softcap, bb)
+        seen = al
+        if uni is not None:
+            al = al | uni                          # uniform rows: every key, equal scores
+            s = s.masked_fill(uni, 0.0)
+        # (B, n_kv, g, rows, kend) from here on
+        sums.logit_max = torch.maximum(sums.logit_max, flat(
+            logits.abs().masked_fill_(~seen, 0.0).amax(dim=(0, 3, 4))))
+        sums.score_max = torch.maximum(sums.score_max, flat(
+            s.masked_fill(~seen, float("-inf")).amax(dim=(0, 3, 4))))
+        del logits
+        a, sink_mass = masked_softmax(s, al, gsink)
+        del s
+        sums.ent += flat(torch.special.entr(a).sum(dim=(0, 3, 4)))
+        b = torch.matmul(gu[..., a0:a1, :], gv[..., :kend, :].transpose(-1, -2)).masked_fill_(~al, 0.0)
+        e = (a * b).sum(-1, keepdim=True)                                   # E_α[b]  (…, rows, 1)
+        b -= e                                                              # b − E_α[b]
+        ds = a * b                                                          # ∂L/∂S (routing law)
+        sums.eb += flat(e.sum(dim=(0, 3, 4)))
+        sums.var += flat((ds * b).sum(dim=(0, 3, 4)))
+        sums.ds2 += flat(ds.square().sum(dim=(0, 3, 4)))
+        del b, ds
+        dv[..., :kend, :] += torch.matmul(a.transpose(-1, -2), gu[..., a0:a1, :])
+        col[..., :kend] += a.sum(-2)
+        if sink_mass is not None:
+            sums.sink += flat(sink_mass.sum(dim=(0, 3)))
+            sums.has_sinks = True
+    sums.rows += B * T
+    sums.seqs += B
+    sums.u2 += flat(gu.square().sum(dim=(0, 3, 4)))
+    sums.dv2 += flat(dv.square().sum(dim=(0, 3, 4)))
+    sums.colmax += flat(col.amax(-1).sum(0))
+    p = col / col.sum(-1, keepdim=True).clamp_min(torch.finfo(col.dtype).tiny)
+    sums.colent += flat(torch.special.entr(p).sum(-1).sum(0))

@@ -1,0 +1,212 @@
+"""The flight recorder: the cheap tier, every head on every step, through the observer seam.
+
+Usage (the same for dyntool's modules, Hugging Face, TransformerLens and nanoGPT-style models)::
+
+    flight = FlightRecorder(model, grad_scale=1 / accum)
+    with flight:                          # around forward + backward (several micro-steps add up)
+        loss = loss_fn(model(x))
+        loss.backward()
+    stats = flight.result()               # name -> (L, nh) tensor, see dyntool.cheap_stats
+    row = flight.metrics()                # {"attn_entropy/L0H0": ..., "score_grad_norm/L0H0": ...}
+
+Why it is cheap and what it keeps:
+- during the forward it keeps *references* to q, k, v, the output and the mask (autograd keeps
+  them alive for the attention's backward anyway: no copy, no extra memory);
+- a *tensor* hook on the output (the same seam as :class:`dyntool.capture.Capture`) receives
+  U = ∂L/∂out in the backward; the statistics are reduced right there in query-row blocks
+  (:func:`dyntool.cheap_stats.accumulate`) and the references are dropped, so nothing T × T
+  outlives a block and nothing per-token outlives the backward;
+- score modifiers (bias, soft-cap, sinks) enter exactly as in the full tier; rows with no
+  visible key follow the attention's own semantics, read off its output (0 or uniform);
+- the result is a few (L, nh) tensors: one host sync when read.
+
+There is no self-check here (it would cost a T × T pass per layer on every step): the same seam
+with a Capture checks the model on the full tier's steps, and the tests pin the cheap tier to the
+full tier's reductions in float64.  With a Capture on the same step, :meth:`FlightRecorder.alongside`
+feeds both from one adapter (Hugging Face and the SDPA adapter take one observer at a time).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from . import cheap_stats
+from .observe import Fanout, Observer, Site
+from .record import metric_names as mn
+
+STATS = ("score_max", "logit_max", "attn_entropy", "expected_compat", "compat_var", "score_grad_norm",
+         "upstream_norm", "value_grad_norm", "column_max", "column_entropy", "sink_mass")
+
+
+class FlightError(RuntimeError):
+    pass
+
+
+class _Pending:
+    __slots__ = ("q", "k", "v", "o", "allowed", "scale", "bias", "softcap", "sinks", "uniform")
+
+
+class FlightRecorder(Observer):
+    def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
+                 max_block_mib: float = 64.0, attention=None):
+        from .adapters import AdapterError, find_adapter
+        try:
+            self.adapter = find_adapter(model, attention)
+        except AdapterError as e:
+            raise FlightError(str(e)) from None
+        self.sites: list[Site] = self.adapter.sites()
+        if not self.sites:
+            raise FlightError(f"model has no attention modules to record ({self.adapter.name} adapter)")
+        if max_block_mib <= 0:
+            raise FlightError(f"record.max_block_mib must be > 0, got {max_block_mib}")
+        self.grad_scale, self.seqs, self.max_block_mib = float(grad_scale), seqs, float(max_block_mib)
+        self._sums: dict[Site, cheap_stats.Sums] = {}
+        self._pending = 0                 # forwards whose backward has not reached the hook yet
+        self._handles: list = []
+        self._attached = False
+
+    # -- context management -------------------------------------------------------------
+    def __enter__(self) -> "FlightRecorder":
+        self.adapter.attach(self)
+        self._attached = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._drop_handles()
+        if self._attached:
+            self.adapter.detach()
+            self._attached = False
+
+    def _drop_handles(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    @contextmanager
+    def alongside(self, capture):
+        """Feed this recorder and ``capture`` (a :class:`~dyntool.capture.Capture` of the same
+        model) from one adapter: ``with flight.alongside(cap): ...`` replaces ``with cap:``."""
+        capture.adapter.attach(Fanout([capture, self]))
+        try:
+            yield capture
+        finally:
+            self._drop_handles()
+            capture.__exit__(None, None, None)         # its handles and the adapter
+
+    # -- the observer contract (dyntool.observe), called during the forward ----------------
+    def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
+                scores=None, bias=None, softcap=None, sinks=None) -> None:
+        if not out.requires_grad or not torch.is_grad_enabled():
+            return                        # an evaluation forward: no U will come
+        sl = slice(None) if self.seqs is None else slice(0, self.seqs)
+        p = _Pending()
+        p.q, p.k, p.v = q[sl].detach(), k[sl].detach(), v[sl].detach()
+        o = out[sl].detach()
+        p.o = o.transpose(1, 2) if heads_dim == 2 else o                    # (S, nh, T, d_v)
+        allowed = allowed if allowed.dim() == 4 else allowed.reshape((1,) * (4 - allowed.dim()) + allowed.shape)
+        p.allowed = allowed[sl] if allowed.shape[0] > 1 else allowed        # (S|1, nh|1, T, Tk)
+        if bias is not None:
+            bias = bias.detach()
+            bias = bias if bias.dim() == 4 else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
+            bias = bias[sl] if bias.shape[0] > 1 else bias
+        p.bias, p.softcap, p.scale = bias, (float(softcap) if softcap else None), float(scale)
+        p.sinks = None if sinks is None else sinks.detach().reshape(-1)     # (nh,)
+        # empty rows: 0 (SDPA) or uniform (additive mask)? decided from the output, now
+        p.uniform = cheap_stats.uniform_rows(p.v, p.o, p.allowed, p.sinks, p.q.shape[1])
+        self._pending += 1
+
+        def on_u(grad, p=p, site=site, sl=sl, hd=heads_dim):
+            u = grad[sl].detach()
+            self._reduce(site, p, u.transpose(1, 2) if hd == 2 else u)      # (S, nh, T, d_v)
+        self._handles.append(out.register_hook(on_u))
+
+    def _reduce(self, site: Site, p: _Pending, u: torch.Tensor) -> None:
+        dt = torch.float64 if p.q.dtype == torch.float64 else torch.float32
+        sums = self._sums.get(site)
+        if sums is None:
+            sums = self._sums[site] = cheap_stats.Sums(p.q.shape[1], dt, p.q.device)
+        cv = lambda t: None if t is None else t.to(dt)       # noqa: E731  no copy when already dt
+        cheap_stats.accumulate(sums, cv(p.q), cv(p.k), cv(p.v), cv(p.o), u.to(dt) / self.grad_scale,
+                               p.allowed, p.scale, bias=cv(p.bias), softcap=p.softcap, sinks=p.sinks,
+                               uniform=p.uniform, max_block_mib=self.max_block_mib)
+        for f in _Pending.__slots__:       # the references go now: memory back during the backward
+            setattr(p, f, None)
+        self._pending -= 1
+
+    # -- after backward -----------------------------------------------------------------
+    def result(self) -> dict[str, torch.Tensor]:
+        """Statistics since the last :meth:`reset`: name -> (L, nh) tensor, rows in ``sites``
+        order (NaN for a site that recorded nothing, e.g. a head count that differs)."""
+        if self._pending:
+            raise FlightError(f"{self._pending} attention output(s) never received their gradient: call "
+                              "backward() inside the recorder and run recording steps uncompiled")
+        if not self._sums:
+            raise FlightError("no attention ran with gradients inside the flight recorder")
+        per = {s: self._sums[s].finish() for s in self.sites if s in self._sums}
+        nh = max(next(iter(d.values())).shape[0] for d in per.values())
+        ref = next(iter(per.values()))
+        out = {}
+        for name in ref:
+            rows = []
+            for s in self.sites:
+                x = per.get(s, {}).get(name)
+                row = torch.full((nh,), float("nan"), dtype=ref[name].dtype, device=ref[name].device)
+                if x is not None:
+                    row[: x.shape[0]] = x
+                rows.append(row)
+            out[name] = torch.stack(rows)                                   # (L, nh)
+        return out
+
+    def metrics(self, result: dict | None = None) -> dict[str, float]:
+        """``{base/L{l}H{h}: value}`` for every statistic (names from record.metric_names)."""
+        res = self.result() if result is None else result
+        names = [n for n in STATS if n in res]
+        vals = torch.stack([res[n].double() for n in names]).cpu().tolist()        # one sync
+        return {mn.head(n, l, h): v for n, layers in zip(names, vals)
+                for l, heads in enumerate(layers) for h, v in enumerate(heads)}
+
+    def reset(self) -> None:
+        self._sums.clear()
+        self._pending = 0
+        self._drop_handles()
+
+
+def full_tier_reduction(qs: dict[str, torch.Tensor], sites: list[dict] | None = None) -> dict[str, torch.Tensor]:
+    """The cheap tier's statistics from a full-tier capture (``Capture.compute()``): the
+    independent computation the cheap tier must equal (tests), and a way to put both tiers of one
+    step side by side.  ``sites``: ``Capture.attrs["sites"]`` when sites were padded to one size
+    (an encoder–decoder); each layer is cut back to its own (T, Tk).  (L, nh) each."""
+    if sites is not None and len({(s["T"], s["Tk"]) for s in sites}) > 1:
+        from .record import names
+        per = []
+        for s in sites:
+            cut = {}
+            for n, x in qs.items():
+                x = x[s["index"]: s["index"] + 1]
+                dims = names.DIMS.get(n, ())[3:]
+                for ax, d in enumerate(dims):
+                    if d in ("query", "key"):
+                        x = x.narrow(3 + ax, 0, s["T"] if d == "query" else s["Tk"])
+                cut[n] = x
+            per.append(full_tier_reduction(cut))
+        return {n: torch.cat([p[n] for p in per]) for n in per[0]}
+    a, b, eb = qs["attn"], qs["compat"], qs["expected_compat"]             # (L, nh, S, T, Tk)
+    S, T = a.shape[2], a.shape[3]
+    col = qs["column_usage"]                                               # (L, nh, S, Tk)
+    p = col / col.sum(-1, keepdim=True)
+    out = {
+        "score_max": torch.nan_to_num(qs["scores"], nan=float("-inf")).amax(dim=(2, 3, 4)),
+        "logit_max": qs["logit_max"],
+        "attn_entropy": qs["attn_entropy"].mean(dim=(2, 3)),
+        "expected_compat": eb.mean(dim=(2, 3)),
+        "compat_var": (a * (b - eb[..., None]) ** 2).sum(-1).mean(dim=(2, 3)),
+        "score_grad_norm": (qs["score_grad"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
+        "upstream_norm": (qs["upstream"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
+        "value_grad_norm": (qs["value_grad"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
+        "column_max": col.amax(-1).mean(-1) / T,
+        "column_entropy": torch.special.entr(torch.nan_to_num(p)).sum(-1).mean(-1),
+    }
+    if "sink_mass" in qs:
+        out["sink_mass"] = qs["sink_mass"].mean(dim=(2, 3))
+    return out

@@ -1,0 +1,203 @@
+"""The cheap tier (dyntool.flight) equals the full tier's reduction of the same step, in float64.
+
+The independent computation is :class:`dyntool.capture.Capture` (itself checked against autograd
+in tests/adapters): both observers see the same forward and backward through one adapter
+(``FlightRecorder.alongside``), and every cheap statistic must equal the full tier's T × T
+reduction (``full_tier_reduction``) to 1e-9."""
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from dyntool.capture import Capture
+from dyntool.flight import STATS, FlightError, FlightRecorder, full_tier_reduction
+from dyntool.record import metric_names as mn
+from dyntool.train.config import ModelConfig
+from dyntool.train.gpt import GPT
+
+V, T = 50, 16
+
+
+def gpt(attention="mhsa", **kw):
+    torch.manual_seed(0)
+    cfg = ModelConfig(attention=attention, n_layer=2, n_head=4, n_embd=32, **kw)
+    m = GPT(cfg, V, T).double()
+    with torch.no_grad():                 # trained-size logits: scale W_q, W_k
+        for blk in m.h:
+            blk.attn.c_attn.weight[: 64] *= 14.0
+            if blk.attn.q_norm is not None:          # QK-norm undoes that: scale its gains
+                blk.attn.q_norm.weight *= 2.5
+                blk.attn.k_norm.weight *= 2.5
+    return m
+
+
+def batch(B=3, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+
+
+def both_tiers(model, run, max_block_mib=64.0, grad_scale=1.0, **kw):
+    """One forward/backward with a Capture and a FlightRecorder on the same adapter."""
+    cap = Capture(model, grad_scale=grad_scale, **kw)
+    flight = FlightRecorder(model, grad_scale=grad_scale, max_block_mib=max_block_mib, **kw)
+    with flight.alongside(cap):
+        run(model).backward()
+    model.zero_grad()
+    return flight.result(), full_tier_reduction(cap.compute(dtype=torch.float64), cap.attrs["sites"])
+
+
+def assert_equal_tiers(cheap, full, expect=STATS):
+    assert set(cheap) == set(full)
+    assert {n for n in expect if n != "sink_mass"} <= set(cheap)
+    for name in full:
+        assert cheap[name].dtype == torch.float64, name
+        assert torch.isfinite(cheap[name]).all(), name
+        torch.testing.assert_close(cheap[name], full[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def gpt_loss(x, y):
+    return lambda m: m(x, y)[1]
+
+
+@pytest.mark.parametrize("attention,kw", [("mhsa", {}), ("ls", dict(n_local=3, n_global=1, window=4)),
+                                          ("qknorm", {})])
+def test_dyntool_gpt_cheap_equals_full(attention, kw):
+    m = gpt(attention, **kw)
+    cheap, full = both_tiers(m, gpt_loss(*batch()), grad_scale=0.5)
+    assert float(full["logit_max"].max()) > 5.0            # not a near-uniform toy
+    assert_equal_tiers(cheap, full)
+
+
+def test_row_blocks_change_nothing():
+    """A budget of a few rows per block (and the causal key cut) gives the one-block numbers."""
+    m = gpt()
+    x, y = batch()
+    one, _ = both_tiers(m, gpt_loss(x, y))
+    per_row = 6 * 3 * 4 * T * 8 / 2**20                    # MiB of one row's temporaries
+    many, full = both_tiers(m, gpt_loss(x, y), max_block_mib=3.5 * per_row)
+    assert_equal_tiers(many, full)
+    for n in one:
+        torch.testing.assert_close(many[n], one[n], rtol=1e-12, atol=1e-14)
+
+
+def test_budget_below_one_row_is_refused():
+    m = gpt()
+    with pytest.raises(ValueError, match="too small for one query row"):
+        both_tiers(m, gpt_loss(*batch()), max_block_mib=1e-6)
+    with pytest.raises(FlightError, match="max_block_mib"):
+        FlightRecorder(m, max_block_mib=0)
+
+
+def test_micro_steps_accumulate_and_references_drop():
+    """Two forwards/backwards inside one recorder = one forward over both batches; q/k/v are
+    not kept past the backward."""
+    m = gpt()
+    (x1, y1), (x2, y2) = batch(2, seed=1), batch(1, seed=2)
+    flight = FlightRecorder(m)
+    seen = []
+
+    class Spy:
+        wants_grads = False
+
+        def observe(self, site, q, *a, **kw):
+            seen.append(weakref.ref(q))
+    with flight:
+        for x, y in ((x1, y1), (x2, y2)):
+            m(x, y)[1].backward()
+    two = flight.result()
+    m.zero_grad()
+    flight.reset()
+    with flight:
+        m(torch.cat([x1, x2]), torch.cat([y1, y2]))[1].backward()
+    joint = flight.result()
+    # U of each micro-batch is ∂(its own mean loss)/∂out; the joint mean loss scales U by B_i/B
+    for n in ("attn_entropy", "score_max", "logit_max", "column_max", "column_entropy"):
+        torch.testing.assert_close(two[n], joint[n], rtol=1e-10, atol=1e-12, msg=n)
+    m.zero_grad()
+    core = m.h[0].attn.core
+    core.attach(spy := Spy())
+    with flight:
+        m(x1, y1)[1].backward()
+    core.detach(spy)
+    gc.collect()
+    # the forward's q is referenced by nobody once the step is over (autograd and the recorder let go)
+    assert seen and all(r() is None for r in seen)
+
+
+def test_metrics_names_and_pending_backward():
+    m = gpt()
+    flight = FlightRecorder(m)
+    with flight:
+        m(*batch())[1].backward()
+    row = flight.metrics()
+    assert row[mn.head("score_grad_norm", 1, 3)] > 0
+    assert mn.parse("column_entropy/L0H2") == mn.MetricName("column_entropy", "head", 0, 2)
+    assert len(row) == 10 * 2 * 4
+    flight.reset()
+    with flight:
+        m(*batch())                              # no backward
+    with pytest.raises(FlightError, match="never received their gradient"):
+        flight.result()
+    flight.reset()
+    with torch.no_grad(), flight:               # evaluation forwards are not observed
+        m(*batch())
+    with pytest.raises(FlightError, match="no attention ran"):
+        flight.result()
+
+
+# ------------------------------------------------------------------ Hugging Face (tiny configs)
+@pytest.mark.parametrize("kind,impl", [("gpt2", "sdpa"), ("gpt2", "eager"), ("llama", "sdpa"),
+                                       ("llama", "eager"), ("mistral", "sdpa"), ("gemma2", "eager"),
+                                       ("gpt_oss", "eager"), ("t5", "sdpa")])
+def test_hf_cheap_equals_full(kind, impl):
+    """GPT-2; Llama with GQA and padding; Mistral's sliding window; Gemma-2's soft-cap;
+    gpt-oss's sinks; T5's position bias (encoder–decoder, cross-attention of another length)."""
+    from tests.adapters.hf_reference import float64_softmax, make_inputs, make_model
+    with float64_softmax():
+        model = make_model(kind, impl)
+        inputs = make_inputs(kind)
+        cheap, full = both_tiers(model, lambda m: m(**inputs).loss)
+    assert float(full["logit_max"].max()) > 20.0
+    assert_equal_tiers(cheap, full)
+    if kind == "gpt_oss":
+        assert "sink_mass" in cheap and float(cheap["sink_mass"].max()) > 0
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_hf_left_padding_rows_follow_the_model(impl):
+    """Rows with no visible key: 0 under SDPA, uniform under eager's additive mask; the cheap
+    tier reads which from the output, as the full tier's self-check does."""
+    from tests.adapters.hf_reference import float64_softmax, make_inputs, make_model
+    with float64_softmax():
+        model = make_model("llama", impl)
+        inputs = make_inputs("llama")
+        mask = torch.ones(2, 7, dtype=torch.long)
+        mask[1, :3] = 0
+        inputs.update(attention_mask=mask, labels=inputs["input_ids"].masked_fill(mask == 0, -100))
+        cheap, full = both_tiers(model, lambda m: m(**inputs).loss)
+    assert_equal_tiers(cheap, full)
+
+
+def test_sdpa_module_and_transformerlens():
+    from tests.adapters.test_sdpa_tlens import NanoAttention
+    torch.manual_seed(0)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(V, 16, dtype=torch.float64)
+            self.attn = torch.nn.ModuleList(NanoAttention(16, 2, window=w).double() for w in (None, 3))
+            self.head = torch.nn.Linear(16, V, dtype=torch.float64)
+
+        def forward(self, x):
+            h = self.emb(x)
+            for a in self.attn:
+                h = h + a(h)
+            return self.head(h)
+    net = Net()
+    x, y = batch()
+    loss = lambda m: torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())   # noqa: E731
+    assert_equal_tiers(*both_tiers(net, loss))
