@@ -33,6 +33,10 @@ class RecordConfig:
     disk_budget_gb: float = 4.0       # refuse to start if the estimate exceeds this
     chunk_steps: int = 16             # steps per writer flush / chunk along step
     flush_seconds: float = 30.0       # also flush at least this often (bounds loss on kill -9)
+    # the cheap tier (dyntool.flight): per-head statistics on the training batch, no T×T kept
+    cheap_every: int = 0              # every N steps (1: every step; 0: off)
+    cheap_seqs: int = 0               # sequences of each micro-batch it reduces over (0: all)
+    max_block_mib: float = 64.0       # memory of one query-row block of the tiers' T×T work
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -53,6 +57,10 @@ class RecordConfig:
             raise ConfigError(p + "pool/seqs/chunk_steps", "pool >= 0, seqs >= 1, chunk_steps >= 1")
         if any(s < 0 for s in self.steps):
             raise ConfigError(p + "steps", "steps must be >= 0")
+        if self.cheap_every < 0 or self.cheap_seqs < 0:
+            raise ConfigError(p + "cheap_every/cheap_seqs", f"must be >= 0, got {self.cheap_every}, {self.cheap_seqs}")
+        if not self.max_block_mib > 0:
+            raise ConfigError(p + "max_block_mib", f"must be > 0, got {self.max_block_mib}")
         if self.log_spaced < 0 or self.disk_budget_gb <= 0:
             raise ConfigError(p + "log_spaced/disk_budget_gb", "log_spaced >= 0 and disk_budget_gb > 0")
 
@@ -68,6 +76,11 @@ def schedule(cfg: RecordConfig, max_steps: int) -> np.ndarray:
     if cfg.log_spaced > 0 and max_steps > 0:
         s.update(int(x) for x in np.unique(np.round(np.geomspace(1, max_steps, cfg.log_spaced)) - 1))
     return np.array(sorted(x for x in s if 0 <= x < max_steps), dtype=np.int64)
+
+
+def cheap_wants(cfg: RecordConfig, step: int) -> bool:
+    """Is ``step`` a cheap-tier step?"""
+    return cfg.enabled and cfg.cheap_every > 0 and step % cfg.cheap_every == 0
 
 
 def _window(w: list[int], T: int) -> tuple[int, int]:

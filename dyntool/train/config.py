@@ -135,6 +135,14 @@ class TrainConfig:
     record: RecordConfig = field(default_factory=lambda: RecordConfig(every=50, seqs=1))
 
     def validate(self, prefix: str = "") -> None:
+        rc = self.record
+        if rc.enabled and rc.cheap_every > 0:
+            from ..cheap_stats import block_rows
+            S = min(rc.cheap_seqs or self.data.batch_size, self.data.batch_size)
+            T = self.data.block_size
+            if block_rows(S, self.model.n_head, T, T, 4, rc.max_block_mib) < 1:
+                raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
+                                  f"query row of the cheap tier ({S}×{self.model.n_head}×{T} scores)")
         if self.record.batch == "train" and self.record.seqs > self.data.batch_size:
             raise ConfigError(prefix + "record.seqs", f"{self.record.seqs} > data.batch_size "
                                                       f"{self.data.batch_size}")

@@ -21,7 +21,14 @@
    that ignores the mask).  Metrics: ``logit_max/L{l}H{h}``, ``logit_max/L{l}`` (max over
    heads), ``logit_max`` (model max).  On recorded steps the recorded ``logit_max`` array
    holds the same statistic for the recorded sequences.
-3. **Every step, gradient norms per parameter group** (``grad_norm/emb``, ``grad_norm/L{l}.attn``,
+3. **The cheap tier** (``record.cheap_every = N``, :class:`dyntool.flight.FlightRecorder`): on
+   every N-th step, over all micro-steps of the training batch (``record.cheap_seqs`` sequences
+   of each), per layer and head: attention entropy, E_α[b] and Var_α[b], ‖∂L/∂S‖, ‖U‖, ‖αᵀU‖,
+   column-usage concentration, the largest score; reduced in the backward in query-row blocks of
+   ``record.max_block_mib``, no T×T kept.  Metrics ``BASE/L{l}H{h}`` (dyntool.flight.STATS);
+   its ``attn_entropy`` replaces the recorded batch's on steps that have both, so the per-step
+   series comes from one kind of batch.
+4. **Every step, gradient norms per parameter group** (``grad_norm/emb``, ``grad_norm/L{l}.attn``,
    ``.mlp``, ``.ln``, ``grad_norm/ln_f``), taken after the last micro-step's backward, i.e. on
    the accumulated (and, under DDP, averaged) gradient *before* clipping.
 """
@@ -36,7 +43,8 @@ import torch
 
 from ..data.wikitext import fixed_batch
 from ..record import metric_names as mn
-from ..record.policy import check_budget
+from ..flight import FlightRecorder
+from ..record.policy import check_budget, cheap_wants
 from ..record.recorder import Recorder
 from .trainer import Callback
 
@@ -73,6 +81,8 @@ class RecordingCallback(Callback):
         self.trainer = None
         self._lmax = None           # (L, nh) running max over this step's micro-steps
         self._extra: dict = {}      # metrics gathered during the step
+        self.flight: FlightRecorder | None = None
+        self._cheap: dict = {}      # the cheap tier's metrics of this step
 
     # -- setup ----------------------------------------------------------------------------
     def on_train_start(self, trainer) -> None:
@@ -100,16 +110,21 @@ class RecordingCallback(Callback):
                 vocab = tr.corpus.vocab
                 store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
                                                            for row in self.probe[0].tolist()]})
+        if rc.enabled and rc.cheap_every > 0:
+            self.flight = FlightRecorder(model, grad_scale=tr.grad_scale, seqs=rc.cheap_seqs or None,
+                                         max_block_mib=rc.max_block_mib)
         self.groups = model.grad_groups()
         self.cores = [blk.attn.core for blk in model.h]
         model.track_qk(cfg.train.logit_stat != "off")
 
     def wants_eager(self, step: int) -> bool:
+        if self.flight is not None and cheap_wants(self.cfg.record, step):
+            return True                     # the observer seam is skipped inside compiled code
         return self.rec is not None and self.rec.wants(step)
 
     # -- per step -------------------------------------------------------------------------
     def on_step_start(self, step: int) -> None:
-        self._lmax, self._extra = None, {}
+        self._lmax, self._extra, self._cheap = None, {}, {}
         if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
             return
         model = self.trainer.raw
@@ -134,8 +149,17 @@ class RecordingCallback(Callback):
         cap = None
         if rec is not None and self.cfg.record.batch == "train" and micro == 0 and rec.wants(step):
             cap = rec.capture(tr.raw, grad_scale=tr.grad_scale)
-        with cap if cap is not None else nullcontext():
-            yield
+        flight = self.flight if self.flight is not None and cheap_wants(self.cfg.record, step) else None
+        try:
+            with cap if cap is not None else nullcontext(), flight if flight is not None else nullcontext():
+                yield
+        except BaseException:
+            if flight is not None:
+                flight.reset()
+            raise
+        if flight is not None and micro == self.cfg.optim.accum - 1:
+            self._cheap = {**flight.metrics(), "cheap_tier": True}
+            flight.reset()
         if cap is not None:
             qs = cap.compute()
             rec.record(step, qs, grad_scale=tr.grad_scale)
@@ -187,6 +211,7 @@ class RecordingCallback(Callback):
                 metrics[mn.layer(mn.LOGIT_MAX, l)] = max(row)
             metrics["logit_max"] = max(max(r) for r in lm)
         metrics.update(self._extra)
+        metrics.update(self._cheap)
 
     def on_train_end(self, final: dict) -> None:
         self.trainer.raw.track_qk(False)
@@ -199,7 +224,8 @@ class MetricsLogger(Callback):
         self.run, self.every = run, log_interval
 
     def on_step_end(self, step: int, metrics: dict) -> None:
-        force = metrics.pop("recorded", False) or "val_loss" in metrics or not math.isfinite(metrics["loss"])
+        recorded, cheap = metrics.pop("recorded", False), metrics.pop("cheap_tier", False)
+        force = recorded or cheap or "val_loss" in metrics or not math.isfinite(metrics["loss"])
         if force or step % self.every == 0:
             self.run.log(step, **metrics)
 

@@ -155,3 +155,42 @@ def test_variant_configs_train(tmp_path, config):
                      "--model.n_global=1", "--model.window=4", config=REPO / "sims" / config)
     assert rc == 0
     assert open_run(path).config["model"]["attention"] == config.split("_")[1].split(".")[0]
+
+
+def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
+    """record.cheap_every=1 on the training batch: each head's cheap statistics land in
+    metrics.jsonl on every step and equal the reduction of the full tier recorded on the same batch
+    (float64 model, float32 storage); cheap_every=2 writes them on even steps only, even with a
+    log interval that would skip them."""
+    from dyntool.flight import STATS, full_tier_reduction
+    from dyntool.record import metric_names as mn
+    rc, path = train(tmp_path, "--max-steps", "3", "--train.dtype=float64", "--record.batch=train",
+                     "--record.seqs=4", "--record.dtype=float32", "--record.every=1",
+                     "--record.cheap_every=1", "--train.final_eval=false")
+    assert rc == 0
+    run, m = open_run(path), rows(path)
+    assert [r["step"] for r in m] == [0, 1, 2]
+    for i, r in enumerate(m):
+        full = full_tier_reduction({n: torch.as_tensor(run.arrays[n][i]).double() for n in
+                                    ("attn", "compat", "expected_compat", "column_usage", "scores", "logit_max",
+                                     "attn_entropy", "score_grad", "upstream", "value_grad")})
+        for name in STATS[:-1]:
+            cheap = torch.tensor([[r[mn.head(name, l, h)] for h in range(2)] for l in range(2)], dtype=torch.float64)
+            torch.testing.assert_close(cheap, full[name], rtol=2e-5, atol=1e-7, msg=name)
+    rc, path = train(tmp_path, "--max-steps", "4", "--record.every=0", "--record.cheap_every=2",
+                     "--train.log_interval=3", "--train.final_eval=false", name="every2")
+    assert rc == 0
+    got = {r["step"]: r for r in rows(path)}
+    assert sorted(got) == [0, 2, 3]
+    assert all(("score_grad_norm/L1H1" in got[s]) == (s in (0, 2)) for s in got)
+
+
+def test_cheap_tier_bad_budget_exit_2(tmp_path, capsys):
+    rc, path = train(tmp_path, "--max-steps", "1", "--record.cheap_every=1", "--record.max_block_mib=0")
+    assert rc == 2 and not path.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_block_mib" in err[0]
+    rc, path = train(tmp_path, "--max-steps", "1", "--record.cheap_every=1", "--record.max_block_mib=0.0001")
+    assert rc == 2 and not path.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "too small for one query row" in err[0]

@@ -201,3 +201,12 @@ def test_sdpa_module_and_transformerlens():
     x, y = batch()
     loss = lambda m: torch.nn.functional.cross_entropy(m(x).flatten(0, 1), y.flatten())   # noqa: E731
     assert_equal_tiers(*both_tiers(net, loss))
+
+
+@pytest.mark.parametrize("kw", [{}, dict(positional_embedding_type="rotary", n_key_value_heads=2)])
+def test_transformerlens(kw):
+    from tests.adapters.test_sdpa_tlens import _tl_model
+    model = _tl_model(**kw)
+    x = torch.randint(23, (2, 8), generator=torch.Generator().manual_seed(0))
+    cheap, full = both_tiers(model, lambda m: m(x, return_type="loss"))
+    assert_equal_tiers(cheap, full)
