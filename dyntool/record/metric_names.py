@@ -22,6 +22,18 @@ LOGIT_MAX = "logit_max"          # max |τ q·k| over allowed pairs (train.logit
 ATTN_ENTROPY = "attn_entropy"    # mean attention entropy of the recorded batch
 GRAD_NORM = "grad_norm"          # gradient norm per parameter group
 HEAD_GROUPS = ("local", "global")
+# the cheap tier (dyntool.flight, formulas in dyntool.cheap_stats), one column per layer × head
+SCORE_MAX = "score_max"                  # max s_ij the softmax sees (after soft-cap and bias)
+EXPECTED_COMPAT = "expected_compat"      # mean over queries of E_α[b]_i = u_i·o_i
+COMPAT_VAR = "compat_var"                # mean over queries of Var_α[b]_i
+SCORE_GRAD_NORM = "score_grad_norm"      # ‖∂L/∂S‖_F per sequence, RMS over the batch
+UPSTREAM_NORM = "upstream_norm"          # ‖U‖_F per sequence, RMS over the batch
+VALUE_GRAD_NORM = "value_grad_norm"      # ‖αᵀU‖_F (the value update) per sequence, RMS over the batch
+COLUMN_MAX = "column_max"                # max_j Σ_i α_ij / T, mean over the batch
+COLUMN_ENTROPY = "column_entropy"        # entropy of the column usage Σ_i α_ij (normalised), mean
+SINK_MASS = "sink_mass"                  # mean sink share (models with attention sinks)
+CHEAP_TIER = (SCORE_MAX, LOGIT_MAX, ATTN_ENTROPY, EXPECTED_COMPAT, COMPAT_VAR, SCORE_GRAD_NORM,
+              UPSTREAM_NORM, VALUE_GRAD_NORM, COLUMN_MAX, COLUMN_ENTROPY, SINK_MASS)
 
 _BASE = r"(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
 _REGEX = {

@@ -157,14 +157,26 @@ class RecordingCallback(Callback):
             if flight is not None:
                 flight.reset()
             raise
-        if flight is not None and micro == self.cfg.optim.accum - 1:
-            self._cheap = {**flight.metrics(), "cheap_tier": True}
-            flight.reset()
         if cap is not None:
             qs = cap.compute()
             rec.record(step, qs, grad_scale=tr.grad_scale)
             self._summarise(qs)
-        self._logit_stat()
+        # the exact logit statistic is the cheap tier's logit_max when that sees every sequence:
+        # one QKᵀ pass, not two
+        covered = flight is not None and not self.cfg.record.cheap_seqs and self.cfg.train.logit_stat == "exact"
+        if covered:
+            for blk in tr.raw.h:
+                blk.clear_qk()
+        else:
+            self._logit_stat()
+        if flight is not None and micro == self.cfg.optim.accum - 1:
+            res = flight.result()
+            flight.reset()
+            if covered:
+                self._lmax = res["logit_max"].float()
+            if self.cfg.train.logit_stat != "off":      # logit_max/L{l}H{h} is the per-step statistic's
+                res.pop("logit_max")
+            self._cheap = {**self.flight.metrics(res), "cheap_tier": True}
         if micro == self.cfg.optim.accum - 1:
             self._grad_norms()
 
