@@ -8,7 +8,11 @@ Usage::
 On ``on_step_begin`` of a scheduled step (``state.global_step``, the optimizer step about to run)
 the probe batch goes through the unwrapped model in eval mode with a Capture; training gradients
 are set aside and restored.  ``on_log`` rows (loss, learning rate, ...) go to ``metrics.jsonl``.
-Only the world-process-zero writes; the run directory is created at ``on_train_begin`` with
+With ``cheap_every=N`` the cheap tier (:mod:`dyntool.flight`) watches the training batches of every
+N-th step, from ``on_step_begin`` to ``on_pre_optimizer_step`` (all micro-batches, after the
+probe), and its per-head statistics join that step's metrics row.  Its gradients are of the loss
+the Trainer backpropagates (divided by the accumulation steps unless the model takes
+``num_items_in_batch``).  Only the world-process-zero writes; the run directory is created at ``on_train_begin`` with
 ``max_steps`` from the Trainer state.
 """
 from __future__ import annotations
@@ -42,6 +46,11 @@ class HFRecorderCallback(TrainerCallback):
     def on_step_begin(self, args, state, control, model=None, **kw):
         if self.rec is not None:
             self.rec.probe_step(state.global_step, model)
+            self.rec.cheap_begin(state.global_step)
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        if self.rec is not None:
+            self.rec.cheap_end(state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kw):
         if self.rec is not None and logs:

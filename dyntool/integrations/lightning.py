@@ -8,7 +8,10 @@ Usage::
 ``training_step(probe, 0)``, which must return the loss or a dict with ``"loss"``), in eval mode,
 with training gradients set aside and restored, at the first micro-batch of each scheduled
 optimizer step (``trainer.global_step``).  Logged metrics (``trainer.callback_metrics``) are
-written at every optimizer step.  Only global rank 0 writes.
+written at every optimizer step.  With ``cheap_every=N`` the cheap tier (:mod:`dyntool.flight`)
+watches the training micro-batches of every N-th step, from the first one's start to
+``on_before_optimizer_step``, and its per-head statistics join that step's row.  Only global
+rank 0 writes.
 """
 from __future__ import annotations
 
@@ -50,6 +53,11 @@ class LightningRecorder(pl.Callback):
         if self.rec is not None and step != self._last:      # first micro-batch of the step
             self._last = step
             self.rec.probe_step(step, pl_module)
+            self.rec.cheap_begin(step)
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        if self.rec is not None:
+            self.rec.cheap_end(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if self.rec is None:

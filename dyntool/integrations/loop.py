@@ -12,6 +12,14 @@ Usage::
         opt.step(); opt.zero_grad()
     rec.close()                                   # or use it as a context manager
 
+The cheap tier (``cheap_every=N``, :class:`dyntool.flight.FlightRecorder`): on every N-th step,
+per-head statistics of the *training* batch (entropy, E_α[b], Var_α[b], ‖∂L/∂S‖, ‖U‖, ‖αᵀU‖,
+column usage, the largest score) go to that step's metrics row.  Around your own loop's
+forward + backward use ``train_step`` (every micro-step of the step; the statistics add up);
+trainers that own the loop call ``cheap_begin(step)`` before the step's first forward and
+``cheap_end(step)`` after its last backward (``HFRecorderCallback``, ``LightningRecorder`` do).
+Same option names as ``dyntool train``: ``cheap_every``, ``cheap_seqs``, ``max_block_mib``.
+
 ``probe`` is what ``loss_fn(model, probe)`` turns into a scalar loss; the default ``loss_fn`` handles
 a dict of keyword arguments (Hugging Face: ``model(**probe).loss``), a tuple ``(x, y)`` of a model
 returning ``(logits, loss)`` or a loss, and a single tensor of token ids (next-token loss on
@@ -30,8 +38,9 @@ import torch
 import torch.nn.functional as F
 
 from ..capture import Capture
+from ..flight import FlightRecorder
 from ..record import metric_names as mn
-from ..record.policy import RecordConfig, check_budget, schedule
+from ..record.policy import RecordConfig, check_budget, cheap_wants, schedule
 from ..record.recorder import Recorder
 
 
@@ -72,8 +81,13 @@ class RunRecorder:
         self._wanted = set(int(s) for s in schedule(self.cfg, self.max_steps))
         self._attrs_done = False
         self._pending = None
+        self.flight: FlightRecorder | None = None
+        self._cheap_step: int | None = None       # the step the cheap tier is accumulating
         if not self.active:
             return
+        if self.cfg.cheap_every > 0:
+            self.flight = FlightRecorder(model, seqs=self.cfg.cheap_seqs or None,
+                                         max_block_mib=self.cfg.max_block_mib, attention=attention)
         from ..run_writer import RunWriter
         full = {"source": type(model).__name__, "max_steps": self.max_steps,
                 "model": _model_config(model), "record": asdict(self.cfg), **(config or {})}
@@ -138,17 +152,77 @@ class RunRecorder:
 
     @contextmanager
     def train_step(self, step: int, grad_scale: float = 1.0):
-        """Around one micro-step's forward and backward: records the training batch if scheduled."""
-        if not self.wants(step) or self.cfg.batch != "train":
+        """Around one micro-step's forward and backward: records the training batch if scheduled
+        (the full tier with ``batch="train"``, the cheap tier with ``cheap_every``)."""
+        full = self.wants(step) and self.cfg.batch == "train"
+        cheap = self._cheap_wants(step)
+        if not (full or cheap):
             yield None
             return
-        with Capture(self.model, seqs=self.cfg.seqs, grad_scale=grad_scale, attention=self.attention) as cap:
-            yield cap
-        self._store(step, cap, grad_scale=grad_scale)
+        if cheap:
+            self._cheap_open(step, grad_scale)
+        cap = Capture(self.model, seqs=self.cfg.seqs, grad_scale=grad_scale, attention=self.attention) \
+            if full else None
+        try:
+            if cap is not None and cheap:
+                with self.flight.alongside(cap):      # one adapter feeds both tiers
+                    yield cap
+            elif cap is not None:
+                with cap:
+                    yield cap
+            else:
+                with self.flight:
+                    yield None
+        except BaseException:
+            if cheap:
+                self.flight.reset()
+                self._cheap_step = None
+            raise
+        if cap is not None:
+            self._store(step, cap, grad_scale=grad_scale)
+
+    # -- the cheap tier for loops this class does not wrap (Trainer callbacks) -------------
+    def _cheap_wants(self, step: int) -> bool:
+        return self.active and self.flight is not None and cheap_wants(self.cfg, int(step))
+
+    def _cheap_open(self, step: int, grad_scale: float) -> None:
+        if self._cheap_step is not None and self._cheap_step != step:
+            self._cheap_close()                   # the previous step was never logged
+        self._cheap_step, self.flight.grad_scale = int(step), float(grad_scale)
+
+    def cheap_begin(self, step: int, grad_scale: float = 1.0) -> bool:
+        """Attach the cheap tier for the whole of ``step`` (every micro-step until
+        :meth:`cheap_end`), if scheduled.  ``grad_scale``: the factor the loss was multiplied by."""
+        if not self._cheap_wants(step):
+            return False
+        self._cheap_open(step, grad_scale)
+        self.flight.__enter__()
+        return True
+
+    def cheap_end(self, step: int) -> None:
+        """After the step's last backward: detach and put the statistics into the step's row."""
+        if self._cheap_step != step or self.flight is None:
+            return
+        self.flight.__exit__(None, None, None)
+        self._cheap_close()
+
+    def _cheap_close(self) -> None:
+        step, self._cheap_step = self._cheap_step, None
+        try:
+            row = self.flight.metrics()
+        finally:
+            self.flight.reset()
+        if self._pending is not None and self._pending[0] == step:
+            self._pending = (step, {**self._pending[1], **row})
+        else:
+            self._flush_pending()
+            self._pending = (step, row)
 
     def log(self, step: int, **metrics) -> None:
         if not self.active:
             return
+        if self._cheap_step == step and not self.flight._attached:
+            self._cheap_close()
         if self._pending is not None and self._pending[0] == step:
             metrics = {**self._pending[1], **metrics}
             self._pending = None
@@ -161,6 +235,10 @@ class RunRecorder:
             self._pending = None
 
     def close(self, status: str = "finished") -> None:
+        if self.active and self.flight is not None:
+            self.flight.__exit__(None, None, None)
+            if self._cheap_step is not None and status == "finished":
+                self._cheap_close()
         if self.active and self.run is not None:
             self._flush_pending()
             self.run.finish(status, steps_recorded=self.rec.n_recorded if self.rec else 0)
