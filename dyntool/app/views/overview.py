@@ -1,5 +1,6 @@
 """Overview of one run: facts, curves (loss, perplexity, attention entropy, max|logit| per layer and
-head, gradient norms, other metrics), the resolved config, meta and the recorded arrays."""
+head, gradient norms, other metrics), the cheap tier's per-head statistics (every step), the
+resolved config, meta and the recorded arrays."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from dyntool.app import data, export, plots, ui
+from dyntool.record import metric_names as mn
 
 MAX_LINES = 8          # more (layer, head) curves than this: a layer × step heatmap instead
 
@@ -101,8 +103,12 @@ def curves(path: str) -> None:
             export.download(fig, "ov-ppl", "perplexity", [], [path])
 
     left, right = st.columns(2)
+    ent_steps = logged_per_head(df, "attn_entropy")
     with left:
-        if "attn_entropy" in arrays and len(steps):
+        if ent_steps is not None and len(ent_steps[0]) > len(steps):   # the cheap tier: every step
+            fig = per_head_figure(ent_steps[1], ent_steps[0], "Attention entropy (mean over queries, every step)",
+                                  "nats", "ent")
+        elif "attn_entropy" in arrays and len(steps):
             arr = data.head_series(path, mark, "attn_entropy")
             fig = per_head_figure(arr, steps, "Attention entropy (mean over queries)", "nats", "ent")
         elif "attn_entropy" in cols:
@@ -142,7 +148,8 @@ def curves(path: str) -> None:
             st.caption("No gradient norms logged (`grad_norm*`).")
     with right:
         shown = {"loss", "val_loss", "val_ppl", "attn_entropy", *lm_cols, *gn}
-        rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])]
+        rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])
+                and not _per_head_column(c)]
         if rest:
             default = [c for c in ("accuracy", "entropy", "lr") if c in rest][:2] or rest[:1]
             pick = st.multiselect("Other metrics", rest, default=default, key="ov_other")
@@ -150,6 +157,40 @@ def curves(path: str) -> None:
                 fig = plots.curves(df, pick, "Other metrics")
                 st.plotly_chart(fig, key="ov-other", config=plots.CONFIG)
                 export.download(fig, "ov-other", "metrics", [], [path])
+
+
+# the cheap tier's statistics (dyntool.flight), in words for the panel
+CHEAP_TITLES = {
+    mn.SCORE_MAX: ("largest score s_ij the softmax sees", "max s_ij"),
+    mn.EXPECTED_COMPAT: ("E_α[b] = u·o, mean over queries", "E_α[b]"),
+    mn.COMPAT_VAR: ("Var_α[b], mean over queries", "Var_α[b]"),
+    mn.SCORE_GRAD_NORM: ("‖∂L/∂S‖ (score gradient)", "‖dS‖"),
+    mn.UPSTREAM_NORM: ("‖U‖ = ‖∂L/∂(head output)‖", "‖U‖"),
+    mn.VALUE_GRAD_NORM: ("value update ‖Σ_i α_ij u_i‖", "‖αᵀU‖"),
+    mn.COLUMN_MAX: ("column usage max_j Σ_i α_ij / T", "max c_j / T"),
+    mn.COLUMN_ENTROPY: ("column usage entropy", "nats"),
+    mn.SINK_MASS: ("attention sink share", "sink mass"),
+}
+
+
+def _per_head_column(c: str) -> bool:
+    p = mn.parse(c)
+    return p is not None and p.kind == "head" and p.base in CHEAP_TITLES
+
+
+def cheap_tier(path: str) -> None:
+    """Every head, every step: one statistic of the cheap tier as a layer × step heatmap."""
+    df = data.metrics(path, data.signature(path))
+    have = [n for n in CHEAP_TITLES if any(mn.parse(str(c)) == mn.MetricName(n, "head", 0, 0) for c in df.columns)]
+    if not have:
+        return
+    st.subheader("Every head, every step (cheap tier)")
+    name = st.selectbox("statistic", have, format_func=lambda n: f"{n}: {CHEAP_TITLES[n][0]}", key="ov_cheap")
+    steps, arr = logged_per_head(df, name)
+    title, z = CHEAP_TITLES[name]
+    fig = per_head_figure(arr, steps, title, z, f"cheap-{name}")
+    st.plotly_chart(fig, key="ov-cheap", config=plots.CONFIG)
+    export.download(fig, "ov-cheap", name, [], [path])
 
 
 def details(path: str) -> None:
@@ -180,7 +221,7 @@ def body() -> None:
     run = data.get_run(path)
 
     def panel():                  # the banner re-runs with the curves, so it never goes stale
-        ui.guard(lambda: (ui.run_banner(path), facts(path), curves(path)))
+        ui.guard(lambda: (ui.run_banner(path), facts(path), curves(path), cheap_tier(path)))
     ui.live(panel, data.is_live(run), "ov")
     with st.expander("Config, meta and recorded arrays", expanded=False):
         details(path)
