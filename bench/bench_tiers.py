@@ -1,0 +1,196 @@
+"""What the recording tiers cost (all ratios measured inside ONE process, interleaved, medians).
+
+    python bench/bench_tiers.py [--quick] [--reps 5] [--steps 6] [--json FILE]
+
+A. the cheap tier every step on dyntool's GPT at the ``small`` preset's shape (sims/wikitext_mhsa.toml:
+   6 layers... as the preset says; random tokens of WikiText-2's vocabulary, so no data is read):
+   a training step (forward + backward + AdamW) with the cheap tier attached and its statistics
+   read (``FlightRecorder``: with, result, metrics, reset) vs recording off.  Target ≤ 1.05.
+B. the same mhsa + cheap tier vs the plain nanoGPT-style reference (bench/nanogpt_ref.py):
+   tokens/s of both and their ratio.
+C. a GPT-2-shaped Hugging Face model (GPT2LMHeadModel, SDPA; the dimensions are printed): step
+   with the cheap tier vs without.  Target ≤ 1.10.
+D. the full tier's memory at T = 8192, one layer, one head: peak resident memory (sampled every
+   0.5 ms) above what the forward/backward left, for today's dense full tier (the per-layer
+   ``head_quantities`` that ``Capture.compute()`` runs), in a child process so peaks do not mix.
+
+Rounds rotate the order of the arms; each arm's per-round time is the mean of ``--steps`` steps;
+ratios are the medians of the per-round ratios (paired, so the drift of a shared machine cancels).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from common import hardware                                    # noqa: E402
+from dyntool.flight import FlightRecorder                      # noqa: E402
+from dyntool.train.gpt import GPT                              # noqa: E402
+from dyntool.train.runner import load_config                   # noqa: E402
+from nanogpt_ref import RefGPT                                 # noqa: E402
+
+VOCAB = 33278                  # WikiText-2's vocabulary (the small preset's lm_head size)
+
+
+def interleave(arms: dict, reps: int, steps: int) -> dict[str, list[float]]:
+    """Per-round mean step time of every arm, rounds rotating the order; one warm-up round."""
+    names = list(arms)
+    for n in names:
+        arms[n](2)
+    times = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            t = time.perf_counter()
+            arms[n](steps)
+            times[n].append((time.perf_counter() - t) / steps)
+    return times
+
+
+def ratio(times, a, b) -> float:
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def trainer(model, batch, loss_fn, flight: FlightRecorder | None = None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def run(n):
+        for _ in range(n):
+            if flight is None:
+                loss_fn(model, batch).backward()
+            else:
+                with flight:
+                    loss_fn(model, batch).backward()
+                flight.metrics()                        # the host sync the trainer pays
+                flight.reset()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return run
+
+
+def bench_gpt(reps: int, steps: int) -> dict:
+    cfg = load_config(str(ROOT / "sims" / "wikitext_mhsa.toml"), "small", [])
+    d, m = cfg.data, cfg.model
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), generator=g)
+    batch = (x, torch.roll(x, -1, 1))
+    models = {}
+    for name in ("off", "cheap"):
+        torch.manual_seed(0)
+        models[name] = GPT(m, VOCAB, d.block_size)
+    torch.manual_seed(0)
+    models["ref"] = RefGPT(VOCAB, d.block_size, m.n_layer, m.n_head, m.n_embd, m.bias, dropout=m.dropout,
+                           vocab_multiple=m.vocab_multiple)
+    loss = lambda mod, b: mod(*b)[1]                  # noqa: E731
+    arms = {"off": trainer(models["off"], batch, loss),
+            "cheap": trainer(models["cheap"], batch, loss, FlightRecorder(models["cheap"])),
+            "ref": trainer(models["ref"], batch, loss)}
+    t = interleave(arms, reps, steps)
+    tok = d.batch_size * d.block_size
+    med = {n: statistics.median(v) for n, v in t.items()}
+    return {"shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}",
+            "step_s": med, "tokens_per_s": {n: tok / s for n, s in med.items()},
+            "cheap_over_off": ratio(t, "cheap", "off"), "cheap_over_ref": ratio(t, "cheap", "ref"),
+            "off_over_ref": ratio(t, "off", "ref")}
+
+
+def bench_hf(reps: int, steps: int, quick: bool) -> dict:
+    import transformers
+    L, C, nh, T, B = (4, 256, 4, 256, 4) if quick else (6, 384, 6, 512, 4)
+    cfg = transformers.GPT2Config(n_layer=L, n_embd=C, n_head=nh, n_positions=T, vocab_size=50257,
+                                  attn_pdrop=0, resid_pdrop=0, embd_pdrop=0)
+    cfg._attn_implementation = "sdpa"
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 50257, (B, T), generator=g)
+    batch = {"input_ids": ids, "labels": ids}
+    loss = lambda mod, b: mod(**b).loss              # noqa: E731
+    models = {}
+    for name in ("off", "cheap"):
+        torch.manual_seed(0)
+        models[name] = transformers.GPT2LMHeadModel(cfg).train()
+    arms = {"off": trainer(models["off"], batch, loss),
+            "cheap": trainer(models["cheap"], batch, loss, FlightRecorder(models["cheap"]))}
+    t = interleave(arms, reps, steps)
+    return {"shape": f"GPT2LMHeadModel L={L} nh={nh} C={C} B={B} T={T} V=50257 (sdpa)",
+            "step_s": {n: statistics.median(v) for n, v in t.items()}, "cheap_over_off": ratio(t, "cheap", "off")}
+
+
+_CHILD = r"""
+import sys, threading, time, torch
+sys.path.insert(0, {root!r})
+torch.manual_seed(0)
+T, d = {T}, 64
+def now():                                                                   # resident MiB
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+peak = [0.0]
+def watch():                                                                 # sample the peak
+    while True:
+        peak[0] = max(peak[0], now())
+        time.sleep(0.0005)
+threading.Thread(target=watch, daemon=True).start()
+x = torch.randn(1, T, d, requires_grad=True)
+wq, wk, wv = (torch.randn(d, d) / d ** 0.5 for _ in range(3))
+def attn(x):
+    q, k, v = ((x @ w).unsqueeze(1) for w in (wq, wk, wv))                     # (1, 1, T, d)
+    return q, k, v, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+q, k, v, o = attn(x)
+o.square().sum().backward()                                                  # the model's own work
+time.sleep(0.05)
+base = peak[0] = now()
+if {mode!r} == "full":
+    from dyntool.quantities import head_quantities
+    from dyntool.observe import causal_allowed
+    with torch.no_grad():
+        u = 2 * o.detach()
+        qs = head_quantities(q.detach(), k.detach(), v.detach(), u, causal_allowed(T)[None, None], d ** -0.5)
+time.sleep(0.05)
+print(peak[0] - base)
+"""
+
+
+def bench_memory(T: int) -> dict:
+    out = {}
+    for mode in ("none", "full"):
+        r = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT), T=T, mode=mode)],
+                           capture_output=True, text=True, timeout=600)
+        out[mode] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else f"failed: {r.stderr[-200:]}"
+    return {"T": T, "full_tier_dense_extra_mib": out["full"], "baseline_extra_mib": out["none"],
+            "what": "dyntool.quantities.head_quantities (what Capture.compute runs per layer), one head, B=1"}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="≤ 3 min on 2 cores: fewer rounds, smaller HF model")
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--T", type=int, default=8192, help="length of the memory measurement")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    reps = a.reps or (3 if a.quick else 7)
+    steps = a.steps or (3 if a.quick else 6)
+    res = {"hardware": hardware(), "reps": reps, "steps": steps, "quick": a.quick}
+    t0 = time.perf_counter()
+    res["gpt"] = bench_gpt(reps, steps)
+    print(json.dumps(res["gpt"], indent=1), flush=True)
+    res["hf"] = bench_hf(reps, steps, a.quick)
+    print(json.dumps(res["hf"], indent=1), flush=True)
+    res["memory"] = bench_memory(a.T)
+    print(json.dumps(res["memory"], indent=1), flush=True)
+    res["seconds"] = time.perf_counter() - t0
+    print(f"total {res['seconds']:.0f} s on {res['hardware']}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
