@@ -56,8 +56,13 @@ def verify(q, k, v, out, allowed, scale, bias=None, softcap=None, sinks=None, *,
             o_hat = torch.where(uniform_rows, o_u, o_hat)
             if not uniform_rows.any():
                 uniform_rows = None
+        # a diverging model (inf/NaN activations) is recorded as it is, visibly non-finite: the
+        # check judges the entries where both are finite, which is where a modifier would show
+        both = torch.isfinite(o) & torch.isfinite(o_hat)
+        if not both.all():
+            o, o_hat = o[both], o_hat[both]
         denom = o.norm().clamp_min(torch.finfo(dt).tiny)
-        err = float((o - o_hat).norm() / denom)
+        err = float((o - o_hat).norm() / denom) if o.numel() else 0.0
         tol = tolerance(dtype or out.dtype)
         if not err <= tol:                      # also catches NaN
             raise SelfCheckError(
