@@ -171,10 +171,10 @@ def hub_source(spec: str, log=None) -> Source:
         snap = snapshot_download(repo, repo_type="dataset", allow_patterns=[f"{config}/*"],
                                  cache_dir=str(cache), local_files_only=offline, etag_timeout=5)
     except Exception as e:            # offline/unreachable/not found: one line, whatever the client raised
-        why = "not in the cache and HF_HUB_OFFLINE=1" if offline else \
-            f"not in the cache and the hub can't be reached ({type(e).__name__})"
-        raise DataError(f"cannot get {name}: {why} ({cache}): fetch it with `{FETCH.replace(HUB_CONFIG, config)}` "
-                        f"or set --data.path to a folder of the data") from None
+        why = "HF_HUB_OFFLINE=1" if offline else f"the hub can't be reached ({type(e).__name__})"
+        raise DataError(f"cannot get {name}: not in the Hugging Face cache {cache} and {why}: fetch it "
+                        f"with `{FETCH.replace(HUB_CONFIG, config)}` or set --data.path to a folder "
+                        f"of the data") from None
     folder = Path(snap) / config
     if not folder.is_dir():
         raise DataError(f"{name}: the snapshot {snap} has no {config}/ (found {_found(Path(snap))}): "

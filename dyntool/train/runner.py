@@ -121,7 +121,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
     dist = ddp.setup(cfg.device)
     det = set_deterministic(cfg.train.deterministic)
     try:
-        corpus = load_wikitext(cfg.data.path or None)
+        say = None if quiet or not dist.is_main else (lambda line: print(line, file=sys.stderr, flush=True))
+        corpus = load_wikitext(cfg.data.path or None, log=say)
         _seed_all(cfg.seed)                                  # identical init on every rank
         model = GPT(cfg.model, corpus.vocab_size, cfg.data.block_size, cfg.span, dist.device.type)
         model.to(dist.device)
@@ -130,7 +131,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         from ..config import to_dict
         meta = {"world_size": dist.world, "vocab_size": corpus.vocab_size,
                 "n_params": model.num_params(), "backend": model.backend,
-                "data_path": str(corpus.path), "record_grad_scale": 1.0 / cfg.optim.accum,
+                "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
         if ckpt is not None:
             meta["resumed_from"] = {"run": str(Path(resume).resolve()), "step": int(ckpt["step"])}
