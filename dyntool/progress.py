@@ -43,6 +43,7 @@ class LogProgress:
         self.postfix = ""
         self.t0 = self.last = time.monotonic()
         self.closed = False
+        self.printed_n = None            # n of the last line written (no duplicate line at close)
 
     def __iter__(self):
         try:
@@ -89,12 +90,17 @@ class LogProgress:
         return f"{head}{where}  {rate:.3g} {self.unit}/s  {tail}{post}"
 
     def _line(self) -> None:
+        self.printed_n = self.n
         print(self.line(), file=self.stream, flush=True)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` (e.g. an evaluation) out of the rate and the ETA."""
+        self.t0 += seconds
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.n > self.start_n:
+            if self.n > self.start_n and self.printed_n != self.n:
                 self._line()
 
 
@@ -103,6 +109,14 @@ def progress(iterable=None, desc: str = "", total: int | None = None, disable: b
     if not disable and not sys.stderr.isatty():
         return LogProgress(iterable, desc=desc, total=total, every=_log_seconds(), **kw)
     return tqdm(iterable, desc=desc, total=total, disable=disable, dynamic_ncols=True, leave=False, **kw)
+
+
+def exclude(bar, seconds: float) -> None:
+    """Leave ``seconds`` out of a bar's rate and ETA (tqdm or :class:`LogProgress`)."""
+    if isinstance(bar, LogProgress):
+        bar.exclude(seconds)
+    elif getattr(bar, "start_t", None) is not None:
+        bar.start_t += seconds
 
 
 class TrainProgress:
@@ -136,7 +150,12 @@ class TrainProgress:
         if "val_loss" in metrics:
             post["val"] = f"{metrics['val_loss']:.4f}"
         self.bar.set_postfix(post, refresh=False)
+        if metrics.get("eval_time"):         # the evaluation shows its own bar; not in the step rate
+            exclude(self.bar, metrics["eval_time"])
         self.bar.update(1)
+
+    def on_steps_done(self) -> None:
+        self.on_train_end({})
 
     def on_train_end(self, final: dict) -> None:
         if self.bar is not None:

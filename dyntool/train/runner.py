@@ -142,7 +142,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         with run if run is not None else _Null():
             cbs = []
             if run is not None:
-                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
+                shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
                 cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
@@ -152,13 +152,31 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
                 trainer.load_state_dict(ckpt)
-            final = trainer.fit()
+            try:
+                final = trainer.fit()
+            except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
+                if run is not None:
+                    e.next_step = next_step(run.path, ck_path, trainer.step)
+                raise
             if run is not None:
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
     finally:
         restore_deterministic(det)
         ddp.cleanup(dist)
+
+
+def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
+    """The command that continues an interrupted run (or why there is none)."""
+    import shlex
+    if ck_path is None or not Path(ck_path).is_file():
+        return f"stopped at step {step} with no checkpoint (train.checkpoint=false or none written yet)"
+    try:
+        shown = Path(os.path.relpath(run_path))
+        shown = shown if not str(shown).startswith("..") else run_path
+    except ValueError:
+        shown = run_path
+    return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(shown))}"
 
 
 class _Null:
