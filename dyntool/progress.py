@@ -44,6 +44,7 @@ class LogProgress:
         self.t0 = self.last = time.monotonic()
         self.closed = False
         self.printed_n = None            # n of the last line written (no duplicate line at close)
+        self.excluded = 0.0              # seconds left out of the rate (evaluations)
 
     def __iter__(self):
         try:
@@ -77,13 +78,16 @@ class LogProgress:
     def line(self) -> str:
         el = time.monotonic() - self.t0
         done = self.n - self.start_n
-        rate = done / el if el > 0 else 0.0
+        busy = el - self.excluded
+        rate = done / busy if busy > 0 else 0.0
         head = f"{self.desc}: " if self.desc else ""
         if self.total:
             pct = 100.0 * self.n / self.total
             eta = (self.total - self.n) / rate if rate > 0 else float("nan")
             where = f"{self.n}/{self.total} ({pct:.0f}%)"
             tail = f"elapsed {_hms(el)}, ETA {_hms(eta) if eta == eta else '?'}"
+            if self.excluded:
+                tail += f" (evaluation {_hms(self.excluded)} not in the rate)"
         else:
             where, tail = f"{self.n}", f"elapsed {_hms(el)}"
         post = f"  {self.postfix}" if self.postfix else ""
@@ -95,7 +99,7 @@ class LogProgress:
 
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` (e.g. an evaluation) out of the rate and the ETA."""
-        self.t0 += seconds
+        self.excluded += seconds
 
     def close(self) -> None:
         if not self.closed:

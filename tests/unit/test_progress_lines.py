@@ -30,11 +30,13 @@ def test_last_line_not_repeated():
 def test_eval_time_is_left_out_of_the_rate():
     p = TrainProgress()
     p.bar = LogProgress(total=10, every=1e9, stream=io.StringIO())
-    t0 = p.bar.t0
     p.on_step_end(0, {"loss": 1.0, "tokens_per_s": 1.0})
-    assert p.bar.t0 == t0
+    assert p.bar.excluded == 0.0
     p.on_step_end(1, {"loss": 1.0, "tokens_per_s": 1.0, "val_loss": 1.0, "eval_time": 5.0})
-    assert p.bar.t0 == t0 + 5.0 and p.bar.n == 2
+    assert p.bar.excluded == 5.0 and p.bar.n == 2
+    p.bar.t0 -= 6.0                                                    # 6 s wall, 5 of them evaluating
+    line = p.bar.line()
+    assert re.search(r" 2 it/s ", line) and "elapsed 0:06" in line and "not in the rate" in line
 
 
 def test_train_shows_eval_and_both_times(tmp_path, capsys, monkeypatch):
