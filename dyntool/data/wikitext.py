@@ -261,16 +261,14 @@ def _write_cache(ids_path: Path, meta_path: Path, splits: dict, meta: dict) -> N
     """ids (.npy) first, then the meta file with their checksum: the meta commits the entry."""
     n = sum(int(splits[s].size) for s in SPLITS)
     h = hashlib.sha256()
-    with replacing(ids_path, unique=True) as tmp:
-        arr = np.lib.format.open_memmap(tmp, mode="w+", dtype="<i4", shape=(n,))
-        at = 0
-        for s in SPLITS:
-            a = np.ascontiguousarray(splits[s], dtype="<i4")
-            arr[at:at + a.size] = a
-            at += a.size
-            h.update(memoryview(a).cast("B"))
-        arr.flush()
-        del arr
+    with replacing(ids_path, unique=True) as tmp, open(tmp, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<i4", "fortran_order": False, "shape": (n,)})
+        for s in SPLITS:                  # written as it is, not through a map (no pages in RSS)
+            a = memoryview(np.ascontiguousarray(splits[s], dtype="<i4")).cast("B")
+            fh.write(a)
+            h.update(a)
+        fh.flush()
+        os.fsync(fh.fileno())
     meta["ids_sha256"] = h.hexdigest()
     write_bytes(meta_path, json.dumps(meta, ensure_ascii=False).encode("utf-8"), fsync=True, unique=True)
 
