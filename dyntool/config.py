@@ -21,6 +21,7 @@ them by name (``--config sticky_markov``) or by their old repository path (``sim
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -166,7 +167,9 @@ def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+            close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+            hint = f"did you mean {prefix}{close[0]}? " if close else ""
+            raise ConfigError(key, f"unknown key; {hint}(known: {', '.join(sorted(names))})")
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):

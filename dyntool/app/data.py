@@ -23,6 +23,7 @@ import streamlit as st
 from dyntool.errors import RunError
 from dyntool.record.store import RecordError, StoreReader, read_marker
 from dyntool.run import RECORD_DIR, Run, list_runs, open_run
+from dyntool.steps import steps_taken
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 MAX_DEPTH = 3
@@ -169,7 +170,7 @@ def summary(path: str, sig: tuple) -> dict:
             final[col] = float(df[col].dropna().iloc[-1])
     return {"kind": run.kind, "status": "corrupt" if run.corrupt else run.status, "meta status": run.status,
             "tags": list(m.get("tags", [])), "created": m.get("created", ""),
-            "steps": int(df["step"].max()) + 1 if "step" in df and len(df) else 0,
+            "steps": steps_taken(m, df),
             "recorded": marker(path), "size_mb": run.size_bytes() / 2**20,
             **{f"final {k}": v for k, v in final.items()},
             "problems": list(run.problems) + list(run.notes)}

@@ -163,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:              # e.g. `dyntool figures --list | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("dyntool: interrupted; the run was flushed and marked 'interrupted'", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        nxt = getattr(e, "next_step", None)
+        print("dyntool: interrupted; the run was flushed and marked 'interrupted'" + (f"; {nxt}" if nxt else ""),
+              file=sys.stderr)
         return 130
     except Exception as e:
         if os.environ.get("DYNTOOL_DEBUG"):

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from . import DEFAULT_RUNS
 
+LABEL = 9            # `dyntool info`: every value starts in this column
+
 
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
@@ -26,10 +28,10 @@ def _status(r) -> str:
 
 
 def _table(runs, root: Path) -> list[str]:
+    from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
     for r in runs:
-        df = r.metrics
-        last = int(df["step"].max()) + 1 if "step" in df and len(df) else 0
+        last = steps_taken(r.meta, r.metrics)
         rel = str(r.path.relative_to(root)) if r.path.is_relative_to(root) else str(r.path)
         rows.append((rel, r.kind, _status(r), str(last), str(r.steps_written), _human(r.size_bytes()),
                      ",".join(r.meta.get("tags", []))))
@@ -122,30 +124,46 @@ def cmd_info(args) -> int:
     m = r.meta
     if args.verify:
         r.check(full=True)
-    print(f"run      {r.id}  ({r.path})")
-    print(f"kind     {r.kind}   status {_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}   "
-          f"device {m.get('device', '?')}")
-    print(f"created  {m.get('created', '?')}   updated {m.get('updated', '?')}")
-    print(f"versions dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  "
-          f"git {str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}")
-    print(f"seeds    {m.get('seeds')}   tags {m.get('tags')}")
+    from ..steps import logs_final_state, steps_taken
+    df = r.metrics
+    status = f"{_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}"
+    git = f"{str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}"
+    rows = [("run", f"{r.id}  ({r.path})"), ("kind", r.kind), ("status", status),
+            ("device", m.get("device", "?")), ("created", m.get("created", "?")),
+            ("updated", m.get("updated", "?")),
+            ("versions", f"dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  git {git}"),
+            ("seeds", m.get("seeds")), ("tags", m.get("tags"))]
+    n = steps_taken(m, df)
+    if "step" in df and len(df):
+        lo, hi = int(df["step"].min()), int(df["step"].max())
+        state0 = "; step 0 = the initial state" if logs_final_state(m) and lo == 0 else ""
+        rows.append(("steps", f"{n} optimizer steps taken (metrics rows at steps {lo}..{hi}{state0})"))
+    else:
+        rows.append(("steps", f"{n} optimizer steps taken"))
     if m.get("final"):
-        print(f"final    {json.dumps(m['final'])}")
+        rows.append(("final", json.dumps(m["final"])))
+    for label, value in rows:
+        print(f"{label:<{LABEL}}{value}")
     for line in _config_lines(r.config):
         print(line)
-    df = r.metrics
     if len(df):
-        print(f"metrics  {len(df)} rows, columns: {', '.join(c for c in df.columns if c != 'step')}")
-    print(f"record   {r.steps_written} steps committed, {_human(r.size_bytes())} on disk")
-    for name, a in r.arrays.items():
+        print(f"{'metrics':<{LABEL}}{len(df)} rows, columns: {', '.join(c for c in df.columns if c != 'step')}")
+    rec = r.steps
+    shown = [str(int(x)) for x in rec] if len(rec) <= 4 else [*(str(int(x)) for x in rec[:3]), "…", str(int(rec[-1]))]
+    at = f" (steps {', '.join(shown)})" if len(rec) else ""
+    print(f"{'record':<{LABEL}}{r.steps_written} recorded states{at}, {_human(r.size_bytes())} on disk")
+    arrays = list(r.arrays.items())
+    wn = max((len(k) for k, _ in arrays), default=0)
+    wd = max((len(str(a.dtype)) for _, a in arrays), default=0)
+    for name, a in arrays:
         dims = ", ".join(f"{d}={s}" for d, s in zip(a.dims, a.shape))
-        print(f"  {name:<20} {str(a.dtype):<8} ({dims})")
-    for n in r.notes:
-        print(f"note     {n}")
+        print(f"  {name:<{wn}}  {str(a.dtype):<{wd}}  ({dims})")
+    for note in r.notes:
+        print(f"{'note':<{LABEL}}{note}")
     for p in r.problems:
-        print(f"problem  {p}")
+        print(f"{'problem':<{LABEL}}{p}")
     if args.verify:
-        print(f"verify   {'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
+        print(f"{'verify':<{LABEL}}{'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
         return 1 if r.problems else 0
     return 0
 

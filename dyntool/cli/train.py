@@ -42,7 +42,8 @@ def cmd_train(args) -> int:
         if "valid_ppl" in final:
             extra += ("; " if extra else " (") + \
                 f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}"
-        print(f"train run written to {path}{extra + ')' if extra else ''}")
+        from ..train.recording import time_summary
+        print(f"train run written to {path}{extra + ')' if extra else ''}; {time_summary(final)}")
     return 0
 
 

@@ -35,6 +35,7 @@ from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record.recorder import Recorder
 from ..run_writer import RunWriter, _write_json_atomic, ensure_out_dir
+from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
 from .summary import summarise
@@ -228,7 +229,8 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=f"seed{seed}-{a.name}",
                                                      seeds=[seed], tags=tags,
                                                      extra_meta={"record_batch": "train (full batch)",
-                                                                 "study": study.name, "h_min": hmin}))
+                                                                 "study": study.name, "h_min": hmin,
+                                                                 "metrics_rows": STATE_ROWS}))
             writers.append(w)
             rec = None
             if rec_on and rec_cfg.enabled:
@@ -293,7 +295,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         for i, w in enumerate(writers):
             final = {k: float(v[i]) for k, v in result.final.items()}
             fe = {f"heldout_{k}": float(v[i]) for k, v in (result.final_eval or {}).items()}
-            w.update_meta(final={"final_loss": final["loss"], "entropy": final["entropy"],
+            w.update_meta(final={"steps": cfg.steps, "final_loss": final["loss"], "entropy": final["entropy"],
                                  "accuracy": final["accuracy"], **fe})
     summary = summarise(cfg, runs, result, hmin, heldout_curves, grid)
     _write_json_atomic(study / "summary.json", summary)

@@ -21,7 +21,9 @@ ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
 
 @dataclass
 class DataConfig:
-    path: str = ""                  # wikitext-2 directory; "" = ../shared/data/wikitext-2 if present
+    # a folder of train/valid/test.txt or of the hub's parquet files, or hf:Salesforce/wikitext[/CONFIG];
+    # "" = ../shared/data/wikitext-2 if present, else hf:Salesforce/wikitext
+    path: str = ""
     batch_size: int = 16            # sequences per micro-batch (per rank)
     block_size: int = 64            # T, tokens per sequence
     eval_batch_size: int = 16

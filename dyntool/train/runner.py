@@ -121,7 +121,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
     dist = ddp.setup(cfg.device)
     det = set_deterministic(cfg.train.deterministic)
     try:
-        corpus = load_wikitext(cfg.data.path or None)
+        say = None if quiet or not dist.is_main else (lambda line: print(line, file=sys.stderr, flush=True))
+        corpus = load_wikitext(cfg.data.path or None, log=say)
         _seed_all(cfg.seed)                                  # identical init on every rank
         model = GPT(cfg.model, corpus.vocab_size, cfg.data.block_size, cfg.span, dist.device.type)
         model.to(dist.device)
@@ -130,7 +131,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         from ..config import to_dict
         meta = {"world_size": dist.world, "vocab_size": corpus.vocab_size,
                 "n_params": model.num_params(), "backend": model.backend,
-                "data_path": str(corpus.path), "record_grad_scale": 1.0 / cfg.optim.accum,
+                "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
         if ckpt is not None:
             meta["resumed_from"] = {"run": str(Path(resume).resolve()), "step": int(ckpt["step"])}
@@ -141,7 +142,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         with run if run is not None else _Null():
             cbs = []
             if run is not None:
-                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
+                shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
                 cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
@@ -151,13 +152,31 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
                 trainer.load_state_dict(ckpt)
-            final = trainer.fit()
+            try:
+                final = trainer.fit()
+            except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
+                if run is not None:
+                    e.next_step = next_step(run.path, ck_path, trainer.step)
+                raise
             if run is not None:
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
     finally:
         restore_deterministic(det)
         ddp.cleanup(dist)
+
+
+def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
+    """The command that continues an interrupted run (or why there is none)."""
+    import shlex
+    if ck_path is None or not Path(ck_path).is_file():
+        return f"stopped at step {step} with no checkpoint (train.checkpoint=false or none written yet)"
+    try:
+        shown = Path(os.path.relpath(run_path))
+        shown = shown if not str(shown).startswith("..") else run_path
+    except ValueError:
+        shown = run_path
+    return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(shown))}"
 
 
 class _Null:

@@ -119,6 +119,8 @@ class Trainer:
         self._consistent = True                            # model/optimizer/RNG describe self.step
         self.quiet = True                                  # final-eval announcement and bar
         self.grad_scale = 1.0 / o.accum                    # what each micro-step's loss is scaled by
+        self.train_seconds = 0.0                           # optimizer steps only (this process)
+        self.eval_seconds = 0.0                            # periodic validation
 
     # -- pieces ---------------------------------------------------------------------------
     def autocast(self):
@@ -131,7 +133,7 @@ class Trainer:
         return get_batch(self.corpus.train, d.batch_size, d.block_size, self.gen, self.device)
 
     def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
-                 bar: bool = False) -> float:
+                 bar: bool = False, desc: str | None = None) -> float:
         """Mean token cross-entropy over a split (non-overlapping windows; exact when uncapped).
 
         Runs in eval mode (dropout off; train mode restored after) under ``inference_mode``;
@@ -144,7 +146,9 @@ class Trainer:
             from ..progress import progress
             n_win = (len(data) - 1) // d.block_size
             total_b = -(-n_win // bs) + (1 if (len(data) - 1) % d.block_size else 0)
-            batches = progress(batches, desc=f"final eval ({split})", total=total_b, unit="batch")
+            if max_batches:
+                total_b = min(total_b, max_batches)
+            batches = progress(batches, desc=desc or f"final eval ({split})", total=total_b, unit="batch")
         was_training = self.raw.training
         self.raw.eval()
         total, n = None, 0
@@ -215,8 +219,13 @@ class Trainer:
                 cb.on_step_end(step, metrics)
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
+        self.train_seconds += dt
         if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
-            vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
+            te = time.perf_counter()
+            vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
+                               desc=f"eval (valid) at step {self.step}")
+            metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
+            self.eval_seconds += metrics["eval_time"]
             ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
             if self.best is None or vl < self.best["val_loss"]:
                 self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
@@ -251,7 +260,8 @@ class Trainer:
             raise
         if self.ckpt_path is not None:
             self.save_checkpoint(self.ckpt_path)
-        final = {"steps": self.step, "param_sha256": self.param_digest()}
+        final = {"steps": self.step, "param_sha256": self.param_digest(),
+                 "train_seconds": round(self.train_seconds, 3), "eval_seconds": round(self.eval_seconds, 3)}
         if self.best is not None:
             final.update(best_val_loss=self.best["val_loss"], best_val_ppl=self.best["val_ppl"],
                          best_val_step=self.best["step"])
@@ -259,6 +269,8 @@ class Trainer:
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests
+        for cb in self.callbacks:                           # e.g. the step bar closes before the final eval
+            getattr(cb, "on_steps_done", lambda: None)()
         if self.dist.is_main and cfg.final_eval and self.step == cfg.max_steps:
             final.update(self.final_evaluation())
         for cb in self.callbacks:

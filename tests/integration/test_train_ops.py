@@ -328,6 +328,7 @@ def test_signal_checkpoints_the_step_reached(tmp_path, sig, ignored, ref_run):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert f"continue with: dyntool train --resume {tmp_path / 's'}" in err      # the exact next step
     run = open_run(tmp_path / "s")
     assert run.status == "interrupted"
     reached = len(rows(tmp_path / "s"))                               # every finished step logged

@@ -17,7 +17,7 @@ def facts(path: str) -> None:
     tags = ", ".join(s.get("tags") or []) or "none"
     st.markdown(f"**{run.kind}** run · status **{run.status}** · tags: {tags} · created {s.get('created') or '?'}")
     c = st.columns(4)
-    c[0].metric("steps logged", s["steps"])
+    c[0].metric("steps taken", s["steps"])
     c[1].metric("steps recorded", s["recorded"])
     c[2].metric("size on disk", f"{s['size_mb']:.1f} MB")
     fin = next((k for k in ("final val_loss", "final loss") if k in s), None)
