@@ -162,12 +162,13 @@ class Run:
     def store(self):
         """The recording (a :class:`~dyntool.record.store.StoreReader`), or None."""
         if self._store is None:
-            from .record.store import RecordError, StoreReader
+            from .record.ranks import open_record
+            from .record.store import RecordError
             rec = self.path / RECORD_DIR
             self._store = False
             if rec.is_dir() or rec.is_symlink():
-                try:
-                    self._store = StoreReader(rec, root=self.root)
+                try:                    # one rank's recording, or every rank's merged (ranks.py)
+                    self._store = open_record(self.path, root=self.root)
                     self._problems.extend(self._store.problems)
                 except RecordError as e:
                     self._problems.append(str(e))
