@@ -71,9 +71,9 @@ class RankedArray:
         self.axis = self.dims.index(SHARD_DIM) if SHARD_DIM in self.dims else None
         self.how = str(self.attrs.get("rank_reduce", "mean"))
         self.sizes = [p.shape[self.axis] for p in parts] if self.axis is not None else None
-        if self.axis is not None and any(p.shape[:self.axis] != first.shape[:self.axis] or
-                                         p.shape[self.axis + 1:] != first.shape[self.axis + 1:]
-                                         for p in parts[1:]):
+        def other(p):                  # every axis but step (ranks commit at their own pace) and seq
+            return tuple(n for i, n in enumerate(p.shape) if i and i != self.axis)
+        if any(other(p) != other(first) for p in parts[1:]):
             raise RecordError(f"array {name}: the ranks recorded different shapes "
                               f"{[p.shape[1:] for p in parts]}")
 
