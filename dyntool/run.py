@@ -216,10 +216,16 @@ class Run:
         self._store, self._metrics, self._checked = None, None, False
         return self
 
-    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None):
-        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`)."""
+    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None, chunks=None):
+        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`).  ``chunks``
+        (``{dim: size}``, ``"auto"``, or ``"record"`` for the stored chunks): dask-backed arrays, for
+        out-of-core analysis (:mod:`dyntool.scale`); needs ``dyntool[scale]``."""
         from .export import to_xarray
-        return to_xarray(self, arrays, steps)
+        ds = to_xarray(self, arrays, steps)
+        if chunks is None:
+            return ds
+        from .scale import chunk
+        return chunk(self, ds, chunks)
 
     def size_bytes(self) -> int:
         """Bytes on disk (allocated blocks, as ``du`` counts them), files resolving outside skipped."""
