@@ -264,7 +264,11 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     """The run at ``path``.  Every file read must resolve inside ``root`` (default: the run
     directory itself; the app and ``ls`` pass the runs folder).  Malformed files are reported in
     ``Run.problems``, never raised; a recording's chunks are checked on first use of
-    ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
+    ``Run.problems`` via :meth:`Run.check` (``corrupt``).  ``s3://`` and ``file://`` URLs are read
+    from object storage (:mod:`dyntool.record.remote`)."""
+    if isinstance(path, str) and path.startswith(("s3://", "file://")):
+        from .record.remote import open_remote_run
+        return open_remote_run(path)
     p = Path(path)
     try:
         if not p.is_dir():
