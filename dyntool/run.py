@@ -162,12 +162,13 @@ class Run:
     def store(self):
         """The recording (a :class:`~dyntool.record.store.StoreReader`), or None."""
         if self._store is None:
-            from .record.store import RecordError, StoreReader
+            from .record.ranks import open_record
+            from .record.store import RecordError
             rec = self.path / RECORD_DIR
             self._store = False
             if rec.is_dir() or rec.is_symlink():
-                try:
-                    self._store = StoreReader(rec, root=self.root)
+                try:                    # one rank's recording, or every rank's merged (ranks.py)
+                    self._store = open_record(self.path, root=self.root)
                     self._problems.extend(self._store.problems)
                 except RecordError as e:
                     self._problems.append(str(e))
@@ -215,10 +216,16 @@ class Run:
         self._store, self._metrics, self._checked = None, None, False
         return self
 
-    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None):
-        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`)."""
+    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None, chunks=None):
+        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`).  ``chunks``
+        (``{dim: size}``, ``"auto"``, or ``"record"`` for the stored chunks): dask-backed arrays, for
+        out-of-core analysis (:mod:`dyntool.scale`); needs ``dyntool[scale]``."""
         from .export import to_xarray
-        return to_xarray(self, arrays, steps)
+        ds = to_xarray(self, arrays, steps)
+        if chunks is None:
+            return ds
+        from .scale import chunk
+        return chunk(self, ds, chunks)
 
     def size_bytes(self) -> int:
         """Bytes on disk (allocated blocks, as ``du`` counts them), files resolving outside skipped."""
@@ -257,7 +264,11 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     """The run at ``path``.  Every file read must resolve inside ``root`` (default: the run
     directory itself; the app and ``ls`` pass the runs folder).  Malformed files are reported in
     ``Run.problems``, never raised; a recording's chunks are checked on first use of
-    ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
+    ``Run.problems`` via :meth:`Run.check` (``corrupt``).  ``s3://`` and ``file://`` URLs are read
+    from object storage (:mod:`dyntool.record.remote`)."""
+    if isinstance(path, str) and path.startswith(("s3://", "file://")):
+        from .record.remote import open_remote_run
+        return open_remote_run(path)
     p = Path(path)
     try:
         if not p.is_dir():

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 case "${1:-core}" in
   core) TARGET="." ;;
-  all)  TARGET=".[test,hf,tl,lightning,export,tensorboard,data]" ;;
+  all)  TARGET=".[test,hf,tl,lightning,export,tensorboard,data,scale]" ;;
   *)    echo "setup.sh: unknown argument '$1' (use 'core' or 'all')" >&2; exit 2 ;;
 esac
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then

@@ -21,6 +21,7 @@ import pandas as pd
 import streamlit as st
 
 from dyntool.errors import RunError
+from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, StoreReader, read_marker
 from dyntool.run import RECORD_DIR, Run, list_runs, open_run
 from dyntool.steps import steps_taken
@@ -108,7 +109,7 @@ def _reader(path: str, mark: int | None):
     if rec is None:
         return None
     try:
-        return StoreReader(rec, root=runs_root(), limit=mark)
+        return open_record(rec.parent, root=runs_root(), limit=mark)     # every rank's, merged
     except RecordError as e:
         raise AppInputError(f"the recording can't be read: {e}") from None
 

@@ -117,8 +117,8 @@ def _info_study(path: Path) -> int:
 
 def cmd_info(args) -> int:
     from ..run import is_run_dir, open_run
-    p = Path(args.run)
-    if p.is_dir() and not is_run_dir(p):
+    p = args.run if args.run.startswith(("s3://", "file://")) else Path(args.run)
+    if isinstance(p, Path) and p.is_dir() and not is_run_dir(p):
         return _info_study(p)
     r = open_run(p)
     m = r.meta
@@ -171,8 +171,9 @@ def cmd_info(args) -> int:
 def cmd_check(args) -> int:
     """Decode every committed chunk of each run; exit 1 when any run has a problem."""
     from ..run import is_run_dir, list_runs, open_run
-    p = Path(args.run)
-    runs = [open_run(p)] if is_run_dir(p) else list_runs(p)
+    url = args.run.startswith(("s3://", "file://"))
+    p = args.run if url else Path(args.run)
+    runs = [open_run(p)] if url or is_run_dir(p) else list_runs(p)
     bad = 0
     for r in runs:
         problems = r.check(full=True)

@@ -121,6 +121,8 @@ def check_budget(cfg: RecordConfig, n_steps: int, out_dir: Path, **dims) -> int:
                           f"{est / max(n_steps, 1) / 1e6:.1f} MB/step), over the budget of "
                           f"{cfg.disk_budget_gb} GB; record fewer steps (record.every), a window "
                           f"(record.query_window), pooling (record.pool), or raise the budget")
+    if isinstance(out_dir, str):                 # an object-store URL: no free-space figure to check
+        return est
     probe = out_dir if out_dir.exists() else out_dir.parent
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent

@@ -51,9 +51,13 @@ def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
 class StoreWriter:
     def __init__(self, path: str | Path, chunk_steps: int = 16, flush_seconds: float = 30.0,
                  attrs: dict[str, Any] | None = None):
-        self.path = Path(path)
         self.chunk_steps, self.flush_seconds = int(chunk_steps), float(flush_seconds)
-        self.group = zarr.open_group(str(self.path), mode="w-")
+        if isinstance(path, (str, Path)):
+            self.path = Path(path)
+            self.group = zarr.open_group(str(self.path), mode="w-")
+        else:                                  # a zarr Store, e.g. object storage (remote.py)
+            self.path = None
+            self.group = zarr.open_group(store=path, mode="w-")
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION,
                                  "steps_written": 0, **(attrs or {})})
         self._arrays: dict[str, Any] = {}

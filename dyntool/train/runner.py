@@ -118,6 +118,10 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         name = name or default_name
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    sharded = int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.train.parallel == "fsdp"
+    if sharded:                                    # refused before any process group or run exists
+        from .sharded import check
+        check(cfg, int(os.environ["WORLD_SIZE"]))
     dist = ddp.setup(cfg.device)
     det = set_deterministic(cfg.train.deterministic)
     try:
@@ -129,7 +133,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         if cfg.train.dtype == "float64":
             model.double()
         from ..config import to_dict
-        meta = {"world_size": dist.world, "vocab_size": corpus.vocab_size,
+        meta = {"world_size": dist.world, "parallel": "fsdp" if sharded else "ddp" if dist.world > 1 else "none",
+                "vocab_size": corpus.vocab_size,
                 "n_params": model.num_params(), "backend": model.backend,
                 "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
@@ -137,13 +142,29 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             meta["resumed_from"] = {"run": str(Path(resume).resolve()), "step": int(ckpt["step"])}
         run = None
         if dist.is_main:
-            run = RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                                   device=str(dist.device), extra_meta=meta)
-        with run if run is not None else _Null():
-            cbs = []
+            try:
+                run = RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                                       device=str(dist.device), extra_meta=meta)
+            except RunError as e:
+                if sharded:                            # the other ranks wait for the run's path
+                    from .fsdp import broadcast
+                    broadcast(("error", str(e)))
+                raise
+        rank_run = None
+        if sharded:                                    # every rank records its own shard
+            from .sharded import RankRun, ShardedRecordingCallback, share_run
+            path = share_run(run, dist)
+            rank_run = run if run is not None else RankRun(path, dist.rank)
+        with run if run is not None else (rank_run or _Null()):
+            cbs = [ShardedRecordingCallback(rank_run, cfg, dist)] if sharded else []
             if run is not None:
+<<<<<<< HEAD
                 shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
                 cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
+=======
+                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
+                cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
+>>>>>>> scaleout
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:

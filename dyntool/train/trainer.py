@@ -102,7 +102,11 @@ class Trainer:
         self.ckpt_path = ckpt_path
         self.raw = model                                   # uncompiled, unwrapped: eval, recording
         self.model = model
-        if dist.world > 1:
+        self.fsdp = dist.world > 1 and cfg.train.parallel == "fsdp"
+        if self.fsdp:                                      # FSDP2: sharded in place (fsdp.py)
+            from . import fsdp
+            fsdp.shard(model)
+        elif dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DDP(model, device_ids=ids)
@@ -112,7 +116,9 @@ class Trainer:
         self.opt = torch.optim.AdamW(model.param_groups(o.weight_decay), lr=o.lr,
                                      betas=(o.beta1, o.beta2), fused=fused or None)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor(o, cfg.train.max_steps))
-        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (dist.rank + 1))
+        # FSDP: every rank draws the same global batch and trains on its own rows (fsdp.py)
+        data_rank = 0 if self.fsdp else dist.rank
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (data_rank + 1))
         self.amp = amp_dtype(cfg, self.device)
         self.step = 0                                      # the next step to run
         self.best: dict | None = None                      # best periodic validation so far
@@ -130,6 +136,11 @@ class Trainer:
 
     def next_batch(self):
         d = self.cfg.data
+        if self.fsdp:
+            x, y = get_batch(self.corpus.train, d.batch_size * self.dist.world, d.block_size, self.gen,
+                             self.device)
+            rows = slice(self.dist.rank * d.batch_size, (self.dist.rank + 1) * d.batch_size)
+            return x[rows], y[rows]
         return get_batch(self.corpus.train, d.batch_size, d.block_size, self.gen, self.device)
 
     def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
@@ -175,7 +186,9 @@ class Trainer:
         for micro in range(accum):
             x, y = self.next_batch()
             with ExitStack() as stack:
-                if self.dist.world > 1 and micro < accum - 1:
+                if self.fsdp:                                       # reduce-scatter once per step
+                    self.model.set_requires_gradient_sync(micro == accum - 1)
+                elif self.dist.world > 1 and micro < accum - 1:
                     stack.enter_context(self.model.no_sync())      # all-reduce once per step
                 for cb in self.callbacks:
                     stack.enter_context(cb.micro_step_context(step, micro))
@@ -191,6 +204,9 @@ class Trainer:
         clip = cfg.optim.grad_clip
         params = self.raw.parameters()
         gn = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if self.fsdp:
+            from .fsdp import total_norm
+            gn = total_norm(gn)
         lr = self.opt.param_groups[0]["lr"]
         # the step's one host sync: loss and grad norm together
         loss_v, gn_v = torch.stack([loss_t.detach().double(), gn.detach().double()]).tolist()
@@ -219,6 +235,7 @@ class Trainer:
                 cb.on_step_end(step, metrics)
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
+<<<<<<< HEAD
         self.train_seconds += dt
         if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
             te = time.perf_counter()
@@ -226,6 +243,10 @@ class Trainer:
                                desc=f"eval (valid) at step {self.step}")
             metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
             self.eval_seconds += metrics["eval_time"]
+=======
+        if (self.dist.is_main or self.fsdp) and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
+            vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
+>>>>>>> scaleout
             ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
             if self.best is None or vl < self.best["val_loss"]:
                 self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
@@ -269,9 +290,13 @@ class Trainer:
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests
+<<<<<<< HEAD
         for cb in self.callbacks:                           # e.g. the step bar closes before the final eval
             getattr(cb, "on_steps_done", lambda: None)()
         if self.dist.is_main and cfg.final_eval and self.step == cfg.max_steps:
+=======
+        if (self.dist.is_main or self.fsdp) and cfg.final_eval and self.step == cfg.max_steps:
+>>>>>>> scaleout
             final.update(self.final_evaluation())
         for cb in self.callbacks:
             cb.on_train_end(final)
@@ -302,6 +327,9 @@ class Trainer:
 
     def param_digest(self) -> str:
         """sha256 of every parameter's bytes (in state_dict order): equal digests = equal models."""
+        if self.fsdp:
+            from .fsdp import digest
+            return digest(self.raw)                          # collective: the full parameters
         h = hashlib.sha256()
         for name, t in self.raw.state_dict().items():
             h.update(name.encode())
@@ -319,7 +347,12 @@ class Trainer:
     def state_dict(self) -> dict:
         """Plain tensors/numbers only (``weights_only`` loadable); collective under DDP."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return {"step": self.step, "model": self.raw.state_dict(), "optim": self.opt.state_dict(),
+        if self.fsdp:                                      # full tensors, keyed by name (fsdp.py)
+            from .fsdp import full_state
+            model_sd, optim_sd = full_state(self.raw, self.opt)
+        else:
+            model_sd, optim_sd = self.raw.state_dict(), self.opt.state_dict()
+        return {"step": self.step, "model": model_sd, "optim": optim_sd,
                 "sched": self.sched.state_dict(), "data_gen": self._gather(self.gen.get_state()),
                 "rng": {**ckpt.capture_rng(), "cuda": self._gather(cuda)},
                 "best": dict(self.best) if self.best else None}
@@ -328,8 +361,12 @@ class Trainer:
         gens = sd["data_gen"]
         if len(gens) != self.dist.world:
             raise ValueError(f"checkpoint was written by {len(gens)} rank(s), resuming on {self.dist.world}")
-        self.raw.load_state_dict(sd["model"])
-        self.opt.load_state_dict(sd["optim"])
+        if self.fsdp:
+            from .fsdp import load_full_state
+            load_full_state(self.raw, self.opt, sd["model"], sd["optim"])
+        else:
+            self.raw.load_state_dict(sd["model"])
+            self.opt.load_state_dict(sd["optim"])
         self.sched.load_state_dict(sd["sched"])
         self.step = int(sd["step"])
         # the lr of the next step under *this* config's schedule (max_steps may have been raised;
