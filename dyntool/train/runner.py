@@ -158,13 +158,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         with run if run is not None else (rank_run or _Null()):
             cbs = [ShardedRecordingCallback(rank_run, cfg, dist)] if sharded else []
             if run is not None:
-<<<<<<< HEAD
                 shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
-                cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
-=======
-                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
                 cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
->>>>>>> scaleout
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:

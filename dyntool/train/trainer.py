@@ -235,18 +235,13 @@ class Trainer:
                 cb.on_step_end(step, metrics)
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
-<<<<<<< HEAD
         self.train_seconds += dt
-        if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
+        if (self.dist.is_main or self.fsdp) and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
             te = time.perf_counter()
             vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
                                desc=f"eval (valid) at step {self.step}")
             metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
             self.eval_seconds += metrics["eval_time"]
-=======
-        if (self.dist.is_main or self.fsdp) and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
-            vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
->>>>>>> scaleout
             ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
             if self.best is None or vl < self.best["val_loss"]:
                 self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
@@ -290,13 +285,9 @@ class Trainer:
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests
-<<<<<<< HEAD
         for cb in self.callbacks:                           # e.g. the step bar closes before the final eval
             getattr(cb, "on_steps_done", lambda: None)()
-        if self.dist.is_main and cfg.final_eval and self.step == cfg.max_steps:
-=======
         if (self.dist.is_main or self.fsdp) and cfg.final_eval and self.step == cfg.max_steps:
->>>>>>> scaleout
             final.update(self.final_evaluation())
         for cb in self.callbacks:
             cb.on_train_end(final)
