@@ -39,8 +39,9 @@ def _paired(a, b) -> dict | None:
     return {"t": float(t.statistic), "p": float(t.pvalue), "mean_diff": float((a - b).mean())}
 
 
-def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
-    """``heldout``: per run [(step, held-out loss)]; ``grid``: sgd_tuned grid LR -> run name."""
+def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None, bayes=None) -> dict:
+    """``heldout``: per run [(step, held-out loss)]; ``grid``: sgd_tuned grid LR -> run name;
+    ``bayes``: the forward filter's Bayes NLL per seed (train / held-out) and H_Bayes spread."""
     from scipy import stats
     losses = result.losses.numpy()
     final = {k: v.numpy() for k, v in result.final.items()}
@@ -75,8 +76,21 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
                 row[a]["heldout_losses"] = [[k, v] for k, v in heldout[i]]
         per_seed.append(row)
     out["per_seed"] = per_seed
+    if bayes:
+        # excess loss over the Bayes-optimal causal predictor (forward filter), per arm; the
+        # minimum achievable loss, unlike H_min, which assumes y_{t−1} is observed exactly
+        bn = {r["seed"]: r for r in bayes["per_seed"]}
+        out["bayes"] = {**bayes, "train_mean": _mean_std([bn[s]["train"] for s in cfg.seeds])}
+        if fev:
+            out["bayes"]["heldout_mean"] = _mean_std([bn[s]["heldout"] for s in cfg.seeds])
+        for r in per_seed:
+            for a in cfg.arms:
+                r[a]["excess_loss"] = r[a]["final_loss"] - bn[r["seed"]]["train"]
+                if fev:
+                    r[a]["heldout_excess_loss"] = r[a]["heldout_loss"] - bn[r["seed"]]["heldout"]
     metrics = ("final_loss", "entropy", "accuracy") + (("heldout_loss", "heldout_entropy", "heldout_accuracy")
                                                        if fev else ())
+    metrics += tuple(m for m in ("excess_loss", "heldout_excess_loss") if m in per_seed[0][cfg.arms[0]])
     out["final"] = {a: {m: _mean_std([r[a][m] for r in per_seed]) for m in metrics} for a in cfg.arms}
     out["entropy_gap"] = {a: {"raw": _mean_std([r[a]["entropy"] - hmin for r in per_seed]),
                               "normalised": _mean_std([(r[a]["entropy"] - hmin) / (log_n - hmin) for r in per_seed])}
@@ -158,6 +172,14 @@ def table(summary: dict) -> str:
         if "arms" in summary:
             st = summary["arms"][a]["steps_to_target"]
             line += f"{SGD_TARGET:>22}" if a == "sgd" else f"{st['mean']:>15.0f} ± {st['std']:.0f}"
+        lines.append(line)
+    if "bayes" in summary:
+        b = summary["bayes"]
+        line = f"Bayes NLL (forward filter): train {b['train_mean']['mean']:.4f}"
+        if "heldout_mean" in b:
+            line += f", held-out {b['heldout_mean']['mean']:.4f}"
+        ex = {a: summary["final"][a].get("excess_loss", {}).get("mean") for a in arms}
+        line += "; final excess train loss " + ", ".join(f"{a} {v:.4f}" for a, v in ex.items() if v is not None)
         lines.append(line)
     if "sgd_tuned" in summary:
         t = summary["sgd_tuned"]
