@@ -147,6 +147,29 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None, bayes=Non
     return out
 
 
+def geometry_summary(cfg, runs, geometry: dict[int, list[dict]], keys) -> dict:
+    """Held-out geometry numbers at the first recorded step (0: the untrained head) and the last,
+    mean ± std over seeds per arm, for the head outputs g and values v, beside the baseline (raw
+    input x) and its partial R² / ordering null (dyntool.manifold.baseline_comparison)."""
+    first, last = min(geometry), max(geometry)
+    out: dict = {"steps": [first, last], "baseline": "raw input x_t (heldout_x_*)",
+                 "note": "r2_partial: held-out partial R² of H_Bayes beyond x; ordering_null_*: "
+                         "ordering score of PC1 with H_Bayes shuffled (200 permutations)"}
+    for a in cfg.arms:
+        if a == "sgd_tuned":
+            continue
+        ii = [i for i, (_, ar) in enumerate(runs) if ar.name == a]
+        arm = {}
+        for rep in ("g", "v", "x"):
+            for k in keys:
+                name = f"heldout_{rep}_{k}"
+                if name not in geometry[last][ii[0]]:
+                    continue
+                arm[name] = {f"step{st}": _mean_std([geometry[st][i][name] for i in ii]) for st in (first, last)}
+        out[a] = arm
+    return out
+
+
 def table(summary: dict) -> str:
     """A plain-text table of the study (printed by the CLI; the README quotes it)."""
     lines = [f"h_min = {summary['h_min']:.4f} nats   log n = "
@@ -198,6 +221,20 @@ def table(summary: dict) -> str:
                  for k, v in vs.items() if v and not (a == "sgd" and k == "steps_to_target")]
         if parts:
             lines.append(f"{a} − em, paired: " + "; ".join(parts))
+    geo = summary.get("geometry")
+    if geo:
+        s0, s1 = geo["steps"]
+        for a in [k for k in geo if k not in ("steps", "baseline", "note")]:
+            g = geo[a]
+
+            def f(name, st):
+                v = g.get(name, {}).get(f"step{st}", {}).get("mean")
+                return f"{v:.2f}" if v is not None and math.isfinite(v) else "nan"
+            lines.append(f"{a} held-out geometry step {s0} -> {s1}: R²(H|g) {f('heldout_g_r2_linear', s0)} -> "
+                         f"{f('heldout_g_r2_linear', s1)} (raw x: {f('heldout_x_r2_linear', s1)}; partial beyond x "
+                         f"{f('heldout_g_r2_partial', s0)} -> {f('heldout_g_r2_partial', s1)}); ordering g "
+                         f"{f('heldout_g_ordering_score', s1)} (null {f('heldout_g_ordering_null_mean', s1)}, "
+                         f"p {f('heldout_g_ordering_null_p', s1)})")
     for s in summary.get("value_lr_sweep", []):
         lines.append(f"value-LR x{s['mult']:g}: steps to SGD final {s['steps_mean']:.0f} ± {s['steps_std']:.0f}")
     return "\n".join(lines)

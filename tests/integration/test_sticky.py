@@ -35,6 +35,20 @@ def test_study_layout_and_summary(study):
         for part, sd in (("train", b["seed"]), ("heldout", b["seed"] + 10000)):
             d = generate(sd, 60)
             assert b[part] == pytest.approx(float(filter_nll(d.x, d.mu, transition_matrix(), d.y).mean()), rel=1e-12)
+    # every geometry number comes with its step-0 value, the raw-input baseline, partial R², null
+    geo = s["geometry"]
+    assert geo["steps"] == [0, 25]
+    for name in ("heldout_g_r2_linear", "heldout_g_r2_partial", "heldout_g_ordering_null_p", "heldout_x_r2_linear",
+                 "heldout_v_r2_partial", "heldout_g_r_pc1"):
+        assert set(geo["em"][name]) == {"step0", "step25"}
+    logged = [dyntool.open_run(study / f"seed{sd}-em").metrics.set_index("step") for sd in (42, 7)]
+    assert geo["em"]["heldout_g_r2_partial"]["step25"]["mean"] == pytest.approx(
+        np.mean([m.loc[25, "heldout_g_r2_partial"] for m in logged]))
+    m = logged[0]
+    # the baseline is the raw input: the same at every recorded step
+    assert m.loc[0, "heldout_x_r2_linear"] == m.loc[25, "heldout_x_r2_linear"]
+    p = m.loc[25, "heldout_g_ordering_null_p"]          # NaN when < 2 entropy bins hold > 5 rows (T = 60)
+    assert np.isnan(p) == np.isnan(m.loc[25, "heldout_g_ordering_score"]) and (np.isnan(p) or 0 < p <= 1)
     r0 = s["per_seed"][0]
     assert r0["em"]["excess_loss"] == pytest.approx(r0["em"]["final_loss"] - s["bayes"]["per_seed"][0]["train"])
     runs = {r.id: r for r in dyntool.list_runs(study)}
