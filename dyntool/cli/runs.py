@@ -184,9 +184,22 @@ def cmd_check(args) -> int:
                 print(f"  {q}")
         else:
             print(f"{r.path}: ok ({r.steps_written} steps committed)")
+        note = _precision_note(r)
+        if note:
+            print(f"  note: {note}")
     if len(runs) > 1:
         print(f"{len(runs) - bad} of {len(runs)} run(s) ok")
     return 1 if bad else 0
+
+
+def _precision_note(run) -> str | None:
+    """A data-quality note (not a problem: the run reads fine, its small gradients did not)."""
+    from ..record.precision import underflow_report
+    store = getattr(run, "store", None)
+    try:
+        return underflow_report(store) if store is not None else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def register(sub, simsub) -> None:
