@@ -116,6 +116,7 @@ def _info_study(path: Path) -> int:
 
 
 def cmd_info(args) -> int:
+    from ..record.sites import site_lines
     from ..run import is_run_dir, open_run
     p = args.run if args.run.startswith(("s3://", "file://")) else Path(args.run)
     if isinstance(p, Path) and p.is_dir() and not is_run_dir(p):
@@ -158,6 +159,9 @@ def cmd_info(args) -> int:
     for name, a in arrays:
         dims = ", ".join(f"{d}={s}" for d, s in zip(a.dims, a.shape))
         print(f"  {name:<{wn}}  {str(a.dtype):<{wd}}  ({dims})")
+    st = r.store
+    for i, line in enumerate(site_lines(getattr(st, "attrs", None) if st else None)):
+        print(f"{'sites' if i == 0 else '':<{LABEL}}{line}")
     for note in r.notes:
         print(f"{'note':<{LABEL}}{note}")
     for p in r.problems:
