@@ -33,7 +33,7 @@ class RecordError(RunError):
 _CHUNK_KEY = re.compile(r"(^|/)c(/\d+)+$")        # zarr v3 default chunk keys: NAME/c/0/1/...
 _META_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 MAX_NDIM = 32
-MAX_CHUNK_RAW = 2 << 30          # bytes of one decoded chunk (the writer aims at 4 MB)
+MAX_CHUNK_RAW = 1 << 30          # bytes of one decoded chunk (the writer aims at 4 MB)
 MAX_CHUNKS = 1 << 24             # chunks of one array, never listed beyond this
 COUNT_FILES_ABOVE = 1 << 16      # an array declaring more committed chunks has its files counted
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -201,11 +201,13 @@ def _frame_ok(f, size: int) -> str | None:
     return None
 
 
-def _files(base: Path, root: Path | None) -> tuple[set[str], set[str]]:
-    """Keys of the regular files below ``base``, and of the symlinks resolving outside ``root``
-    (one scandir per folder, no stat: zarr nests one folder per chunk axis, so this is the cost)."""
+def _files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[set[str], set[str]]:
+    """Keys of the regular files below ``base``, and of the symlinks resolving outside ``root``;
+    entries that are neither files nor folders (FIFOs, devices, sockets) go to ``odd`` (one
+    scandir per folder, no stat: zarr nests one folder per chunk axis, so this is the cost)."""
     files: set[str] = set()
     outside: set[str] = set()
+    odd = set() if odd is None else odd
     seen: set[tuple[int, int]] = set()     # folders walked: a symlink loop is walked once
 
     def walk(d: str, prefix: str) -> None:
@@ -227,10 +229,14 @@ def _files(base: Path, root: Path | None) -> tuple[set[str], set[str]]:
                     files.add(key)
                 elif os.path.isdir(e.path):
                     walk(e.path, key + "/")
+                elif os.path.exists(e.path):
+                    odd.add(key)
             elif e.is_dir(follow_symlinks=False):
                 walk(e.path, key + "/")
             elif e.is_file(follow_symlinks=False):
                 files.add(key)
+            else:
+                odd.add(key)
 
     walk(str(base), "")
     return files, outside
@@ -320,11 +326,16 @@ class RecordedArray:
         crc = bool(codecs) and codecs[-1] == "Crc32cCodec"
         zstd = "ZstdCodec" in codecs and (codecs.index("ZstdCodec") == len(codecs) - 1 - crc)
         cs = self._z.metadata.chunk_grid.chunk_shape
-        files, outside = _files(base, root)
+        odd: set[str] = set()
+        files, outside = _files(base, root, odd)
         for coords, key in self.chunk_keys():
             rel = key[len(self.name) + 1:]
             if rel in outside or (outside and any(rel.startswith(o + "/") for o in outside)):
                 problems.append(f"array {self.name}: chunk {key} resolves outside the run; not read")
+                continue
+            if rel in odd:
+                problems.append(f"array {self.name}: chunk {key} is not a regular file (a FIFO, device "
+                                "or socket); not read")
                 continue
             if rel not in files:
                 problems.append(f"array {self.name}: chunk {key} is missing (deleted?)")
