@@ -34,28 +34,28 @@ def _kind(mode: int) -> str:
     return next((name for test, name in _KIND if test(mode)), "not a regular file")
 
 
-def check_regular(path: str | Path) -> os.stat_result:
+def check_regular(path: str | Path, what: str | None = None) -> os.stat_result:
     """``stat`` of ``path`` (symlinks followed); :class:`BadFile` unless it is a regular file."""
     st = os.stat(path)
     if not stat.S_ISREG(st.st_mode):
-        raise BadFile(f"{Path(path).name} is {_kind(st.st_mode)}, not a regular file; not read")
+        raise BadFile(f"{what or Path(path).name} is {_kind(st.st_mode)}, not a regular file; not read")
     return st
 
 
 @contextlib.contextmanager
-def open_regular(path: str | Path) -> Iterator[tuple[BinaryIO, int]]:
+def open_regular(path: str | Path, what: str | None = None) -> Iterator[tuple[BinaryIO, int]]:
     """``(binary file, size)`` of a regular file.  Opened non-blocking, so a FIFO never hangs the
     open; anything but a regular file is refused before a byte is read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
         if e.errno in (errno.ENXIO, errno.EOPNOTSUPP):       # a socket
-            raise BadFile(f"{Path(path).name} is a socket or device, not a regular file; not read") from None
+            raise BadFile(f"{what or Path(path).name} is a socket or device, not a regular file; not read") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise BadFile(f"{Path(path).name} is {_kind(st.st_mode)}, not a regular file; not read")
+            raise BadFile(f"{what or Path(path).name} is {_kind(st.st_mode)}, not a regular file; not read")
         fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
         f = os.fdopen(fd, "rb")
     except BaseException:
@@ -65,18 +65,18 @@ def open_regular(path: str | Path) -> Iterator[tuple[BinaryIO, int]]:
         yield f, st.st_size
 
 
-def _too_big(path: str | Path, n: int, cap: int) -> BadFile:
-    return BadFile(f"{Path(path).name} is {n} bytes, over the {cap}-byte limit for it; not read")
+def _too_big(path: str | Path, n: int, cap: int, what: str | None = None) -> BadFile:
+    return BadFile(f"{what or Path(path).name} is {n} bytes, over the {cap}-byte limit for it; not read")
 
 
-def read_bytes(path: str | Path, cap: int) -> bytes:
-    """The bytes of a regular file of at most ``cap`` bytes."""
-    with open_regular(path) as (f, size):
+def read_bytes(path: str | Path, cap: int, what: str | None = None) -> bytes:
+    """The bytes of a regular file of at most ``cap`` bytes (``what``: its name in messages)."""
+    with open_regular(path, what) as (f, size):
         if size > cap:
-            raise _too_big(path, size, cap)
+            raise _too_big(path, size, cap, what)
         data = f.read(cap + 1)
     if len(data) > cap:                                       # grew while being read
-        raise _too_big(path, len(data), cap)
+        raise _too_big(path, len(data), cap, what)
     return data
 
 

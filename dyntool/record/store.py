@@ -100,13 +100,13 @@ class GuardedStore(LocalStore):
         spec = None if meta else self._spec(key)
         cap = safeio.MAX_JSON_BYTES if meta else spec.cap if spec else _encoded_bound(MAX_CHUNK_RAW)
         try:
-            data = safeio.read_bytes(path, cap)
+            data = safeio.read_bytes(path, cap, key)
         except (FileNotFoundError, NotADirectoryError):
             return None
         except safeio.BadFile as e:
             if os.path.isdir(path):                    # zarr probes keys that may be folders
                 return None
-            raise RecordError(f"{key}: {e}") from None
+            raise RecordError(str(e)) from None
         except OSError as e:
             raise RecordError(f"{key} can't be read ({e.strerror or e})") from None
         if meta:
@@ -127,11 +127,11 @@ class GuardedStore(LocalStore):
             raise RecordError(f"{key} resolves outside {self.allowed}; not read")
         if byte_range is not None:                     # sharded stores only: not written by dyntool
             try:
-                safeio.check_regular(self.root / key)
+                safeio.check_regular(self.root / key, key)
             except FileNotFoundError:
                 return None
             except safeio.BadFile as e:
-                raise RecordError(f"{key}: {e}") from None
+                raise RecordError(str(e)) from None
             return await super().get(key, prototype, byte_range)
         data = await asyncio.to_thread(self._read, key)
         if data is None:
@@ -146,11 +146,11 @@ class GuardedStore(LocalStore):
             if not _inside(self.root / key, self.allowed):
                 raise RecordError(f"{key} resolves outside {self.allowed}; not read")
             try:
-                safeio.check_regular(self.root / key)
+                safeio.check_regular(self.root / key, key)
             except FileNotFoundError:
                 pass
             except safeio.BadFile as e:
-                raise RecordError(f"{key}: {e}") from None
+                raise RecordError(str(e)) from None
         return await super().get_partial_values(prototype, key_ranges)
 
 
