@@ -268,3 +268,21 @@ def test_unreadable_folders_are_skipped_when_listing(tmp_path, good, monkeypatch
         return real(self)
     monkeypatch.setattr(P, "is_dir", is_dir)
     assert [r.path.name for r in list_runs(tmp_path)] == ["r"]
+
+
+def test_app_escapes_markdown_from_run_files(good, tmp_path, monkeypatch):
+    """What the browser test checks end to end, without a browser: every Markdown element that
+    quotes meta.json has its link/image syntax escaped."""
+    from streamlit.testing.v1 import AppTest
+    root = tmp_path / "runs"
+    shutil.copytree(good, root / "evil")
+    _edit(root / "evil" / "meta.json", lambda m: m.update(kind="![k](http://192.0.2.1/k.png)", status="failed",
+                                                         error="[x](http://192.0.2.1/)"))
+    monkeypatch.setenv("DYNTOOL_RUNS_DIR", str(root))
+    at = AppTest.from_file(str(fixtures.APP_DIR / "main.py"), default_timeout=60).run()
+    at.query_params["run"] = "evil"
+    at.switch_page("views/overview.py").run()
+    assert not at.exception
+    md = [e.value for e in [*at.markdown, *at.warning, *at.info, *at.error, *at.caption]]
+    quoted = [m for m in md if "192" in m]
+    assert quoted and not any("](http" in m for m in quoted), quoted
