@@ -12,7 +12,9 @@
 """
 from __future__ import annotations
 
+import html
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -33,6 +35,21 @@ MAX_STATIC = 1_000_000       # elements: larger static arrays are listed but not
 
 class AppInputError(Exception):
     """Something about the input the user should read, shown as a message (never a traceback)."""
+
+
+def esc(text) -> str:
+    """A string from a run's files (or any message quoting one) as plain text inside Streamlit
+    Markdown: every ASCII punctuation character is backslash-escaped, so no link, image, emphasis,
+    directive (``:red[...]``, ``:material/...:``), HTML or LaTeX in it takes effect; newlines
+    become spaces."""
+    s = " ".join(str(text).splitlines())
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", s)
+
+
+def label(text) -> str:
+    """A string from a run's files as plain text inside a plotly title, legend or tick label
+    (plotly reads ``<a href>``, ``<b>`` and entities in them)."""
+    return html.escape(str(text), quote=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -310,8 +327,8 @@ def probe_tokens(info: dict, seq: int = 0) -> list[str] | None:
     if not toks:
         return None
     if isinstance(toks[0], list):
-        return [str(t) for t in toks[seq]] if seq < len(toks) else None
-    return [str(t) for t in toks]
+        return [label(t) for t in toks[seq]] if seq < len(toks) else None
+    return [label(t) for t in toks]
 
 
 def is_live(run: Run) -> bool:

@@ -169,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as e:
+        from ..paths import disk_full
+        full = disk_full(e)
+        if full is not None:
+            print(f"dyntool: error: {full}", file=sys.stderr)
+            return full.exit_code
         if os.environ.get("DYNTOOL_DEBUG"):
             raise
         print(f"dyntool: internal error: {type(e).__name__}: {e} (set DYNTOOL_DEBUG=1 for details)",

@@ -10,6 +10,7 @@ import json
 import textwrap
 from pathlib import Path
 
+from .. import safeio
 from . import DEFAULT_RUNS
 
 LABEL = 9            # `dyntool info`: every value starts in this column
@@ -87,21 +88,22 @@ def _short(v) -> str | None:
 def _info_study(path: Path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
-    from ..run import disk_usage, list_runs
+    from ..run import list_runs
     runs = list_runs(path)
     if not runs:
         from ..errors import RunError
         raise RunError(f"{path} is neither a run nor a folder holding runs")
     kinds = Counter(r.kind for r in runs)
     statuses = Counter(_status(r) for r in runs)
-    print(f"study    {path}  ({len(runs)} runs, {_human(disk_usage(path))} on disk)")
+    size = sum(r.size_bytes() for r in runs)          # the runs only: `info /` must not walk the disk
+    print(f"study    {path}  ({len(runs)} runs, {_human(size)} on disk)")
     print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
     print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
     print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
     summ = path / "summary.json"
     if summ.is_file() and not summ.is_symlink():
         try:
-            s = json.loads(summ.read_text())
+            s = safeio.read_json(summ)
         except (OSError, ValueError) as e:
             print(f"problem  summary.json can't be read ({e})")
         else:
@@ -159,12 +161,13 @@ def cmd_info(args) -> int:
     for name, a in arrays:
         dims = ", ".join(f"{d}={s}" for d, s in zip(a.dims, a.shape))
         print(f"  {name:<{wn}}  {str(a.dtype):<{wd}}  ({dims})")
+    problems = r.problems                     # checks the record first: its notes come with it
     st = r.store
     for i, line in enumerate(site_lines(getattr(st, "attrs", None) if st else None)):
         print(f"{'sites' if i == 0 else '':<{LABEL}}{line}")
     for note in r.notes:
         print(f"{'note':<{LABEL}}{note}")
-    for p in r.problems:
+    for p in problems:
         print(f"{'problem':<{LABEL}}{p}")
     if args.verify:
         print(f"{'verify':<{LABEL}}{'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
@@ -173,11 +176,18 @@ def cmd_info(args) -> int:
 
 
 def cmd_check(args) -> int:
-    """Decode every committed chunk of each run; exit 1 when any run has a problem."""
+    """Decode every committed chunk of each run (checksums checked where the record has them);
+    exit 1 when any run has a problem, or when there is no run to check."""
+    from ..errors import RunError
     from ..run import is_run_dir, list_runs, open_run
     url = args.run.startswith(("s3://", "file://"))
     p = args.run if url else Path(args.run)
+    if not url and not p.is_dir():
+        raise RunError(f"no run or folder at {p}")
     runs = [open_run(p)] if url or is_run_dir(p) else list_runs(p)
+    if not runs:
+        print(f"{p}: no runs here (nothing checked)")
+        return 1
     bad = 0
     for r in runs:
         problems = r.check(full=True)
@@ -188,6 +198,8 @@ def cmd_check(args) -> int:
                 print(f"  {q}")
         else:
             print(f"{r.path}: ok ({r.steps_written} steps committed)")
+        for n in r.notes:
+            print(f"  note: {n}")
         note = _precision_note(r)
         if note:
             print(f"  note: {note}")

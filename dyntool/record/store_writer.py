@@ -24,12 +24,15 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import names
 
 FORMAT = "dyntool-record"
 FORMAT_VERSION = 1
 TARGET_CHUNK_BYTES = 4 << 20
+# every chunk: zstd, then a CRC-32C of the compressed bytes (``dyntool check`` verifies it)
+COMPRESSORS = (ZstdCodec(level=0, checksum=False), Crc32cCodec())
 
 
 def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
@@ -132,7 +135,7 @@ class StoreWriter:
             raise ValueError(f"static/{name}: {len(dims)} dimension names for {data.ndim} axes")
         grp = self.group.require_group("static")
         arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, dimension_names=list(dims),
-                               config={"write_empty_chunks": True})
+                               compressors=COMPRESSORS, config={"write_empty_chunks": True})
         arr[...] = data
 
     @property
@@ -188,7 +191,7 @@ class StoreWriter:
         arr = self.group.create_array(
             name, shape=(0, *per_step), dtype=dtype,
             chunks=chunk_shape(per_step, dtype.itemsize, self.chunk_steps),
-            fill_value=fill, dimension_names=list(dims),
+            fill_value=fill, dimension_names=list(dims), compressors=COMPRESSORS,
             attributes=self._array_attrs.get(name, {}),
             config={"write_empty_chunks": True})   # every committed chunk exists: a missing one was deleted
         return arr

@@ -27,9 +27,12 @@ def guarded(monkeypatch):
 
 
 def test_reader_errors_show_the_readers_message(guarded):
+    """Shown as plain text: Markdown punctuation is backslash-escaped (it renders as written)."""
+    import re
     ui, run = guarded
-    assert run(RecordError("array attn: chunk attn/c/0 is missing (deleted?)")) == \
-        ["array attn: chunk attn/c/0 is missing (deleted?)"]
+    shown = run(RecordError("array attn: chunk attn/c/0 is missing (deleted?)"))
+    assert [re.sub(r"\\(.)", r"\1", m) for m in shown] == ["array attn: chunk attn/c/0 is missing (deleted?)"]
+    assert shown != ["array attn: chunk attn/c/0 is missing (deleted?)"]          # escaped, not raw
 
 
 @pytest.mark.parametrize("exc", [

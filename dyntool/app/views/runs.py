@@ -86,8 +86,8 @@ def body() -> None:
     if len(bad):
         with st.expander(f"{len(bad)} run(s) with problems", expanded=False, icon=":material/warning:"):
             for _, r in bad.iterrows():
-                for p in r["problems"]:
-                    st.markdown(f"- `{r['run']}`: {p}")
+                for p in r["problems"]:              # plain text: problems quote the run's files
+                    st.markdown(f"- {data.esc(r['run'])}: {data.esc(p)}")
 
 
 def page() -> None:
