@@ -175,6 +175,13 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+def _unknown_key(key: str, name: str, names, prefix: str) -> ConfigError:
+    """The error for a key a section doesn't have, with the closest known key when one is close."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return ConfigError(key, f"unknown key; {hint}(known: {', '.join(sorted(names))})")
+
+
 def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
     """Return a copy of dataclass ``cfg`` with nested ``values`` applied (validated)."""
     hints = _hints(type(cfg))
@@ -183,9 +190,7 @@ def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in names:
-            close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
-            hint = f"did you mean {prefix}{close[0]}? " if close else ""
-            raise ConfigError(key, f"unknown key; {hint}(known: {', '.join(sorted(names))})")
+            raise _unknown_key(key, name, names, prefix)
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
@@ -227,7 +232,7 @@ def _check_sections(cfg: Any, tree: dict, prefix: str = "") -> None:
     for name, value in tree.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+            raise _unknown_key(key, name, names, prefix)
         current = getattr(cfg, name)
         if isinstance(value, dict):
             if not dataclasses.is_dataclass(current):

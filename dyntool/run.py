@@ -173,7 +173,7 @@ class Run:
             st = self.store
             found = st.verify(full) if st is not None else []
             self._problems.extend(p for p in found if p not in self._problems)
-            self.notes.extend(n for n in (st.notes if st is not None else []) if n not in self.notes)
+            self.notes.extend(n for n in getattr(st, "notes", None) or [] if n not in self.notes)
             self._checked = True
         return list(self._problems)
 

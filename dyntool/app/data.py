@@ -41,8 +41,11 @@ def esc(text) -> str:
     """A string from a run's files (or any message quoting one) as plain text inside Streamlit
     Markdown: every ASCII punctuation character is backslash-escaped, so no link, image, emphasis,
     directive (``:red[...]``, ``:material/...:``), HTML or LaTeX in it takes effect; newlines
-    become spaces."""
+    become spaces.  A bare URL would still become a link (GFM links ``http://`` and ``www.`` found
+    in the parsed text, escapes or not), so an invisible word joiner goes before each: GFM only
+    links a URL that starts a word."""
     s = " ".join(str(text).splitlines())
+    s = re.sub(r"(?i)(https?://|www\.)", "\u2060\\1", s)
     return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", s)
 
 

@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 from .. import safeio
+from ..errors import DyntoolError
 from . import DEFAULT_RUNS
 
 LABEL = 9            # `dyntool info`: every value starts in this column
@@ -200,7 +201,7 @@ def cmd_check(args) -> int:
             print(f"{r.path}: ok ({r.steps_written} steps committed)")
         for n in r.notes:
             print(f"  note: {n}")
-        note = _precision_note(r)
+        note = None if problems else _precision_note(r)    # a damaged run's arrays are not read again
         if note:
             print(f"  note: {note}")
     if len(runs) > 1:
@@ -214,7 +215,7 @@ def _precision_note(run) -> str | None:
     store = getattr(run, "store", None)
     try:
         return underflow_report(store) if store is not None else None
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, DyntoolError):
         return None
 
 
