@@ -106,7 +106,12 @@ class Capture(Observer):
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1,
-                grads: str = "standard", scores=None, bias=None, softcap=None, sinks=None) -> None:
+                grads: str = "standard", scores=None, bias=None, softcap=None, sinks=None,
+                out_map=None, grad_map=None, out_batch_dim: int = 0) -> None:
+        """``out_map``/``grad_map``: for attention that never exposes its per-head output (torch's
+        ``nn.MultiheadAttention`` returns ``out_proj(o)`` only), ``out`` is a linear image of it:
+        ``out_map(o)`` (o: (S, nh, T, d_v)) gives ``out`` narrowed to the S recorded sequences along
+        ``out_batch_dim``, and ``grad_map(∂L/∂out)`` gives U (B, nh, T, d_v) by the chain rule."""
         if site in self.slots:
             raise CaptureError("an attention module ran twice inside one Capture; capture one micro-step")
         if not out.requires_grad:
@@ -127,16 +132,22 @@ class Capture(Observer):
         slot.softcap = float(softcap) if softcap else None
         if sinks is not None:
             slot.sinks = sinks.detach().reshape(1, -1, 1, 1)                # (1, nh, 1, 1)
-        o = out[sl].detach()
-        o = o.transpose(1, 2) if heads_dim == 2 else o                      # (S, nh, T, d_v)
+        if out_map is None:
+            o = out[sl].detach()
+            o = o.transpose(1, 2) if heads_dim == 2 else o                  # (S, nh, T, d_v)
+        else:
+            o = out.detach().narrow(out_batch_dim, 0, slot.q.shape[0])     # in out's own layout
         try:
             slot.uniform_rows = verify(slot.q, slot.k, slot.v, o, slot.allowed, slot.scale, slot.bias,
-                                       slot.softcap, slot.sinks, what=_where(site))
+                                       slot.softcap, slot.sinks, what=_where(site), out_map=out_map)
         except SelfCheckError as e:
             raise CaptureError(str(e)) from None
         self.slots[site] = slot
 
         def on_u(grad, slot=slot, sl=sl, hd=heads_dim):
+            if grad_map is not None:
+                slot.u = grad_map(grad.detach())[sl]
+                return
             g = grad[sl].detach()
             slot.u = g.transpose(1, 2) if hd == 2 else g     # (S, nh, T, d_v); stays on device
         self._handles.append(out.register_hook(on_u))

@@ -21,6 +21,7 @@ them by name (``--config sticky_markov``) or by their old repository path (``sim
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import re
@@ -102,6 +103,34 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     return out
 
 
+FLOAT_MAX = 3.4028234663852886e38
+INT_MAX = 2**62               # larger integers overflow numpy/torch int64 arithmetic
+
+
+def _int_size(key: str, x: int) -> int:
+    if abs(x) > INT_MAX:
+        raise ConfigError(key, f"must be at most 2**62 in size, got {x}")
+    return x
+
+
+def _coerce_int(key: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(key, f"expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)                 # exact for long integer strings
+    except (TypeError, ValueError):
+        pass
+    try:
+        f = float(value)                  # "1e3" is an integer too
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"expected an integer, got {value!r}") from None
+    if not math.isfinite(f) or not f.is_integer():
+        raise ConfigError(key, f"expected an integer, got {value!r}")
+    return int(f)
+
+
 def _coerce_base(key: str, base: Any, value: Any) -> Any:
     if value is None:                   # optional leaves were handled by the caller
         raise ConfigError(key, "may not be empty")
@@ -122,21 +151,7 @@ def _coerce_base(key: str, base: Any, value: Any) -> Any:
             return False
         raise ConfigError(key, f"expected true/false, got {value!r}")
     if base is int:
-        if isinstance(value, bool):
-            raise ConfigError(key, f"expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        try:
-            return int(value)                 # exact for long integer strings
-        except (TypeError, ValueError):
-            pass
-        try:
-            f = float(value)                  # "1e3" is an integer too
-        except (TypeError, ValueError):
-            raise ConfigError(key, f"expected an integer, got {value!r}") from None
-        if not math.isfinite(f) or not f.is_integer():
-            raise ConfigError(key, f"expected an integer, got {value!r}")
-        return int(f)
+        return _int_size(key, _coerce_int(key, value))
     if base is float:
         if isinstance(value, bool):
             raise ConfigError(key, f"expected a number, got {value!r}")
@@ -146,6 +161,8 @@ def _coerce_base(key: str, base: Any, value: Any) -> Any:
             raise ConfigError(key, f"expected a number, got {value!r}") from None
         if not math.isfinite(f):              # "1e400" parses as inf; nan/inf are never a setting
             raise ConfigError(key, f"must be a finite number, got {value!r}")
+        if abs(f) > FLOAT_MAX:                # torch keeps hyperparameters as float32 tensors
+            raise ConfigError(key, f"must be a finite number of float32 size (|x| <= 3.4e38), got {value!r}")
         return f
     if base is str:
         if not isinstance(value, (str, int, float)):
@@ -158,6 +175,13 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
+def _unknown_key(key: str, name: str, names, prefix: str) -> ConfigError:
+    """The error for a key a section doesn't have, with the closest known key when one is close."""
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.6)
+    hint = f"did you mean {prefix}{close[0]}? " if close else ""
+    return ConfigError(key, f"unknown key; {hint}(known: {', '.join(sorted(names))})")
+
+
 def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
     """Return a copy of dataclass ``cfg`` with nested ``values`` applied (validated)."""
     hints = _hints(type(cfg))
@@ -166,7 +190,7 @@ def update(cfg: Any, values: dict[str, Any], prefix: str = "") -> Any:
     for name, value in values.items():
         key = f"{prefix}{name}"
         if name not in names:
-            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+            raise _unknown_key(key, name, names, prefix)
         current = getattr(cfg, name)
         if dataclasses.is_dataclass(current):
             if not isinstance(value, dict):
@@ -199,6 +223,22 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
                 raise ConfigError(dotted, "set twice as a value and a section")
         node[parts[-1]] = value
     return out
+
+
+def _check_sections(cfg: Any, tree: dict, prefix: str = "") -> None:
+    """Every ``--a.b=c`` names a key of a section: ``--steps.x=1`` (``steps`` is a value) or an
+    unknown section is refused with the key, never dropped."""
+    names = {f.name: f for f in dataclasses.fields(cfg)}
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        if name not in names:
+            raise _unknown_key(key, name, names, prefix)
+        current = getattr(cfg, name)
+        if isinstance(value, dict):
+            if not dataclasses.is_dataclass(current):
+                sub_key = next(iter(value), "")
+                raise ConfigError(f"{key}.{sub_key}", f"{key} is a value, not a section (set it as --{key}=VALUE)")
+            _check_sections(current, value, key + ".")
 
 
 def merge(a: dict, b: dict) -> dict:
@@ -268,7 +308,9 @@ def load(cls: type, path: str | Path | None = None, preset: str | None = None,
                                           f"(available: {', '.join(presets) or 'none'})")
         tree = merge(tree, presets[preset])
     if overrides:
-        tree = merge(tree, parse_overrides(overrides))
+        parsed = parse_overrides(overrides)
+        _check_sections(cls(), parsed)       # before typed flags could replace a bad sub-key unseen
+        tree = merge(tree, parsed)
     if values:
         tree = merge(tree, nest(values))
     return update(cls(), tree)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from . import safeio
 from .errors import DyntoolError
 
 FORMATS = ("parquet", "csv", "netcdf", "npz")
@@ -108,7 +109,7 @@ def to_xarray(run, arrays: list[str] | None = None, steps: str | None = None, st
         specs[n], srcs[n] = (tuple(dims), a.shape), a
     if static and st is not None:
         for n in st.static_names():
-            z = st.group["static"][n]
+            z = st.static_array(n)
             dims = tuple(z.metadata.dimension_names or ()) or tuple(f"dim_{i}" for i in range(z.ndim))
             key = STATIC_PREFIX + n
             if key in specs:
@@ -235,18 +236,69 @@ def _netcdf_attrs(ds):
     return out
 
 
+def check_destination(out: str | Path, what: str = "--to") -> None:
+    """An export never goes inside a run (the one exported or any other)."""
+    from .paths import _inside_run
+    p = Path(out).expanduser()
+    if "\0" in str(p):
+        raise ExportError(f"{what}: contains a NUL byte")
+    try:
+        run = _inside_run(p.absolute())
+    except OSError as e:
+        raise ExportError(f"{what} {p} can't be used: {e.strerror or e}") from None
+    if run is not None:
+        raise ExportError(f"{what} {p} is inside the run {run}; exports are never written into a run")
+
+
+def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
+    """Refuse (before anything is written) an export of data that can't be read as recorded: an
+    asked-for (default: every) array whose metadata is unreadable, or an unreadable metrics.jsonl."""
+    st = run.store
+    if st is not None:
+        bad = {n: why for n, why in st.unreadable.items() if arrays is None or n in arrays}
+        if bad:
+            first = next(iter(bad.values()))
+            raise ExportError(f"run {run.id}: {len(bad)} array(s) can't be read ({', '.join(bad)}; {first}); "
+                              "nothing exported (export the others with --arrays)")
+    elif (Path(run.path) / "record.zarr").exists() and (arrays or not metrics):
+        why = next((p for p in run.problems if "record.zarr" in p), "record.zarr can't be read")
+        raise ExportError(f"run {run.id}: {why}; nothing exported")
+    if metrics:
+        run.metrics
+        bad_m = [p for p in run._problems if p.startswith("metrics.jsonl can't be read")
+                 or p.startswith("metrics.jsonl resolves outside")]
+        if bad_m:
+            raise ExportError(f"run {run.id}: {bad_m[0]}; nothing exported")
+
+
+def _check_memory(ds) -> None:
+    """Each array format holds one whole array in memory: refuse one that would not fit."""
+    for n, v in ds.variables.items():
+        need = int(np.prod(v.shape, dtype=np.float64)) * v.dtype.itemsize
+        why = safeio.memory_problem(need, f"array {n} {tuple(v.shape)}")
+        if why:
+            raise ExportError(f"{why}; pick fewer with --arrays / --at-steps")
+
+
 def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | None = None,
                steps: str | None = None) -> list[Path]:
     """Write the chosen formats into ``out``; returns the files written.  All-or-nothing."""
     formats = parse_formats(",".join(formats))
+    check_destination(out)
     for f in formats:                                    # missing extras: fail before any write
         need({"parquet": "pyarrow", "netcdf": "h5netcdf"}.get(f, "numpy"))
     want_arrays = [f for f in formats if f in ARRAY_FORMATS]
+    check_readable(run, arrays if want_arrays or arrays else [],
+                   metrics=any(f in METRIC_FORMATS for f in formats))
     ds = None
     if want_arrays:
         if run.store is None:
-            raise ExportError(f"run {run.id} has no record.zarr: nothing for {', '.join(want_arrays)}")
+            why = next((p for p in run.problems if p.startswith("record.zarr")), None) \
+                if (Path(run.path) / "record.zarr").exists() else None
+            raise ExportError(f"run {run.id}: {why}; nothing exported" if why else
+                              f"run {run.id} has no record.zarr: nothing for {', '.join(want_arrays)}")
         ds = to_xarray(run, arrays, steps)
+        _check_memory(ds)
     elif arrays:
         check_arrays(run, arrays)
     if steps is not None and ds is None and run.store is not None and "step" in run.store.names():

@@ -45,6 +45,14 @@ API::
     p = pca(x, n=2, orient_by=h)            # scores for a scatter, oriented like the metrics
     ko = key_orthogonality(keys)            # dict(mean_abs, mean, std, n_pairs)
     batch = manifold_metrics_batch(xs, hs)  # (R, n, d), (R, n) -> {name: (R,) array}
+    c = baseline_comparison(x, h, base)     # beside R², r, ordering: baseline, partial R², null
+
+Baselines (:func:`partial_r2`, :func:`ordering_null`, :func:`baseline_comparison`): an R² of
+H_Bayes from a representation says little by itself when a trivial representation already
+carries H (in the wind tunnel H is a function of position, so a position one-hot gives R² = 1;
+on the sticky chain the raw input x carries part of it).  ``r2_partial`` is the held-out share
+of the baseline's residual error that adding ``x`` removes; ``ordering_null_*`` is the ordering
+score's permutation null (H shuffled over the rows, PC1 fixed).
 """
 from __future__ import annotations
 
@@ -55,7 +63,8 @@ import numpy as np
 
 __all__ = ["PCAResult", "ManifoldMetrics", "pca", "pearson", "participation_ratio",
            "ordering_score", "linear_r2", "manifold_metrics", "manifold_metrics_batch",
-           "key_orthogonality", "random_abs_cos", "N_PCS"]
+           "key_orthogonality", "random_abs_cos", "N_PCS", "partial_r2", "ordering_null",
+           "baseline_comparison", "COMPARED"]
 
 N_PCS = 5          # r(PC_k, H) is reported for k = 1..N_PCS
 R2_SEED = 42       # the authors' split (random_state 42)
@@ -214,6 +223,80 @@ def manifold_metrics_batch(xs, hs, **kw) -> dict[str, np.ndarray]:
     xs, hs = np.asarray(xs), np.asarray(hs)
     rows = [manifold_metrics(xs[i], hs[i], **kw).as_dict() for i in range(xs.shape[0])]
     return {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}
+
+
+def _split_fit_sse(a, h, test_size: float, seed: int) -> float:
+    """Held-out SSE of the least-squares fit h ≈ a w + b on the 80/20 split of :func:`linear_r2`."""
+    from sklearn.model_selection import train_test_split
+    atr, ate, htr, hte = train_test_split(a, h, test_size=test_size, random_state=seed)
+    w, *_ = np.linalg.lstsq(np.hstack([atr, np.ones((len(atr), 1))]), htr, rcond=None)
+    return float(((hte - np.hstack([ate, np.ones((len(ate), 1))]) @ w) ** 2).sum())
+
+
+def partial_r2(x, h, baseline, test_size: float = 0.2, seed: int = R2_SEED) -> float:
+    """Held-out partial R² of ``h`` from ``x`` beyond ``baseline`` (n, b):
+    1 − SSE(h ~ [baseline, x]) / SSE(h ~ baseline), both fitted on the same 80 % of the rows and
+    scored on the same 20 % (the split of :func:`linear_r2`).  0: x adds nothing the baseline does
+    not already give; it can be < 0 on held-out rows (overfitting).  NaN when the baseline already
+    explains h on the held-out rows (SSE ≤ 1e-12 of the total): there is nothing left to add."""
+    x, b, h = _as_2d(x), _as_2d(baseline), np.asarray(h, dtype=np.float64)
+    if len(h) < 10:
+        return float("nan")
+    from sklearn.model_selection import train_test_split
+    hte = train_test_split(h, test_size=test_size, random_state=seed)[1]
+    ss_tot = float(((hte - hte.mean()) ** 2).sum())
+    sse_b = _split_fit_sse(b, h, test_size, seed)
+    if not ss_tot > 0 or sse_b <= 1e-12 * ss_tot:
+        return float("nan")
+    return 1.0 - _split_fit_sse(np.hstack([b, x]), h, test_size, seed) / sse_b
+
+
+def ordering_null(pc, h, n_perm: int = 200, seed: int = 0, n_edges: int = 10, min_count: int = 5) -> dict:
+    """Permutation null of :func:`ordering_score`: the score of ``pc`` against ``h`` shuffled over
+    the rows, ``n_perm`` times.  Returns observed score, the null's mean and std, and the one-sided
+    p = (1 + #{null ≥ observed}) / (1 + n_perm).  Shuffling keeps h's range and bin counts, so only
+    the pairing of rows with bins changes: bins are computed once and permuted (vectorised)."""
+    pc, h = np.asarray(pc, dtype=np.float64), np.asarray(h, dtype=np.float64)
+    obs = ordering_score(pc, h, n_edges, min_count)
+    nb = n_edges - 1
+    edges = np.linspace(h.min(), h.max() + 0.001, n_edges)
+    idx = np.clip(np.digitize(h, edges) - 1, 0, nb)            # nb = outside every bin (never counted)
+    counts = np.bincount(idx, minlength=nb + 1)[:nb]
+    keep = counts > min_count
+    if not np.isfinite(obs) or keep.sum() < 2:
+        return {"observed": obs, "mean": float("nan"), "std": float("nan"), "p": float("nan"), "n_perm": 0}
+    rng = np.random.default_rng(seed)
+    lab = rng.permuted(np.tile(idx, (n_perm, 1)), axis=1)          # row r: the bins of one shuffle of h
+    lab += (nb + 1) * np.arange(n_perm)[:, None]                     # one bincount for all rows
+    sums = np.bincount(lab.ravel(), weights=np.tile(pc, n_perm), minlength=n_perm * (nb + 1))
+    means = sums.reshape(n_perm, nb + 1)[:, :nb][:, keep] / counts[keep]
+    d = np.sign(np.diff(means, axis=1))
+    null = np.abs(d.sum(1)) / d.shape[1]
+    return {"observed": obs, "mean": float(null.mean()), "std": float(null.std(ddof=1)),
+            "p": float((1 + (null >= obs - 1e-12).sum()) / (1 + n_perm)), "n_perm": int(n_perm)}
+
+
+# the geometry numbers that get a baseline beside them (see baseline_comparison)
+COMPARED = ("r2_linear", "r_pc1", "r_best", "ordering_score")
+
+
+def baseline_comparison(x, h, baseline, n_perm: int = 200, seed: int = 0,
+                        baseline_metrics: ManifoldMetrics | None = None,
+                        pca_result: PCAResult | None = None) -> dict[str, float]:
+    """The baselines beside ``x``'s geometry numbers against ``h``: flat dict with
+    ``r2_partial`` (:func:`partial_r2` beyond ``baseline``), ``ordering_null_mean`` / ``_p``
+    (:func:`ordering_null` of x's oriented PC1), and ``baseline_<m>`` for m in :data:`COMPARED`
+    (the same metric of the baseline representation).  The step-0 value is the caller's (the same
+    call on the untrained model).  A precomputed ``baseline_metrics`` (the baseline is often the
+    same at every step) and ``pca_result`` of x (oriented by h) are reused."""
+    x, h = _as_2d(x), np.asarray(h, dtype=np.float64).ravel()
+    p = pca_result if pca_result is not None else pca(x, N_PCS, orient_by=h)
+    bm = baseline_metrics if baseline_metrics is not None else manifold_metrics(baseline, h)
+    nul = ordering_null(p.scores[:, 0], h, n_perm, seed)
+    out = {"r2_partial": partial_r2(x, h, baseline), "ordering_null_mean": nul["mean"],
+           "ordering_null_p": nul["p"]}
+    out.update({f"baseline_{m}": float(getattr(bm, m)) for m in COMPARED})
+    return out
 
 
 def key_orthogonality(keys) -> dict[str, float]:

@@ -8,6 +8,7 @@ behind.  Existing runs are never written into: an ``--out`` inside a run is refu
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import tempfile
@@ -38,6 +39,8 @@ def _inside_run(p: Path) -> Path | None:
 
 def check_out(out: str | Path, what: str = "--out") -> Path:
     """``out`` can be created (or exists) and is writable, and is not inside a run. Creates nothing."""
+    if not str(out).strip():
+        raise ConfigError(what, "is empty; give a folder (\".\" for the current one)")
     p = Path(out).expanduser()
     if "\0" in str(p):
         raise ConfigError(what, "contains a NUL byte")
@@ -82,6 +85,26 @@ def cleanup_on_reject(out: str | Path | None):
         if e.exit_code == 2:
             _remove_new(p, created, before, start)
         raise
+    except Exception as e:
+        full = disk_full(e)
+        if full is None:
+            raise
+        _remove_new(p, created, before, start)         # a run that recorded rows keeps them
+        raise full from None
+
+
+def disk_full(e: BaseException) -> RunError | None:
+    """A one-line error for a full disk or quota (also when wrapped, e.g. by the recording
+    writer), or None for anything else."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f": {e.filename}" if getattr(e, "filename", None) else ""
+            return RunError(f"the disk is full ({e.strerror or 'no space left on device'}{where}); "
+                            "free space and run again (what was recorded so far is kept)")
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def _has_records(q: Path) -> bool:

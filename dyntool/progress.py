@@ -43,6 +43,8 @@ class LogProgress:
         self.postfix = ""
         self.t0 = self.last = time.monotonic()
         self.closed = False
+        self.printed_n = None            # n of the last line written (no duplicate line at close)
+        self.excluded = 0.0              # seconds left out of the rate (evaluations)
 
     def __iter__(self):
         try:
@@ -76,25 +78,33 @@ class LogProgress:
     def line(self) -> str:
         el = time.monotonic() - self.t0
         done = self.n - self.start_n
-        rate = done / el if el > 0 else 0.0
+        busy = el - self.excluded
+        rate = done / busy if busy > 0 else 0.0
         head = f"{self.desc}: " if self.desc else ""
         if self.total:
             pct = 100.0 * self.n / self.total
             eta = (self.total - self.n) / rate if rate > 0 else float("nan")
             where = f"{self.n}/{self.total} ({pct:.0f}%)"
             tail = f"elapsed {_hms(el)}, ETA {_hms(eta) if eta == eta else '?'}"
+            if self.excluded:
+                tail += f" (evaluation {_hms(self.excluded)} not in the rate)"
         else:
             where, tail = f"{self.n}", f"elapsed {_hms(el)}"
         post = f"  {self.postfix}" if self.postfix else ""
         return f"{head}{where}  {rate:.3g} {self.unit}/s  {tail}{post}"
 
     def _line(self) -> None:
+        self.printed_n = self.n
         print(self.line(), file=self.stream, flush=True)
+
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` (e.g. an evaluation) out of the rate and the ETA."""
+        self.excluded += seconds
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.n > self.start_n:
+            if self.n > self.start_n and self.printed_n != self.n:
                 self._line()
 
 
@@ -103,6 +113,14 @@ def progress(iterable=None, desc: str = "", total: int | None = None, disable: b
     if not disable and not sys.stderr.isatty():
         return LogProgress(iterable, desc=desc, total=total, every=_log_seconds(), **kw)
     return tqdm(iterable, desc=desc, total=total, disable=disable, dynamic_ncols=True, leave=False, **kw)
+
+
+def exclude(bar, seconds: float) -> None:
+    """Leave ``seconds`` out of a bar's rate and ETA (tqdm or :class:`LogProgress`)."""
+    if isinstance(bar, LogProgress):
+        bar.exclude(seconds)
+    elif getattr(bar, "start_t", None) is not None:
+        bar.start_t += seconds
 
 
 class TrainProgress:
@@ -136,7 +154,12 @@ class TrainProgress:
         if "val_loss" in metrics:
             post["val"] = f"{metrics['val_loss']:.4f}"
         self.bar.set_postfix(post, refresh=False)
+        if metrics.get("eval_time"):         # the evaluation shows its own bar; not in the step rate
+            exclude(self.bar, metrics["eval_time"])
         self.bar.update(1)
+
+    def on_steps_done(self) -> None:
+        self.on_train_end({})
 
     def on_train_end(self, final: dict) -> None:
         if self.bar is not None:

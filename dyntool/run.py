@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import safeio
 from .errors import RunError
 from .run_writer import RECORD_DIR, STATUSES
 
@@ -21,17 +22,17 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 def _read_json(path: Path, root: Path, problems: list[str]) -> dict:
-    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not JSON,
-    not an object) is a problem and reads as ``{}``."""
+    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not a regular
+    file, too big, too deeply nested, not JSON, not an object) is a problem and reads as ``{}``."""
     if not _inside(path, root):
         problems.append(f"{path.name} resolves outside {root}; not read")
         return {}
     try:
-        obj = json.loads(path.read_text())
+        obj = safeio.read_json(path)
     except FileNotFoundError:
         problems.append(f"{path.name} is missing")
         return {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except safeio.BadFile as e:
         problems.append(f"{path.name} is corrupted ({e})")
         return {}
     except OSError as e:
@@ -70,37 +71,54 @@ def _check_meta(meta: dict, problems: list[str]) -> dict:
     return out
 
 
+MAX_STEP = 2**53 - 1        # a step beyond this is not a training step (and not exact as a float)
+_I64 = 2**63
+
+
+def _row_ok(row: Any) -> bool:
+    if not isinstance(row, dict) or not _is_int(row.get("step")) or not 0 <= row["step"] <= MAX_STEP:
+        return False
+    for k, v in row.items():         # integers beyond int64 would turn a pandas column into objects
+        if _is_int(v) and not -_I64 <= v < _I64:
+            row[k] = float(v)
+    return True
+
+
 def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
-    """Rows of metrics.jsonl: JSON objects with an integer ``step``; other lines are skipped and
-    reported (a partial last line, left by a kill mid-write, is skipped quietly)."""
+    """Rows of metrics.jsonl: JSON objects with an integer ``step`` in [0, 2**53); other lines are
+    skipped and reported (a partial last line, left by a kill mid-write, is skipped quietly)."""
     if not _inside(path, root):
         problems.append(f"{path.name} resolves outside {root}; not read")
         return []
+    rows, bad = [], []
     try:
-        lines = path.read_text(errors="replace").splitlines()
+        for i, line in enumerate(safeio.iter_lines(path)):
+            if line is None:                       # longer than a metrics row can be
+                bad.append(i)
+                continue
+            if not line.strip():
+                continue
+            try:
+                row = safeio.loads(line, "a line")
+            except safeio.BadFile:
+                if line.endswith(b"\n"):          # else a partial last line (killed mid-write)
+                    bad.append(i)
+                continue
+            if not _row_ok(row):
+                bad.append(i)
+                continue
+            rows.append(row)
     except FileNotFoundError:
+        return []
+    except safeio.BadFile as e:
+        problems.append(f"{path.name} can't be read ({e})")
         return []
     except OSError as e:
         problems.append(f"{path.name} can't be read ({e.strerror or e})")
         return []
-    rows, bad, torn = [], [], False
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            torn = torn or i == len(lines) - 1
-            if i != len(lines) - 1:
-                bad.append(i)
-            continue
-        if not isinstance(row, dict) or not _is_int(row.get("step")) or row["step"] < 0:
-            bad.append(i)
-            continue
-        rows.append(row)
     if bad:
         problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
-                        f"no integer step), first at line {bad[0] + 1}; skipped")
+                        f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")
     return rows
 
 
@@ -155,6 +173,7 @@ class Run:
             st = self.store
             found = st.verify(full) if st is not None else []
             self._problems.extend(p for p in found if p not in self._problems)
+            self.notes.extend(n for n in getattr(st, "notes", None) or [] if n not in self.notes)
             self._checked = True
         return list(self._problems)
 
@@ -162,12 +181,13 @@ class Run:
     def store(self):
         """The recording (a :class:`~dyntool.record.store.StoreReader`), or None."""
         if self._store is None:
-            from .record.store import RecordError, StoreReader
+            from .record.ranks import open_record
+            from .record.store import RecordError
             rec = self.path / RECORD_DIR
             self._store = False
             if rec.is_dir() or rec.is_symlink():
-                try:
-                    self._store = StoreReader(rec, root=self.root)
+                try:                    # one rank's recording, or every rank's merged (ranks.py)
+                    self._store = open_record(self.path, root=self.root)
                     self._problems.extend(self._store.problems)
                 except RecordError as e:
                     self._problems.append(str(e))
@@ -215,10 +235,16 @@ class Run:
         self._store, self._metrics, self._checked = None, None, False
         return self
 
-    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None):
-        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`)."""
+    def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None, chunks=None):
+        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`).  ``chunks``
+        (``{dim: size}``, ``"auto"``, or ``"record"`` for the stored chunks): dask-backed arrays, for
+        out-of-core analysis (:mod:`dyntool.scale`); needs ``dyntool[scale]``."""
         from .export import to_xarray
-        return to_xarray(self, arrays, steps)
+        ds = to_xarray(self, arrays, steps)
+        if chunks is None:
+            return ds
+        from .scale import chunk
+        return chunk(self, ds, chunks)
 
     def size_bytes(self) -> int:
         """Bytes on disk (allocated blocks, as ``du`` counts them), files resolving outside skipped."""
@@ -250,14 +276,21 @@ def disk_usage(path: Path, root: Path | None = None) -> int:
 
 
 def is_run_dir(path: Path) -> bool:
-    return path.is_dir() and ((path / "meta.json").exists() or (path / "config.json").exists())
+    try:
+        return path.is_dir() and ((path / "meta.json").exists() or (path / "config.json").exists())
+    except (OSError, ValueError):        # permission denied, a NUL byte
+        return False
 
 
 def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     """The run at ``path``.  Every file read must resolve inside ``root`` (default: the run
     directory itself; the app and ``ls`` pass the runs folder).  Malformed files are reported in
     ``Run.problems``, never raised; a recording's chunks are checked on first use of
-    ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
+    ``Run.problems`` via :meth:`Run.check` (``corrupt``).  ``s3://`` and ``file://`` URLs are read
+    from object storage (:mod:`dyntool.record.remote`)."""
+    if isinstance(path, str) and path.startswith(("s3://", "file://")):
+        from .record.remote import open_remote_run
+        return open_remote_run(path)
     p = Path(path)
     try:
         if not p.is_dir():
@@ -296,19 +329,23 @@ def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None 
     found: list[Path] = []
 
     def walk(d: Path, depth: int):
-        if not _inside(d, real_root):
-            return
-        if is_run_dir(d):
-            found.append(d)
-            return
-        if depth >= max_depth:
-            return
-        try:
+        try:                                 # an unreadable folder (permissions, /proc) is skipped
+            if not _inside(d, real_root):
+                return
+            if is_run_dir(d):
+                found.append(d)
+                return
+            if depth >= max_depth:
+                return
             children = sorted(d.iterdir())
-        except OSError:
+        except (OSError, ValueError):
             return
         for child in children:
-            if child.is_dir() and not child.name.startswith(".") and not child.name.endswith(".zarr"):
+            try:
+                sub = child.is_dir() and not child.name.startswith(".") and not child.name.endswith(".zarr")
+            except (OSError, ValueError):
+                continue
+            if sub:
                 walk(child, depth + 1)
 
     walk(start, 0)

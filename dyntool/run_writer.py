@@ -148,6 +148,10 @@ class RunWriter:
     def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
                seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
                extra_meta: dict | None = None) -> "RunWriter":
+        if isinstance(out_dir, str) and out_dir.startswith(("s3://", "file://")):    # object storage
+            from .record.remote import create_run
+            return create_run(out_dir, kind, config, name, seeds=seeds, tags=tags, device=device,
+                              extra_meta=extra_meta)
         out = ensure_out_dir(out_dir)
         run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
         path = out / run_id

@@ -12,12 +12,21 @@ PY=${PYTHON:-python3}
 ./scripts/setup.sh
 echo "main: sticky Markov-chain study (5 seeds x 2 arms, T = 2000, 1000 steps); several minutes on 2 cores"
 study=runs/sticky-markov/default
+name=(--name default)
 if [ -e "$study/summary.json" ]; then
   echo "main: $study exists; writing a new study next to it"
-  exec "$PY" -m dyntool sim sticky-markov "$@"
+  name=()
 elif [ -e "$study" ]; then
   # an interrupted study (Ctrl-C) keeps its runs, marked 'interrupted'; never overwrite them
   echo "main: $study is incomplete (interrupted?); writing a new study next to it (rm -r $study to redo it under that name)"
-  exec "$PY" -m dyntool sim sticky-markov "$@"
+  name=()
 fi
-exec "$PY" -m dyntool sim sticky-markov --name default "$@"
+"$PY" -m dyntool sim sticky-markov "${name[@]}" "$@"
+# the study just written: the newest folder with a summary.json
+made=$(ls -td runs/sticky-markov/*/summary.json 2>/dev/null | head -n 1 | xargs -r dirname)
+dt="dyntool"; command -v dyntool >/dev/null 2>&1 || dt="$PY -m dyntool"
+echo
+echo "main: done. Look at what it made:"
+echo "  $dt ls runs/sticky-markov                 # table of its runs"
+echo "  $dt info ${made:-$study}    # the study: summary and runs"
+echo "  $dt app runs                              # browse them (Streamlit, localhost)"

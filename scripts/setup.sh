@@ -2,7 +2,7 @@
 # Install dyntool and its dependencies into the current Python (or a venv you activated).
 #
 #     scripts/setup.sh          # the core: what the main job, the app and the figures need
-#     scripts/setup.sh all      # + every extra the tests exercise (test, hf, tl, lightning, export,
+#     scripts/setup.sh all      # + every extra the tests exercise (test, hf, tl, lightning, export, data,
 #                               #   tensorboard: transformers, TransformerLens, Lightning, xarray, ...)
 #
 # On machines that carry the CPU torch wheel, torch==2.13.0 is taken from it (no CUDA download);
@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 case "${1:-core}" in
   core) TARGET="." ;;
-  all)  TARGET=".[test,hf,tl,lightning,export,tensorboard]" ;;
+  all)  TARGET=".[test,hf,tl,lightning,export,tensorboard,data,scale]" ;;
   *)    echo "setup.sh: unknown argument '$1' (use 'core' or 'all')" >&2; exit 2 ;;
 esac
 if ! "$PY" -c "import torch" >/dev/null 2>&1; then

@@ -333,3 +333,26 @@ def make_span_study(out, name: str = "span", seeds=(0, 1, 2), steps: int = 60) -
                            loss_shift=(-0.03 if k == "a" else 0.01) + 0.005 * s)
     (d / "summary.json").write_text(json.dumps({"study": "span", "seeds": list(seeds)}))
     return d
+
+
+def make_user_run(out, name: str = "user-model", steps: int = 4, L: int = 2, H: int = 2, T: int = 6) -> Path:
+    """A user's model recorded by the HF Trainer callback: its recorded quantities (computed by
+    dyntool.quantities from random q, k, v, u) and Trainer-style metrics, whose last row is the
+    end-of-training summary without a ``loss`` key (that must not read as divergence)."""
+    import torch
+
+    from dyntool.quantities import head_quantities
+    run = RunWriter.create(out, "hf-callback", {"model": {"class": "LlamaForCausalLM", "attention": "sdpa",
+                                                          "adapter": "hf"}}, name=name)
+    st = run.open_store(chunk_steps=2, attrs={"task": "custom", "adapter": "hf"})
+    g = torch.Generator().manual_seed(7)
+    allowed = torch.ones(T, T, dtype=torch.bool).tril()
+    for k in range(steps):
+        q, kk, v, u = (torch.randn(L, H, 1, T, 4, generator=g) * (1 + k) for _ in range(4))
+        qs = head_quantities(q, kk, v, u * 1e-3, allowed)
+        st.append(k * 10, {n: qs[n].numpy().astype(np.float32) for n in
+                           ("attn", "scores", "compat", "advantage", "score_grad", "attn_entropy", "logit_max")})
+        run.log(k * 10, loss=3.0 - 0.2 * k, learning_rate=1e-3)
+    run.log(steps * 10, train_runtime=1.0, train_loss=2.7)
+    run.finish("finished")
+    return run.path

@@ -5,8 +5,10 @@ makes them call the observer contract of :mod:`dyntool.observe`; on exit everyth
 so a non-recording step runs the model exactly as before.  ``find_adapter`` tries, in order:
 
 - ``core``: dyntool's own :class:`~dyntool.attention.AttentionCore` modules;
+- ``tlens``: TransformerLens ``HookedTransformer`` and ``TransformerBridge`` (hook points); tried
+  before ``hf`` because a bridge holds Hugging Face modules whose attention it recomputes itself;
 - ``hf``: Hugging Face transformers models (attention-function registry, any implementation);
-- ``tlens``: TransformerLens ``HookedTransformer`` (hook points ``hook_q/k/v/z``);
+- ``torch_mha``: torch's ``nn.MultiheadAttention`` (alone or in ``nn.Transformer*`` layers);
 - ``sdpa``: nanoGPT-style modules calling ``F.scaled_dot_product_attention`` (found by their
   source, or named with ``Capture(model, attention="CausalSelfAttention")``).
 """
@@ -42,10 +44,10 @@ class Adapter:
 
 def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
     """The adapter for ``model``; ``attention`` (class name(s) or classes) forces the SDPA one."""
-    from . import core, hf, sdpa, tlens
+    from . import core, hf, sdpa, tlens, torch_mha
     if attention is not None:
         return sdpa.SDPAAdapter(model, attention)
-    for mod in (core, hf, tlens, sdpa):
+    for mod in (core, tlens, hf, torch_mha, sdpa):
         ad = mod.detect(model)
         if ad is not None:
             return ad
@@ -59,7 +61,8 @@ def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
             "calls F.scaled_dot_product_attention can be named: Capture(model, attention='ClassName')")
     raise AdapterError(
         f"no attention found in {type(model).__name__} that dyntool can record: supported are dyntool's "
-        "own modules, Hugging Face transformers models, TransformerLens HookedTransformer, and modules "
+        "own modules, Hugging Face transformers models, TransformerLens HookedTransformer/TransformerBridge, "
+        "torch's nn.MultiheadAttention, and modules "
         "calling F.scaled_dot_product_attention (name them: Capture(model, attention='ClassName'))")
 
 

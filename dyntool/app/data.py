@@ -12,7 +12,9 @@
 """
 from __future__ import annotations
 
+import html
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,8 +23,10 @@ import pandas as pd
 import streamlit as st
 
 from dyntool.errors import RunError
+from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, StoreReader, read_marker
 from dyntool.run import RECORD_DIR, Run, list_runs, open_run
+from dyntool.steps import steps_taken
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 MAX_DEPTH = 3
@@ -31,6 +35,24 @@ MAX_STATIC = 1_000_000       # elements: larger static arrays are listed but not
 
 class AppInputError(Exception):
     """Something about the input the user should read, shown as a message (never a traceback)."""
+
+
+def esc(text) -> str:
+    """A string from a run's files (or any message quoting one) as plain text inside Streamlit
+    Markdown: every ASCII punctuation character is backslash-escaped, so no link, image, emphasis,
+    directive (``:red[...]``, ``:material/...:``), HTML or LaTeX in it takes effect; newlines
+    become spaces.  A bare URL would still become a link (GFM links ``http://`` and ``www.`` found
+    in the parsed text, escapes or not), so an invisible word joiner goes before each: GFM only
+    links a URL that starts a word."""
+    s = " ".join(str(text).splitlines())
+    s = re.sub(r"(?i)(https?://|www\.)", "\u2060\\1", s)
+    return re.sub(r"([!-/:-@\[-`{-~])", r"\\\1", s)
+
+
+def label(text) -> str:
+    """A string from a run's files as plain text inside a plotly title, legend or tick label
+    (plotly reads ``<a href>``, ``<b>`` and entities in them)."""
+    return html.escape(str(text), quote=False)
 
 
 # ---------------------------------------------------------------------------------------
@@ -107,7 +129,7 @@ def _reader(path: str, mark: int | None):
     if rec is None:
         return None
     try:
-        return StoreReader(rec, root=runs_root(), limit=mark)
+        return open_record(rec.parent, root=runs_root(), limit=mark)     # every rank's, merged
     except RecordError as e:
         raise AppInputError(f"the recording can't be read: {e}") from None
 
@@ -169,7 +191,7 @@ def summary(path: str, sig: tuple) -> dict:
             final[col] = float(df[col].dropna().iloc[-1])
     return {"kind": run.kind, "status": "corrupt" if run.corrupt else run.status, "meta status": run.status,
             "tags": list(m.get("tags", [])), "created": m.get("created", ""),
-            "steps": int(df["step"].max()) + 1 if "step" in df and len(df) else 0,
+            "steps": steps_taken(m, df),
             "recorded": marker(path), "size_mb": run.size_bytes() / 2**20,
             **{f"final {k}": v for k, v in final.items()},
             "problems": list(run.problems) + list(run.notes)}
@@ -308,8 +330,8 @@ def probe_tokens(info: dict, seq: int = 0) -> list[str] | None:
     if not toks:
         return None
     if isinstance(toks[0], list):
-        return [str(t) for t in toks[seq]] if seq < len(toks) else None
-    return [str(t) for t in toks]
+        return [label(t) for t in toks[seq]] if seq < len(toks) else None
+    return [label(t) for t in toks]
 
 
 def is_live(run: Run) -> bool:

@@ -7,6 +7,8 @@ and symmetric in ±max|x|.  Hover always shows the exact value.
 """
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -158,9 +160,10 @@ def curves(df: pd.DataFrame, ys: list[str], title: str, x: str = "step", log_y: 
     fig = go.Figure()
     for i, col in enumerate(ys):
         s = df[[x, col]].dropna()
+        name = html.escape(str((names or {}).get(col, col)), quote=False)    # column names come from the run
         fig.add_trace(go.Scatter(x=s[x], y=s[col], mode="lines" if len(s) > 1 else "markers",
-                                 name=(names or {}).get(col, col), line=dict(color=PALETTE[i % len(PALETTE)]),
-                                 hovertemplate=f"{(names or {}).get(col, col)}<br>step %{{x}}<br>%{{y:.6g}}<extra></extra>"))
+                                 name=name, line=dict(color=PALETTE[i % len(PALETTE)]),
+                                 hovertemplate=f"{name}<br>step %{{x}}<br>%{{y:.6g}}<extra></extra>"))
     fig.update_xaxes(title=x)
     fig.update_yaxes(title=y_title, type="log" if log_y else "linear")
     if log_y:

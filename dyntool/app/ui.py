@@ -15,7 +15,7 @@ from typing import Callable
 import streamlit as st
 
 from . import data
-from .data import AppInputError
+from .data import AppInputError, esc
 from ..errors import DyntoolError, RunError
 
 LIVE_EVERY_S = 5.0
@@ -41,7 +41,7 @@ def sidebar() -> None:
             data.resolve_inside(r, sub)
             st.session_state["dt_subdir"] = sub
         except AppInputError as e:
-            st.error(str(e))
+            st.error(esc(e))
             st.session_state["dt_subdir"] = ""
         sel = selected()
         st.caption(f"{len(sel)} run(s) selected on the Runs page" if sel else
@@ -64,9 +64,9 @@ def guard(body: Callable[[], None]) -> None:
     try:
         body()
     except (AppInputError, RunError) as e:          # bad input, a corrupt chunk: the reader's message
-        st.error(str(e))
+        st.error(esc(e))
     except DATA_ERRORS as e:
-        st.error(f"This view could not be drawn: {type(e).__name__}: {e}. The run may be incomplete "
+        st.error(f"This view could not be drawn: {type(e).__name__}: {esc(e)}. The run may be incomplete "
                  "or corrupted; the other pages still work.")
         if os.environ.get("DYNTOOL_DEBUG"):
             st.code(traceback.format_exc())
@@ -140,17 +140,18 @@ def run_banner(path: str) -> None:
     """Status line + any problems of one run."""
     run = data.get_run(path)
     mark = data.marker(path)
+    rid = esc(run.id)                                # every string from the run's files: plain text
     if data.is_live(run):
-        st.info(f"`{run.id}` is still being written: showing its {mark} committed recorded step(s); "
+        st.info(f"{rid} is still being written: showing its {mark} committed recorded step(s); "
                 f"this view refreshes every {LIVE_EVERY_S:.0f} s.", icon=":material/hourglass_top:")
     elif run.status in ("failed", "interrupted"):
-        st.warning(f"`{run.id}` ended as **{run.status}**"
-                   + (f": {run.meta.get('error')}" if run.meta.get("error") else "")
+        st.warning(f"{rid} ended as **{run.status}**"
+                   + (f": {esc(run.meta.get('error'))}" if run.meta.get("error") else "")
                    + ". Everything committed before that is shown.")
     for p in run.problems:
-        st.warning(f"`{run.id}`: {p}")
+        st.warning(f"{rid}: {esc(p)}")
     for n in run.notes:
-        st.info(f"`{run.id}`: {n}")
+        st.info(f"{rid}: {esc(n)}")
 
 
 def live(fn: Callable[[], None], is_live: bool, key: str) -> None:

@@ -163,10 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:              # e.g. `dyntool figures --list | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("dyntool: interrupted; the run was flushed and marked 'interrupted'", file=sys.stderr)
+    except KeyboardInterrupt as e:
+        nxt = getattr(e, "next_step", None)
+        print("dyntool: interrupted; the run was flushed and marked 'interrupted'" + (f"; {nxt}" if nxt else ""),
+              file=sys.stderr)
         return 130
     except Exception as e:
+        from ..paths import disk_full
+        full = disk_full(e)
+        if full is not None:
+            print(f"dyntool: error: {full}", file=sys.stderr)
+            return full.exit_code
         if os.environ.get("DYNTOOL_DEBUG"):
             raise
         print(f"dyntool: internal error: {type(e).__name__}: {e} (set DYNTOOL_DEBUG=1 for details)",

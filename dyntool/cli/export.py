@@ -4,13 +4,18 @@ from __future__ import annotations
 
 def cmd_export(args) -> int:
     from ..errors import DyntoolError
-    from ..export import ExportError, export_run, parse_formats
+    from ..export import ExportError, check_destination, check_readable, export_run, parse_formats
     from ..run import open_run
     if not (args.to or args.to_tensorboard or args.to_wandb):
         raise ExportError("nothing to do: give --to DIR (with --format), --to-tensorboard DIR or --to-wandb PROJECT")
     formats = parse_formats(args.format) if args.to else []
     arrays = [a.strip() for a in args.arrays.split(",") if a.strip()] if args.arrays else None
+    for dest, flag in ((args.to, "--to"), (args.to_tensorboard, "--to-tensorboard")):
+        if dest is not None:
+            check_destination(dest, flag)
     run = open_run(args.run)
+    if args.to_tensorboard or args.to_wandb:
+        check_readable(run, [], metrics=True)           # scalars: the metrics must be readable
     if args.to:
         for p in export_run(run, args.to, formats, arrays, args.steps):
             print(p)

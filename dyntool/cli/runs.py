@@ -10,7 +10,11 @@ import json
 import textwrap
 from pathlib import Path
 
+from .. import safeio
+from ..errors import DyntoolError
 from . import DEFAULT_RUNS
+
+LABEL = 9            # `dyntool info`: every value starts in this column
 
 
 def _human(n: float) -> str:
@@ -26,10 +30,10 @@ def _status(r) -> str:
 
 
 def _table(runs, root: Path) -> list[str]:
+    from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
     for r in runs:
-        df = r.metrics
-        last = int(df["step"].max()) + 1 if "step" in df and len(df) else 0
+        last = steps_taken(r.meta, r.metrics)
         rel = str(r.path.relative_to(root)) if r.path.is_relative_to(root) else str(r.path)
         rows.append((rel, r.kind, _status(r), str(last), str(r.steps_written), _human(r.size_bytes()),
                      ",".join(r.meta.get("tags", []))))
@@ -85,21 +89,22 @@ def _short(v) -> str | None:
 def _info_study(path: Path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
-    from ..run import disk_usage, list_runs
+    from ..run import list_runs
     runs = list_runs(path)
     if not runs:
         from ..errors import RunError
         raise RunError(f"{path} is neither a run nor a folder holding runs")
     kinds = Counter(r.kind for r in runs)
     statuses = Counter(_status(r) for r in runs)
-    print(f"study    {path}  ({len(runs)} runs, {_human(disk_usage(path))} on disk)")
+    size = sum(r.size_bytes() for r in runs)          # the runs only: `info /` must not walk the disk
+    print(f"study    {path}  ({len(runs)} runs, {_human(size)} on disk)")
     print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
     print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
     print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
     summ = path / "summary.json"
     if summ.is_file() and not summ.is_symlink():
         try:
-            s = json.loads(summ.read_text())
+            s = safeio.read_json(summ)
         except (OSError, ValueError) as e:
             print(f"problem  summary.json can't be read ({e})")
         else:
@@ -114,47 +119,76 @@ def _info_study(path: Path) -> int:
 
 
 def cmd_info(args) -> int:
+    from ..record.sites import site_lines
     from ..run import is_run_dir, open_run
-    p = Path(args.run)
-    if p.is_dir() and not is_run_dir(p):
+    p = args.run if args.run.startswith(("s3://", "file://")) else Path(args.run)
+    if isinstance(p, Path) and p.is_dir() and not is_run_dir(p):
         return _info_study(p)
     r = open_run(p)
     m = r.meta
     if args.verify:
         r.check(full=True)
-    print(f"run      {r.id}  ({r.path})")
-    print(f"kind     {r.kind}   status {_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}   "
-          f"device {m.get('device', '?')}")
-    print(f"created  {m.get('created', '?')}   updated {m.get('updated', '?')}")
-    print(f"versions dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  "
-          f"git {str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}")
-    print(f"seeds    {m.get('seeds')}   tags {m.get('tags')}")
+    from ..steps import logs_final_state, steps_taken
+    df = r.metrics
+    status = f"{_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}"
+    git = f"{str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}"
+    rows = [("run", f"{r.id}  ({r.path})"), ("kind", r.kind), ("status", status),
+            ("device", m.get("device", "?")), ("created", m.get("created", "?")),
+            ("updated", m.get("updated", "?")),
+            ("versions", f"dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  git {git}"),
+            ("seeds", m.get("seeds")), ("tags", m.get("tags"))]
+    n = steps_taken(m, df)
+    if "step" in df and len(df):
+        lo, hi = int(df["step"].min()), int(df["step"].max())
+        state0 = "; step 0 = the initial state" if logs_final_state(m) and lo == 0 else ""
+        rows.append(("steps", f"{n} optimizer steps taken (metrics rows at steps {lo}..{hi}{state0})"))
+    else:
+        rows.append(("steps", f"{n} optimizer steps taken"))
     if m.get("final"):
-        print(f"final    {json.dumps(m['final'])}")
+        rows.append(("final", json.dumps(m["final"])))
+    for label, value in rows:
+        print(f"{label:<{LABEL}}{value}")
     for line in _config_lines(r.config):
         print(line)
-    df = r.metrics
     if len(df):
-        print(f"metrics  {len(df)} rows, columns: {', '.join(c for c in df.columns if c != 'step')}")
-    print(f"record   {r.steps_written} steps committed, {_human(r.size_bytes())} on disk")
-    for name, a in r.arrays.items():
+        print(f"{'metrics':<{LABEL}}{len(df)} rows, columns: {', '.join(c for c in df.columns if c != 'step')}")
+    rec = r.steps
+    shown = [str(int(x)) for x in rec] if len(rec) <= 4 else [*(str(int(x)) for x in rec[:3]), "…", str(int(rec[-1]))]
+    at = f" (steps {', '.join(shown)})" if len(rec) else ""
+    print(f"{'record':<{LABEL}}{r.steps_written} recorded states{at}, {_human(r.size_bytes())} on disk")
+    arrays = list(r.arrays.items())
+    wn = max((len(k) for k, _ in arrays), default=0)
+    wd = max((len(str(a.dtype)) for _, a in arrays), default=0)
+    for name, a in arrays:
         dims = ", ".join(f"{d}={s}" for d, s in zip(a.dims, a.shape))
-        print(f"  {name:<20} {str(a.dtype):<8} ({dims})")
-    for n in r.notes:
-        print(f"note     {n}")
-    for p in r.problems:
-        print(f"problem  {p}")
+        print(f"  {name:<{wn}}  {str(a.dtype):<{wd}}  ({dims})")
+    problems = r.problems                     # checks the record first: its notes come with it
+    st = r.store
+    for i, line in enumerate(site_lines(getattr(st, "attrs", None) if st else None)):
+        print(f"{'sites' if i == 0 else '':<{LABEL}}{line}")
+    for note in r.notes:
+        print(f"{'note':<{LABEL}}{note}")
+    for p in problems:
+        print(f"{'problem':<{LABEL}}{p}")
     if args.verify:
-        print(f"verify   {'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
+        print(f"{'verify':<{LABEL}}{'every committed chunk reads back' if not r.problems else f'{len(r.problems)} problem(s)'}")
         return 1 if r.problems else 0
     return 0
 
 
 def cmd_check(args) -> int:
-    """Decode every committed chunk of each run; exit 1 when any run has a problem."""
+    """Decode every committed chunk of each run (checksums checked where the record has them);
+    exit 1 when any run has a problem, or when there is no run to check."""
+    from ..errors import RunError
     from ..run import is_run_dir, list_runs, open_run
-    p = Path(args.run)
-    runs = [open_run(p)] if is_run_dir(p) else list_runs(p)
+    url = args.run.startswith(("s3://", "file://"))
+    p = args.run if url else Path(args.run)
+    if not url and not p.is_dir():
+        raise RunError(f"no run or folder at {p}")
+    runs = [open_run(p)] if url or is_run_dir(p) else list_runs(p)
+    if not runs:
+        print(f"{p}: no runs here (nothing checked)")
+        return 1
     bad = 0
     for r in runs:
         problems = r.check(full=True)
@@ -165,9 +199,24 @@ def cmd_check(args) -> int:
                 print(f"  {q}")
         else:
             print(f"{r.path}: ok ({r.steps_written} steps committed)")
+        for n in r.notes:
+            print(f"  note: {n}")
+        note = None if problems else _precision_note(r)    # a damaged run's arrays are not read again
+        if note:
+            print(f"  note: {note}")
     if len(runs) > 1:
         print(f"{len(runs) - bad} of {len(runs)} run(s) ok")
     return 1 if bad else 0
+
+
+def _precision_note(run) -> str | None:
+    """A data-quality note (not a problem: the run reads fine, its small gradients did not)."""
+    from ..record.precision import underflow_report
+    store = getattr(run, "store", None)
+    try:
+        return underflow_report(store) if store is not None else None
+    except (OSError, ValueError, KeyError, DyntoolError):
+        return None
 
 
 def register(sub, simsub) -> None:

@@ -3,6 +3,7 @@
     dyntool train --config wikitext_mhsa --preset small [--max-steps N] [--out DIR]
                   [--name NAME] [--resume RUN] [--section.key=value ...]
     torchrun --nproc_per_node=2 -m dyntool train --config ...        # DDP, rank 0 writes the run
+    torchrun --nproc_per_node=2 -m dyntool train --parallel=fsdp ... # FSDP2, every rank records its shard
     dyntool study span|ls-logits [--seeds LIST | --n-seeds N] [--max-steps N] [--preset NAME] [--out DIR]
 """
 from __future__ import annotations
@@ -42,7 +43,8 @@ def cmd_train(args) -> int:
         if "valid_ppl" in final:
             extra += ("; " if extra else " (") + \
                 f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}"
-        print(f"train run written to {path}{extra + ')' if extra else ''}")
+        from ..train.recording import time_summary
+        print(f"train run written to {path}{extra + ')' if extra else ''}; {time_summary(final)}")
     return 0
 
 
@@ -67,6 +69,9 @@ def register(sub, simsub) -> None:
                    help="a [preset.NAME] table of the config file (small: CPU; gpu: one CUDA GPU)")
     config_option(t, TRAIN, "train.max_steps", "--max-steps", metavar="N",
                   help="optimizer steps; the LR schedule spans them (>= 1)")
+    config_option(t, TRAIN, "train.parallel", "--parallel", metavar="ddp|fsdp",
+                  help="under torchrun: ddp (default; rank 0 records) or fsdp (FSDP2: every rank "
+                       "records its own shard of the probe)")
     t.add_argument("--resume", default=None, metavar="RUN",
                    help="continue RUN from its checkpoint.pt into a new run (exact on CPU; on CUDA "
                         "with --train.deterministic=true); a run at its max_steps needs "

@@ -12,21 +12,27 @@ match ``data.py``).  Valid/test tokens absent from train are an error by default
 real data has none and a silent ``<unk>`` mapping would hide a wrong file.  ``oov="unk"`` maps
 them to ``<unk>`` (which must be in the train vocabulary) for other corpora.
 
-Cache: ``<cache_dir>/wt-<key16>.cache.int32`` holds train|valid|test ids back to back and
+Sources (:mod:`dyntool.data.sources`): a folder of the three text files, a folder of the hub's
+parquet files (``wikitext-2-v1/{train,validation,test}-*.parquet``, one row per line) or a hub id
+``hf:Salesforce/wikitext[/CONFIG]`` read through the Hugging Face cache; all give the same ids.
+
+Cache: ``<cache_dir>/wt-<key16>.ids.npy`` holds train|valid|test ids back to back (int32, ``.npy``,
+handed out memory-mapped, so a wikitext-103-sized corpus costs page cache, not RSS) and
 ``wt-<key16>.meta.json`` holds split lengths, the sha256 of the id bytes and the vocabulary.
-``key`` = sha256 over the three files' sha256s (+ format version and ``oov``); a
+``key`` = sha256 over the source files' sha256s (+ format version and ``oov``); a
 ``files.json`` fast path reuses a file's sha256 while its size and mtime_ns are unchanged.
 Both files are written to a temp name and ``os.replace``d, ids first, meta last, so the meta
 file is the commit marker: a killed build leaves no meta and is simply rebuilt; a corrupt or
 truncated id file fails the checksum and is rebuilt.  Default ``cache_dir``: the user cache
 directory, ``$XDG_CACHE_HOME/dyntool/wikitext/<sha(path)16>`` (``~/.cache`` when unset).  The
-data folder is never written to (it may be shared or read-only by convention).
+data folder is never written to (it may be shared, read-only, or the Hugging Face cache).
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+from array import array
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -34,19 +40,16 @@ from typing import Iterator
 import numpy as np
 import torch
 
-from dyntool.atomic import write_bytes
-from dyntool.errors import DyntoolError
+from dyntool.atomic import replacing, write_bytes
+from dyntool.data import sources
+from dyntool.data.sources import ENV_VAR, SPLITS, DataError, Source
 
-SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
 UNK = "<unk>"
-ENV_VAR = "DYNTOOL_WIKITEXT"
-CACHE_VERSION = 1
-_EXPECTED = "expected train.txt, valid.txt, test.txt (set --data.path)"
-
-
-class DataError(DyntoolError, ValueError):
-    """Missing or malformed data; the message is one line saying what was expected."""
+CACHE_VERSION = 2                  # 2: ids as .npy (memory-mapped); 1 was a raw .cache.int32
+_EXPECTED = sources.EXPECTED
+__all__ = ["DataError", "Corpus", "load_wikitext", "resolve_source", "resolve_data_dir", "get_batch",
+           "fixed_batch", "eval_batches", "tokenize"]
 
 
 @dataclass
@@ -56,8 +59,9 @@ class Corpus:
     test: np.ndarray           # (N_test,) int32
     vocab: list[str]           # id -> token
     stoi: dict[str, int]       # token -> id
-    path: Path                 # the data directory
-    cache_file: Path | None = None   # the int32 id file used (None when use_cache=False)
+    path: Path                 # the folder the files were read from
+    cache_file: Path | None = None   # the .npy id file used (None when use_cache=False)
+    source: str = ""           # what was asked for: a path or a hub id
 
     @property
     def vocab_size(self) -> int:
@@ -86,31 +90,54 @@ class Corpus:
 # ----------------------------------------------------------------------------- paths
 
 def _repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]  # dyntool/data/wikitext.py -> repo
+    return sources._repo_root()
 
 
 def resolve_data_dir(path: str | os.PathLike | None = None) -> Path:
-    """Explicit ``path``; else ``../shared/data/wikitext-2`` from the repo root or cwd; else
-    ``$DYNTOOL_WIKITEXT``.  Raises :class:`DataError` when none is a directory."""
+    """The local data folder: explicit ``path``; else ``../shared/data/wikitext-2`` from the repo
+    root or cwd; else ``$DYNTOOL_WIKITEXT``.  Raises :class:`DataError` when none is a directory
+    (:func:`load_wikitext` then turns to the hub id)."""
     if path is not None:
         p = Path(path).expanduser()
         if not p.is_dir():
             raise DataError(f"wikitext-2 directory not found at {p}: {_EXPECTED}")
         return p
+    found, tried = _local_default()
+    if found is None:
+        raise DataError(f"wikitext-2 directory not found at {', '.join(tried)}: {_EXPECTED}")
+    return found
+
+
+def _local_default():
     tried = []
     for base in (_repo_root(), Path.cwd()):
         cand = (base / ".." / "shared" / "data" / "wikitext-2").resolve()
         if cand.is_dir():
-            return cand
+            return cand, tried
         tried.append(str(cand))
     env = os.environ.get(ENV_VAR)
     if env:
         p = Path(env).expanduser()
         if p.is_dir():
-            return p
+            return p, tried
         tried.append(f"${ENV_VAR}={p}")
-    where = ", ".join(dict.fromkeys(tried))
-    raise DataError(f"wikitext-2 directory not found at {where}: {_EXPECTED}")
+    return None, list(dict.fromkeys(tried))
+
+
+def resolve_source(path: str | os.PathLike | None = None, log=None) -> Source:
+    """``--data.path`` → :class:`~dyntool.data.sources.Source`: a folder of text files, a folder
+    of the hub's parquet files, or ``hf:OWNER/NAME[/CONFIG]``; with none the local default
+    (:func:`resolve_data_dir`), else the hub id ``hf:Salesforce/wikitext``."""
+    if path is None or str(path) == "":
+        found, tried = _local_default()
+        if found is not None:
+            return sources.local_source(found)
+        try:
+            return sources.hub_source(sources.HUB_DEFAULT, log)
+        except DataError as e:
+            raise DataError(f"no WikiText found: no folder at {', '.join(tried) or '(none tried)'} and "
+                            f"{e}") from None
+    return sources.resolve(path, log)
 
 
 def user_cache_dir() -> Path:
@@ -125,178 +152,170 @@ def _default_cache_dir(data_dir: Path) -> Path:
     return user_cache_dir() / "wikitext" / tag
 
 
-# ----------------------------------------------------------------------------- reading
+# ----------------------------------------------------------------------------- tokenizing
 
-def _read_split(data_dir: Path, name: str) -> bytes:
-    f = data_dir / f"{name}.txt"
-    if not f.is_file():
-        raise DataError(f"wikitext-2 directory {data_dir} is missing {f.name}: {_EXPECTED}")
-    raw = f.read_bytes()
-    if not raw.strip():
-        raise DataError(f"wikitext-2 file {f} is empty: expected word-level text, one line per "
-                        f"paragraph (set --data.path)")
-    return raw
+def tokenize(data: Source | str | os.PathLike, oov: str = "error"):
+    """Read the three splits -> (dict of int32 arrays, vocab list).  No caching.
 
-
-def _decode(raw: bytes, f: Path) -> str:
-    nul = raw.find(b"\x00")
-    if nul >= 0:
-        raise DataError(f"wikitext-2 file {f} looks binary (NUL byte at offset {nul}): expected "
-                        f"UTF-8 word-level text (set --data.path)")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"wikitext-2 file {f} is not UTF-8 (bad byte at offset {e.start}): "
-                        f"expected UTF-8 word-level text (set --data.path)") from None
-    # universal newlines, as text-mode iteration in data.py; NOT str.splitlines(), which would
-    # also break on U+0085/U+2028 and change the token count
-    return text.replace("\r\n", "\n").replace("\r", "\n")
-
-
-def _lines(text: str) -> list[str]:
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # a final "\n" ends the last line; it does not start a new one
-    return lines
-
-
-def tokenize(data_dir: Path, oov: str = "error"):
-    """Read the three splits -> (dict of int32 arrays, vocab list).  No caching."""
+    Streams line by line into 4-byte ids (``array('i')``), so a wikitext-103-sized corpus never
+    becomes a Python list of ints."""
     if oov not in ("error", "unk"):
         raise DataError(f"oov must be 'error' or 'unk', got {oov!r}")
+    src = data if isinstance(data, Source) else sources.local_source(data)
     stoi: dict[str, int] = {}
-    vocab: list[str] = []
     out: dict[str, np.ndarray] = {}
     for name in SPLITS:
-        f = data_dir / f"{name}.txt"
-        lines = _lines(_decode(_read_split(data_dir, name), f))
-        ids: list[int] = []
-        for lineno, line in enumerate(lines, 1):
-            for w in line.split() + [EOS]:
-                i = stoi.get(w)
-                if i is None:
-                    if name == "train":
-                        i = stoi[w] = len(vocab)
-                        vocab.append(w)
-                    elif oov == "unk" and UNK in stoi:
-                        i = stoi[UNK]
-                    else:
-                        raise DataError(f"{name}.txt line {lineno}: token {w!r} is not in the "
-                                        f"train vocabulary: expected every valid/test token to "
-                                        f"occur in train.txt (or use oov='unk')")
-                ids.append(i)
-        out[name] = np.asarray(ids, dtype=np.int32)
-    return out, vocab
+        buf, words = array("i"), False
+        if name == "train":
+            add = stoi.setdefault
+            for line in sources.lines(src, name):
+                ws = line.split()
+                words = words or bool(ws)
+                ws.append(EOS)
+                buf.extend([add(w, len(stoi)) for w in ws])
+        else:
+            get, unk = stoi.get, stoi.get(UNK) if oov == "unk" else None
+            for lineno, line in enumerate(sources.lines(src, name), 1):
+                ws = line.split()
+                words = words or bool(ws)
+                ws.append(EOS)
+                ids = [get(w, -1) for w in ws]
+                if -1 in ids:
+                    if unk is None:
+                        w = ws[ids.index(-1)]
+                        where = f"{name}.txt line" if src.kind == "text" else f"{name} split, row"
+                        raise DataError(f"{where} {lineno}: token {w!r} is not in the train vocabulary: "
+                                        f"expected every valid/test token to occur in the train split "
+                                        f"(or use oov='unk')")
+                    ids = [unk if i < 0 else i for i in ids]
+                buf.extend(ids)
+        if not words:
+            f = src.files[name][0]
+            raise DataError(f"wikitext-2 file {f} is empty: expected word-level text, one line per "
+                            f"paragraph (set --data.path)")
+        out[name] = np.frombuffer(buf, dtype=np.int32) if buf.itemsize == 4 else \
+            np.asarray(buf, dtype=np.int32)
+    return out, list(stoi)
 
 
 # ----------------------------------------------------------------------------- cache
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    write_bytes(path, data, fsync=True, unique=True)   # ranks may write the shared cache at once
-
-
-def _file_shas(data_dir: Path, cache_dir: Path) -> dict[str, str]:
-    """sha256 of each split, reusing ``files.json`` entries whose size+mtime_ns still match."""
+def _file_shas(files: list[Path], cache_dir: Path) -> list[str]:
+    """sha256 of each file, reusing ``files.json`` entries whose size+mtime_ns still match."""
     index_path = cache_dir / "files.json"
     try:
         index = json.loads(index_path.read_text())
     except (OSError, ValueError):
         index = {}
-    shas, changed = {}, False
-    for name in SPLITS:
-        f = data_dir / f"{name}.txt"
+    shas, changed = [], False
+    for f in files:
         try:
             st = f.stat()
-        except OSError:
-            _read_split(data_dir, name)  # raises the one-line DataError
-            raise
+        except OSError as e:
+            raise DataError(f"cannot read {f} ({e.strerror}): {_EXPECTED}") from None
         ent = index.get(str(f.resolve()))
         if isinstance(ent, dict) and ent.get("size") == st.st_size and \
                 ent.get("mtime_ns") == st.st_mtime_ns and isinstance(ent.get("sha256"), str):
-            shas[name] = ent["sha256"]
+            shas.append(ent["sha256"])
             continue
-        shas[name] = hashlib.sha256(_read_split(data_dir, name)).hexdigest()
-        index[str(f.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
-                                   "sha256": shas[name]}
+        shas.append(_sha_file(f))
+        index[str(f.resolve())] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": shas[-1]}
         changed = True
     if changed:
         try:
-            _atomic_write(index_path, json.dumps(index, indent=1).encode())
+            write_bytes(index_path, json.dumps(index, indent=1).encode(), unique=True)
         except OSError:
             pass  # the fast path is an optimisation only
     return shas
 
 
+def _sha_file(f: Path, offset: int = 0) -> str:
+    """sha256 of a file's bytes from ``offset`` on, read in 16 MB pieces (page cache, not RSS)."""
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        fh.seek(offset)
+        while chunk := fh.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
 def _read_cache(ids_path: Path, meta_path: Path):
-    """Return (splits, vocab) from a valid cache, or None if missing/corrupt."""
+    """Return (splits as memory-mapped views, vocab) from a valid cache, or None if missing/corrupt."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         lengths = [int(meta["lengths"][s]) for s in SPLITS]
         vocab = meta["vocab"]
-        buf = ids_path.read_bytes()
+        flat = np.load(ids_path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if meta.get("version") != CACHE_VERSION or len(buf) != 4 * sum(lengths) or \
-            hashlib.sha256(buf).hexdigest() != meta.get("ids_sha256") or \
-            not isinstance(vocab, list) or len(vocab) != meta.get("vocab_size"):
-        return None
-    flat = np.frombuffer(buf, dtype="<i4").astype(np.int32, copy=False)
-    if flat.size and (flat.min() < 0 or flat.max() >= len(vocab)):
+    if meta.get("version") != CACHE_VERSION or flat.dtype != np.dtype("<i4") or flat.ndim != 1 or \
+            flat.shape[0] != sum(lengths) or not isinstance(vocab, list) or \
+            len(vocab) != meta.get("vocab_size") or \
+            _sha_file(ids_path, flat.offset) != meta.get("ids_sha256"):
         return None
     bounds = np.cumsum([0] + lengths)
-    # copy so the arrays are writable and independent of the bytes object
-    return {s: flat[bounds[i]:bounds[i + 1]].copy() for i, s in enumerate(SPLITS)}, vocab
+    return {s: flat[bounds[i]:bounds[i + 1]] for i, s in enumerate(SPLITS)}, vocab
+
+
+def _write_cache(ids_path: Path, meta_path: Path, splits: dict, meta: dict) -> None:
+    """ids (.npy) first, then the meta file with their checksum: the meta commits the entry."""
+    n = sum(int(splits[s].size) for s in SPLITS)
+    h = hashlib.sha256()
+    with replacing(ids_path, unique=True) as tmp, open(tmp, "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, {"descr": "<i4", "fortran_order": False, "shape": (n,)})
+        for s in SPLITS:                  # written as it is, not through a map (no pages in RSS)
+            a = memoryview(np.ascontiguousarray(splits[s], dtype="<i4")).cast("B")
+            fh.write(a)
+            h.update(a)
+        fh.flush()
+        os.fsync(fh.fileno())
+    meta["ids_sha256"] = h.hexdigest()
+    write_bytes(meta_path, json.dumps(meta, ensure_ascii=False).encode("utf-8"), fsync=True, unique=True)
 
 
 def load_wikitext(path: str | os.PathLike | None = None, *, cache_dir: str | os.PathLike | None
-                  = None, use_cache: bool = True, oov: str = "error") -> Corpus:
-    """Load word-level WikiText-2 (or any dir with the same three files) as int32 ids.
+                  = None, use_cache: bool = True, oov: str = "error", log=None) -> Corpus:
+    """Load word-level WikiText (see :func:`resolve_source` for ``path``) as int32 ids.
 
-    ``path``: data directory (see :func:`resolve_data_dir`).  ``cache_dir``: where the id cache
-    lives (default: see module docstring).  ``use_cache=False`` always re-tokenises and writes
-    nothing.  ``oov``: ``"error"`` (default) or ``"unk"``.
+    ``cache_dir``: where the id cache lives (default: see module docstring).  ``use_cache=False``
+    always re-tokenises and writes nothing.  ``oov``: ``"error"`` (default) or ``"unk"``.
+    ``log``: called with one line saying what is read and where the ids are cached.
     """
-    data_dir = resolve_data_dir(path)
-    for name in SPLITS:  # fail early and clearly, before any cache lookup
-        if not (data_dir / f"{name}.txt").is_file():
-            raise DataError(f"wikitext-2 directory {data_dir} is missing {name}.txt: {_EXPECTED}")
+    src = resolve_source(path, log)
     if not use_cache:
-        splits, vocab = tokenize(data_dir, oov)
-        return _corpus(splits, vocab, data_dir, None)
-
-    cdir = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache_dir(data_dir)
+        return _corpus(*tokenize(src, oov), src, None)
+    cdir = Path(cache_dir).expanduser() if cache_dir is not None else _default_cache_dir(src.root)
     try:
         cdir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DataError(f"cannot create cache directory {cdir} ({e.strerror}): expected a "
                         f"writable directory (set cache_dir or use_cache=False)") from None
-    shas = _file_shas(data_dir, cdir)
-    key = hashlib.sha256(json.dumps([CACHE_VERSION, oov, [shas[s] for s in SPLITS]])
-                         .encode()).hexdigest()
-    ids_path, meta_path = cdir / f"wt-{key[:16]}.cache.int32", cdir / f"wt-{key[:16]}.meta.json"
+    if log is not None:
+        log(f"data: {src.describe()}; token ids cached in {cdir}")
+    shas = _file_shas(src.all_files(), cdir)
+    key = hashlib.sha256(json.dumps([CACHE_VERSION, oov, shas]).encode()).hexdigest()
+    ids_path, meta_path = cdir / f"wt-{key[:16]}.ids.npy", cdir / f"wt-{key[:16]}.meta.json"
 
     hit = _read_cache(ids_path, meta_path)
     if hit is not None:
-        return _corpus(*hit, data_dir, ids_path)
-
-    splits, vocab = tokenize(data_dir, oov)
-    flat = np.concatenate([splits[s] for s in SPLITS]).astype("<i4", copy=False)
-    buf = flat.tobytes()
-    meta = {"version": CACHE_VERSION, "key": key, "oov": oov, "source": str(data_dir),
-            "file_sha256": shas, "lengths": {s: int(splits[s].size) for s in SPLITS},
-            "ids_sha256": hashlib.sha256(buf).hexdigest(), "vocab_size": len(vocab),
-            "vocab": vocab}
+        return _corpus(*hit, src, ids_path)
+    if log is not None:
+        log("data: tokenizing (first use of these files; later runs read the cache)")
+    splits, vocab = tokenize(src, oov)
+    meta = {"version": CACHE_VERSION, "key": key, "oov": oov, "source": str(src.root),
+            "kind": src.kind, "file_sha256": shas, "lengths": {s: int(splits[s].size) for s in SPLITS},
+            "vocab_size": len(vocab), "vocab": vocab}
     try:
-        _atomic_write(ids_path, buf)  # ids first; meta (with the checksum) commits the entry
-        _atomic_write(meta_path, json.dumps(meta, ensure_ascii=False).encode("utf-8"))
+        _write_cache(ids_path, meta_path, splits, meta)
     except OSError:
-        pass  # an unwritable cache must not stop training; the data itself is fine
-    return _corpus(splits, vocab, data_dir, ids_path if meta_path.exists() else None)
+        return _corpus(splits, vocab, src, None)   # an unwritable cache must not stop training
+    hit = _read_cache(ids_path, meta_path)           # hand out the memory-mapped ids, not the lists
+    return _corpus(*hit, src, ids_path) if hit is not None else _corpus(splits, vocab, src, None)
 
 
-def _corpus(splits, vocab, data_dir, cache_file) -> Corpus:
+def _corpus(splits, vocab, src: Source, cache_file) -> Corpus:
     return Corpus(splits["train"], splits["valid"], splits["test"], list(vocab),
-                  {w: i for i, w in enumerate(vocab)}, Path(data_dir), cache_file)
+                  {w: i for i, w in enumerate(vocab)}, Path(src.root), cache_file, src.label or str(src.root))
 
 
 # ----------------------------------------------------------------------------- batching

@@ -1,7 +1,6 @@
 """Helpers shared by the figure modules: reading runs and studies, aligning curves, JS divergence."""
 from __future__ import annotations
 
-import json
 import math
 import re
 from functools import lru_cache
@@ -10,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import stats
+from .. import safeio, stats
 from .registry import FigureSkip
 
 LOG8 = math.log(8)
@@ -26,9 +25,10 @@ def need(cond, msg: str) -> None:
 @lru_cache(maxsize=64)
 def _read_summary(path: str, mtime: float) -> dict:
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        out = safeio.read_json(path)
+    except (OSError, ValueError):
         return {}
+    return out if isinstance(out, dict) else {}
 
 
 def summary_of(run) -> dict:

@@ -1,6 +1,7 @@
 """Sticky-chain study figure F7, frame and precision over training (arXiv 2512.22473; diagnostic D10):
 
-* ``f7_dissociation`` — endpoint-free measures (:mod:`dyntool.sims.frame_precision`): attention
+* ``f7_dissociation`` (id kept for file names and the app; the figure does NOT show a dissociation
+  unless its caption says so) — endpoint-free measures (:mod:`dyntool.sims.frame_precision`): attention
   drift and value drift between neighbouring records, and gradient-energy shares;
 * :func:`frame_precision_figure` draws the same three panels for any ``interval_measures`` rows.
 """
@@ -12,7 +13,7 @@ import pandas as pd
 from . import style
 from .common import arms_of, array, diag, first_head, main_study, mean_std, need, seed_arm
 from .registry import figure
-from ..sims.frame_precision import describe_change, interval_measures
+from ..sims.frame_precision import describe_change, interval_measures, ordering_phrase
 
 KIND = "sticky-markov"
 
@@ -69,6 +70,15 @@ def frame_precision_figure(long: pd.DataFrame, what: str):
     fig = style.figure(style.DOUBLE, 2.6)
     axs = fig.subplots(1, 3)
     words = []
+    # does attention stabilise before the values?  Stated per arm from the seed-mean drifts
+    order = []
+    for arm in arms:
+        sub = long[long["arm"] == arm]
+        if {"attn_drift", "value_drift"} <= set(sub) and not sub["attn_drift"].isna().all():
+            pa = sub.pivot_table(index="seed", columns="step", values="attn_drift")
+            pv = sub.pivot_table(index="seed", columns="step", values="value_drift").reindex(columns=pa.columns)
+            order.append(ordering_phrase(pa.columns.to_numpy(), mean_std(pa.to_numpy())[0],
+                                         mean_std(pv.to_numpy())[0], style.arm_label(arm)))
     for col, ax, ylabel in (("attn_drift", axs[0], "attention drift JS(α(t), α(t−Δ)) / Δ [nats/step]"),
                             ("value_drift", axs[1], "value drift ‖ΔV‖/‖V‖ / Δ [1/step]")):
         for k, arm in enumerate(arms):
@@ -113,5 +123,6 @@ def frame_precision_figure(long: pd.DataFrame, what: str):
                "JS(α_i(t) ‖ α_i(t−Δ)) in nats, divided by the Δ training steps between records (rows "
                "renormalised over the recorded keys). (b) value drift ‖V(t) − V(t−Δ)‖/‖V(t−Δ)‖ per step. "
                "(c) gradient-energy shares of routing (W_Q, W_K), values (W_V) and readout (W_O) at each "
-               "recorded step (D10). Measured: " + "; ".join(words) + ".")
+               "recorded step (D10). Measured: " + "; ".join(words) + ". Order of stabilisation: " +
+               ("; ".join(order) if order else "not measurable") + ".")
     return fig, long, caption

@@ -199,8 +199,27 @@ def f5_attention(runs, **opts):
                "blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}" if sm else "") +
                (f", against {ch:.2f} under uniform attention" if ch else "") +
                ". (c) Mean attention entropy per step, mean ± std over seeds (dotted: uniform attention): " +
-               ent + " nats.")
+               ent + " nats." + _sharpening(data["entropy"]))
     return fig, data, caption
+
+
+def _sharpening(ent: dict) -> str:
+    """Caption sentence from the data: does each arm's attention end sharper than SGD's?  'Sharper'
+    only if its final mean entropy is below SGD's by more than the larger of the two seed stds."""
+    if "sgd" not in ent:
+        return ""
+    s = ent["sgd"]
+    out = []
+    for a, e in ent.items():
+        if a == "sgd":
+            continue
+        d = e["mean"][-1] - s["mean"][-1]
+        tol = max(e["std"][-1], s["std"][-1])
+        tol = tol if np.isfinite(tol) else 0.0
+        verdict = "sharper than SGD" if d < -tol else "not sharper than SGD (within the seed std)" if d <= tol \
+            else "less sharp than SGD"
+        out.append(f"{style.arm_label(a)} {verdict} (final entropy {d:+.3f} nats vs SGD, std {tol:.3f})")
+    return " At the last step: " + "; ".join(out) + "." if out else ""
 
 
 def style_cmap():

@@ -7,7 +7,8 @@ whether they hold what it needs (:meth:`FigureSpec.supports` -> ``(ok, reason)``
 missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
 
 Figures register themselves at import of their modules :mod:`dyntool.figures.dynamics`,
-``.sticky``, ``.geometry``, ``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits`` and ``.span``
+``.sticky``, ``.geometry``, ``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits``, ``.span`` and
+``.recorded`` (any run's recorded matrices and per-head statistics)
 (done by :func:`load`, which ``dyntool.figures`` calls).
 """
 from __future__ import annotations
@@ -87,8 +88,8 @@ def load() -> dict[str, FigureSpec]:
     global _loaded
     if not _loaded:
         from . import (bijection, dynamics, frame_precision, geometry, ls, ls_logits,  # noqa: F401
-                       span, sticky)  # imported for their side effect: each registers its figures
-        groups = ("dynamics", "ls", "span")
+                       recorded, span, sticky)  # imported for their side effect: each registers its figures
+        groups = ("dynamics", "ls", "span", "recorded")
         ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)
                                                           if kv[1].group in groups else 9, kv[0]))
         FIGURES.clear()

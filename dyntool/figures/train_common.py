@@ -125,9 +125,29 @@ def diverged(run) -> int | None:
     bad = np.nonzero(~np.isfinite(v))[0]
     if len(bad):
         return int(s[bad[0]])
-    df = run.metrics
-    if "loss" in df.columns and df["loss"].isna().any() and "step" in df.columns:
-        return int(df.loc[df["loss"].isna(), "step"].iloc[0])
+    return _null_loss_step(run)
+
+
+def _null_loss_step(run) -> int | None:
+    """The first step whose row *has* a ``loss`` key holding null (how a non-finite loss is
+    written: JSON has no NaN).  A row without the key (the HF Trainer's end-of-training summary,
+    an evaluation row) says nothing about divergence, though the DataFrame shows NaN for both."""
+    import json
+    from pathlib import Path
+    path = getattr(run, "path", None)
+    f = Path(path) / "metrics.jsonl" if isinstance(path, (str, Path)) else None
+    if f is None or not f.is_file():
+        return None
+    with f.open("rb") as fh:
+        for raw in fh:
+            if b'"loss"' not in raw:
+                continue
+            try:
+                row = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and "loss" in row and row["loss"] is None and isinstance(row.get("step"), int):
+                return int(row["step"])
     return None
 
 

@@ -41,7 +41,7 @@ class HFRecorderCallback(TrainerCallback):
                            args.per_device_train_batch_size, "seed": args.seed,
                            "gradient_accumulation_steps": args.gradient_accumulation_steps},
                "seed": args.seed, "world_size": args.world_size, **(self.kw.pop("config") or {})}
-        self.rec = RunRecorder(model, max_steps=state.max_steps, config=cfg, **self.kw)
+        self.rec = RunRecorder(model, max_steps=state.max_steps, config=cfg, kind="hf-callback", **self.kw)
 
     def on_step_begin(self, args, state, control, model=None, **kw):
         if self.rec is not None:

@@ -46,7 +46,7 @@ class LightningRecorder(pl.Callback):
             probe = pl_module.transfer_batch_to_device(probe, pl_module.device, 0)
         max_steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else \
             int(trainer.estimated_stepping_batches)
-        self.rec = RunRecorder(pl_module, max_steps=max_steps, **{**self.kw, "probe": probe})
+        self.rec = RunRecorder(pl_module, max_steps=max_steps, kind="lightning", **{**self.kw, "probe": probe})
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         step = trainer.global_step

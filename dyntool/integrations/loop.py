@@ -67,7 +67,7 @@ class RunRecorder:
     def __init__(self, model: torch.nn.Module, out_dir: str | Path = "runs", max_steps: int = 1000,
                  every: int = 50, steps: list[int] | None = None, probe=None, loss_fn=default_loss,
                  batch: str | None = None, seqs: int = 1, name: str | None = None, config: dict | None = None,
-                 tokens: list[list[str]] | None = None, attention=None, **record_kw):
+                 tokens: list[list[str]] | None = None, attention=None, kind: str = "loop", **record_kw):
         self.model, self.probe, self.loss_fn, self.attention = model, probe, loss_fn, attention
         batch = batch or ("probe" if probe is not None else "train")
         self.cfg = RecordConfig(every=every, steps=list(steps or []), batch=batch, seqs=seqs, **record_kw)
@@ -90,8 +90,10 @@ class RunRecorder:
                                          max_block_mib=self.cfg.max_block_mib, attention=attention)
         from ..run_writer import RunWriter
         full = {"source": type(model).__name__, "max_steps": self.max_steps,
-                "model": _model_config(model), "record": asdict(self.cfg), **(config or {})}
-        self.run = RunWriter.create(out_dir, "train", full, name=name, device=_device(model))
+                "model": _model_config(model, attention), "record": asdict(self.cfg), **(config or {})}
+        # the kind says how the run was recorded ("loop", "hf-callback", "lightning"): `dyntool ls`
+        # shows it and the figures pick by it (a user's model is not a `dyntool train` run)
+        self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
         self.t0 = time.perf_counter()
 
     # -- schedule -------------------------------------------------------------------------
@@ -262,13 +264,27 @@ def _device(model) -> str:
     return str(p.device) if p is not None else "cpu"
 
 
-def _model_config(model) -> dict:
+def _model_config(model, attention=None) -> dict:
+    """What the run's config says about a user's model: its real class, the classes holding the
+    recorded attention, the attention implementation and the adapter that reaches it."""
+    from ..adapters import AdapterError, find_adapter
     cfg = getattr(model, "config", None)
-    out = {"attention": "mhsa", "class": type(model).__name__}
+    out: dict = {"class": type(model).__name__}
+    try:
+        ad = find_adapter(model, attention)
+        out["adapter"] = ad.name
+        out["attention_modules"] = sorted({s.label for s in ad.sites() if s.label})
+    except AdapterError as e:                 # Capture will say the same, with the way out
+        out["adapter"] = None
+        out["adapter_error"] = str(e)
+    inner = [m for m in model.modules() if m is not model and hasattr(getattr(m, "config", None), "to_dict")]
+    if cfg is None and inner:                 # e.g. a LightningModule wrapping a Hugging Face model
+        out["wraps"] = type(inner[0]).__name__
+        cfg = inner[0].config
+    impl = getattr(cfg, "_attn_implementation", None)
+    out["attention"] = impl or out.get("adapter") or "unknown"
     if cfg is not None and hasattr(cfg, "to_dict"):
         d = cfg.to_dict()
         out.update({k: d[k] for k in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                       "hidden_size", "sliding_window", "n_layer", "n_head", "n_embd") if k in d})
     return out
-
-

@@ -35,6 +35,27 @@ SINK_MASS = "sink_mass"                  # mean sink share (models with attentio
 CHEAP_TIER = (SCORE_MAX, LOGIT_MAX, ATTN_ENTROPY, EXPECTED_COMPAT, COMPAT_VAR, SCORE_GRAD_NORM,
               UPSTREAM_NORM, VALUE_GRAD_NORM, COLUMN_MAX, COLUMN_ENTROPY, SINK_MASS)
 
+# Baselines beside the manifold metrics (dyntool.manifold.baseline_comparison).  A geometry metric
+# ``{prefix}r2_linear`` etc. gets ``{prefix}r2_partial`` (partial R² beyond the baseline) and
+# ``{prefix}ordering_null_mean`` / ``_p`` (permutation null of the ordering score); the baseline
+# representation's own metrics are logged under its own prefix.
+R2_PARTIAL = "r2_partial"
+ORDERING_NULL_MEAN = "ordering_null_mean"
+ORDERING_NULL_P = "ordering_null_p"
+STICKY_BASELINE = "x"              # sticky chain: the raw input x_t at the held-out positions
+BIJECTION_BASELINE = "pos_onehot"  # wind tunnel: a one-hot of the key position (H_Bayes is its function)
+
+
+def sticky_manifold(rep: str) -> str:
+    """Prefix of the sticky study's held-out manifold metrics of a representation (``g``, ``v``, ``x``)."""
+    return f"heldout_{rep}_"
+
+
+def bijection_manifold(rep: str, l: int | None = None) -> str:
+    """Prefix of the wind tunnel's manifold metrics: ``manifold/{rep}/L{l}/`` per layer, or
+    ``manifold/{rep}/`` for a layer-free representation (the position one-hot baseline)."""
+    return f"manifold/{rep}/" if l is None else f"manifold/{rep}/L{int(l)}/"
+
 _BASE = r"(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
 _REGEX = {
     "layer": re.compile(_BASE + r"/L(?P<layer>\d+)$"),

@@ -45,6 +45,9 @@ DIMS: dict[str, tuple[str, ...]] = {
 
 MATRICES = ("attn", "scores", "compat", "advantage", "score_grad")
 POOLED = {m: f"{m}_pooled" for m in ("attn", "compat", "advantage", "score_grad")}
+# gradient quantities: stored in record.grad_dtype (float32 by default), the rest in record.dtype
+GRADIENTS = ("compat", "advantage", "score_grad", "upstream", "value_grad", "query_grad", "key_grad",
+             "expected_compat")
 # always kept in float32 whatever the storage dtype: small, and precision matters for curves
 FLOAT32_ALWAYS = ("logit_max", "logit_norm", "routing_residual", "grad_scale")
 

@@ -16,7 +16,7 @@ import torch
 
 from ..capture import Capture
 from . import names
-from .policy import RecordConfig, schedule, windows
+from .policy import RecordConfig, schedule, storage_dtype, windows
 from .store_writer import StoreWriter
 
 
@@ -124,7 +124,7 @@ class Recorder:
         self.n_recorded += 1
 
     def _to_np(self, x: torch.Tensor, name: str) -> np.ndarray:
-        dt = np.float32 if name in names.FLOAT32_ALWAYS else self.dtype
+        dt = np.float16 if storage_dtype(self.cfg, name) == "float16" else np.float32
         with np.errstate(over="ignore"):      # values past float16's range become inf, visibly
             return x.cpu().numpy().astype(dt, copy=False)
 

@@ -8,8 +8,8 @@ error or zarr's silent fill value.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
-import json
 import math
 import os
 import re
@@ -18,8 +18,10 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
 
+from .. import safeio
 from ..errors import RunError
 
 
@@ -29,6 +31,42 @@ class RecordError(RunError):
 
 
 _CHUNK_KEY = re.compile(r"(^|/)c(/\d+)+$")        # zarr v3 default chunk keys: NAME/c/0/1/...
+_META_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+MAX_NDIM = 32
+MAX_CHUNK_RAW = 1 << 30          # bytes of one decoded chunk (the writer aims at 4 MB)
+MAX_CHUNKS = 1 << 24             # chunks of one array, never listed beyond this
+COUNT_FILES_ABOVE = 1 << 16      # an array declaring more committed chunks has its files counted
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _encoded_bound(raw: int) -> int:
+    """The most bytes a chunk of ``raw`` decoded bytes can take on disk (zstd bound + checksum)."""
+    return raw + raw // 128 + (64 << 10)
+
+
+class _ChunkSpec:
+    """What the reader knows about one array's chunks, checked before any chunk is read."""
+
+    def __init__(self, raw: int, zstd: bool, crc: bool):
+        self.raw, self.zstd, self.crc = raw, zstd, crc
+        self.cap = _encoded_bound(raw)
+
+
+def frame_content_size(buf: bytes) -> int | None:
+    """The decoded size a zstd frame header declares (None: not declared or not a frame)."""
+    if len(buf) < 6 or buf[:4] != _ZSTD_MAGIC:
+        return None
+    fhd = buf[4]
+    single, did, fcs_flag = (fhd >> 5) & 1, fhd & 3, fhd >> 6
+    fcs = {0: single, 1: 2, 2: 4, 3: 8}[fcs_flag]
+    if fcs == 0:
+        return None
+    off = 5 + (0 if single else 1) + (0, 1, 2, 4)[did]
+    raw = buf[off:off + fcs]
+    if len(raw) < fcs:
+        return None
+    v = int.from_bytes(raw, "little")
+    return v + 256 if fcs == 2 else v
 
 
 def _inside(path: str | Path, root: Path) -> bool:
@@ -39,75 +77,145 @@ class GuardedStore(LocalStore):
     """A read-only local store that refuses keys resolving outside ``allowed`` (symlinked files or
     folders) and reports a missing *chunk* instead of zarr's silent fill value.
 
-    The reader only ever asks for chunks below the commit marker, so a chunk that is absent there
-    was deleted (the writer stores every chunk, ``write_empty_chunks``)."""
+    Every file is read through :mod:`dyntool.safeio`: a regular file only (a FIFO or device is
+    refused, never waited on), metadata JSON at most ``safeio.MAX_JSON_BYTES`` and nested at most
+    ``safeio.MAX_DEPTH``; a chunk no bigger than its array's declared chunk can be once encoded,
+    and a zstd frame declaring more decoded bytes than the chunk holds is refused before zarr
+    allocates for it.  The reader only ever asks for chunks below the commit marker, so a chunk
+    that is absent there was deleted (the writer stores every chunk, ``write_empty_chunks``)."""
 
     def __init__(self, root: Path, allowed: Path):
         super().__init__(root, read_only=True)
         self.allowed = allowed
+        self.specs: dict[str, _ChunkSpec] = {}          # array path in the store -> its chunks
+
+    def _spec(self, key: str) -> _ChunkSpec | None:
+        m = _CHUNK_KEY.search(key)
+        return self.specs.get(key[:m.start()]) if m else None
+
+    def _read(self, key: str) -> bytes | None:
+        path = self.root / key
+        name = key.rsplit("/", 1)[-1]
+        meta = name in _META_NAMES
+        spec = None if meta else self._spec(key)
+        cap = safeio.MAX_JSON_BYTES if meta else spec.cap if spec else _encoded_bound(MAX_CHUNK_RAW)
+        try:
+            data = safeio.read_bytes(path, cap, key)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except safeio.BadFile as e:
+            if os.path.isdir(path):                    # zarr probes keys that may be folders
+                return None
+            raise RecordError(str(e)) from None
+        except OSError as e:
+            raise RecordError(f"{key} can't be read ({e.strerror or e})") from None
+        if meta:
+            try:
+                safeio.loads(data, key)
+            except safeio.BadFile as e:
+                raise RecordError(str(e)) from None
+        elif spec is not None and spec.zstd:
+            frame = data[:-4] if spec.crc else data
+            declared = frame_content_size(frame)
+            if declared is not None and declared > spec.raw:
+                raise RecordError(f"chunk {key} declares {declared} decoded bytes, more than the "
+                                  f"{spec.raw} its array's chunk holds (garbage)")
+        return data
 
     async def get(self, key, prototype=None, byte_range=None):
         if not _inside(self.root / key, self.allowed):
             raise RecordError(f"{key} resolves outside {self.allowed}; not read")
-        out = await super().get(key, prototype, byte_range)
-        if out is None and _CHUNK_KEY.search(key):
-            raise RecordError(f"chunk {key} is missing (deleted?)")
-        return out
+        if byte_range is not None:                     # sharded stores only: not written by dyntool
+            try:
+                safeio.check_regular(self.root / key, key)
+            except FileNotFoundError:
+                return None
+            except safeio.BadFile as e:
+                raise RecordError(str(e)) from None
+            return await super().get(key, prototype, byte_range)
+        data = await asyncio.to_thread(self._read, key)
+        if data is None:
+            if _CHUNK_KEY.search(key):
+                raise RecordError(f"chunk {key} is missing (deleted?)")
+            return None
+        return (prototype or default_buffer_prototype()).buffer.from_bytes(data)
 
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
         for key, _ in key_ranges:
             if not _inside(self.root / key, self.allowed):
                 raise RecordError(f"{key} resolves outside {self.allowed}; not read")
+            try:
+                safeio.check_regular(self.root / key, key)
+            except FileNotFoundError:
+                pass
+            except safeio.BadFile as e:
+                raise RecordError(str(e)) from None
         return await super().get_partial_values(prototype, key_ranges)
 
 
-def zstd_frame_ok(path: str | Path, size: int | None = None) -> str | None:
+def zstd_frame_ok(path: str | Path, size: int | None = None, trailer: int = 0) -> str | None:
     """Structural check of a zstd-compressed chunk without decompressing: the magic number, then
-    every block header up to the last block must lie inside the file and end exactly at its end
-    (a truncated or overwritten chunk fails).  Returns what is wrong, or None."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size if size is None else size
-        buf = f.read(size if size <= 1 << 16 else 18)       # small chunks: parse in memory
+    every block header up to the last block must lie inside the file and end exactly ``trailer``
+    bytes (a checksum) before its end (a truncated or overwritten chunk fails).  Returns what is
+    wrong, or None."""
+    try:
+        with safeio.open_regular(path) as (f, fsize):
+            return _frame_ok(f, (fsize if size is None else size) - trailer)
+    except safeio.BadFile as e:
+        return str(e)
 
-        def at(off: int, n: int) -> bytes:
-            if off + n <= len(buf):
-                return buf[off:off + n]
-            f.seek(off)
-            return f.read(n)
-        head = buf[:18]
-        if len(head) < 6 or head[:4] != b"\x28\xb5\x2f\xfd":
-            return "not a zstd frame (garbage)"
-        fhd = head[4]
-        single, checksum, did = (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
-        fcs = {0: single, 1: 2, 2: 4, 3: 8}[fhd >> 6]
-        off = 5 + (0 if single else 1) + (0, 1, 2, 4)[did] + fcs
-        while True:
-            h = at(off, 3)
-            if len(h) < 3:
-                return f"truncated ({size} bytes)"
-            v = int.from_bytes(h, "little")
-            last, btype, bsize = v & 1, (v >> 1) & 3, v >> 3
-            if btype == 3:
-                return "corrupt block header (garbage)"
-            off += 3 + (1 if btype == 1 else bsize)
-            if last:
-                break
-        end = off + 4 * checksum
-        if end != size:
-            return f"truncated ({size} bytes, the frame needs {end})" if end > size else \
-                f"trailing garbage ({size - end} bytes after the frame)"
+
+def _frame_ok(f, size: int) -> str | None:
+    if size < 0:
+        return f"truncated ({size} bytes)"
+    buf = f.read(size if size <= 1 << 16 else 18)       # small chunks: parse in memory
+
+    def at(off: int, n: int) -> bytes:
+        if off + n <= len(buf):
+            return buf[off:off + n]
+        f.seek(off)
+        return f.read(n)
+    head = buf[:18]
+    if len(head) < 6 or head[:4] != _ZSTD_MAGIC:
+        return "not a zstd frame (garbage)"
+    fhd = head[4]
+    single, checksum, did = (fhd >> 5) & 1, (fhd >> 2) & 1, fhd & 3
+    fcs = {0: single, 1: 2, 2: 4, 3: 8}[fhd >> 6]
+    off = 5 + (0 if single else 1) + (0, 1, 2, 4)[did] + fcs
+    while True:
+        h = at(off, 3)
+        if len(h) < 3:
+            return f"truncated ({size} bytes)"
+        v = int.from_bytes(h, "little")
+        last, btype, bsize = v & 1, (v >> 1) & 3, v >> 3
+        if btype == 3:
+            return "corrupt block header (garbage)"
+        off += 3 + (1 if btype == 1 else bsize)
+        if last:
+            break
+    end = off + 4 * checksum
+    if end != size:
+        return f"truncated ({size} bytes, the frame needs {end})" if end > size else \
+            f"trailing garbage ({size - end} bytes after the frame)"
     return None
 
 
-def _files(base: Path, root: Path | None) -> tuple[set[str], set[str]]:
-    """Keys of the regular files below ``base``, and of the symlinks resolving outside ``root``
-    (one scandir per folder, no stat: zarr nests one folder per chunk axis, so this is the cost)."""
+def _files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[set[str], set[str]]:
+    """Keys of the regular files below ``base``, and of the symlinks resolving outside ``root``;
+    entries that are neither files nor folders (FIFOs, devices, sockets) go to ``odd`` (one
+    scandir per folder, no stat: zarr nests one folder per chunk axis, so this is the cost)."""
     files: set[str] = set()
     outside: set[str] = set()
+    odd = set() if odd is None else odd
+    seen: set[tuple[int, int]] = set()     # folders walked: a symlink loop is walked once
 
     def walk(d: str, prefix: str) -> None:
         try:
+            st = os.stat(d)
+            if (st.st_dev, st.st_ino) in seen:
+                return
+            seen.add((st.st_dev, st.st_ino))
             entries = list(os.scandir(d))
         except OSError:
             return
@@ -121,10 +229,14 @@ def _files(base: Path, root: Path | None) -> tuple[set[str], set[str]]:
                     files.add(key)
                 elif os.path.isdir(e.path):
                     walk(e.path, key + "/")
+                elif os.path.exists(e.path):
+                    odd.add(key)
             elif e.is_dir(follow_symlinks=False):
                 walk(e.path, key + "/")
             elif e.is_file(follow_symlinks=False):
                 files.add(key)
+            else:
+                odd.add(key)
 
     walk(str(base), "")
     return files, outside
@@ -134,10 +246,10 @@ class RecordedArray:
     """A lazy, read-only view of one recorded array, bounded by the commit marker.  A chunk that
     can't be read raises :class:`RecordError` naming the array (never a raw codec error)."""
 
-    def __init__(self, name: str, z: Any, n: int):
+    def __init__(self, name: str, z: Any, n: int, attrs: dict | None = None):
         self.name, self._z, self.n = name, z, n
         self.dims: tuple[str, ...] = tuple(z.metadata.dimension_names or ())
-        self.attrs: dict = dict(z.attrs)
+        self.attrs: dict = dict(z.attrs) if attrs is None else attrs
         self.dtype = z.dtype
 
     @property
@@ -160,7 +272,10 @@ class RecordedArray:
             return self._z[key]
         except RecordError as e:
             raise RecordError(f"array {self.name}: {e}") from None
-        except (RuntimeError, ValueError) as e:      # codec errors (zstd, reshape of a short chunk)
+        except (RuntimeError, ValueError, MemoryError, OverflowError) as e:   # codec errors
+            if "checksum do not match" in str(e):
+                raise RecordError(f"array {self.name}: a chunk fails its checksum (CRC-32C): its bytes "
+                                  "changed after they were written") from None
             raise RecordError(f"array {self.name}: a chunk can't be decoded ({e})") from None
 
     def __getitem__(self, key):
@@ -196,28 +311,42 @@ class RecordedArray:
         ranges = [range(math.ceil(n / c)) for n, c in zip(shape, cs)]
         return [(c, f"{self.name}/{self._z.metadata.encode_chunk_key(c)}") for c in itertools.product(*ranges)]
 
+    @property
+    def checksummed(self) -> bool:
+        """Whether each chunk carries a CRC-32C (the ``crc32c`` codec, in records since the
+        hardening round)."""
+        return any(type(c).__name__ == "Crc32cCodec" for c in self._z.metadata.codecs)
+
     def verify(self, full: bool = False, root: Path | None = None) -> list[str]:
         """Problems of the committed chunks: missing, outside the run, not a well-formed zstd frame;
-        with ``full``, every chunk is also decoded."""
+        with ``full``, every chunk is also decoded (and its checksum checked, where it has one)."""
         problems: list[str] = []
         base = Path(self._z.store.root) / self.name
-        zstd = any(type(c).__name__ == "ZstdCodec" for c in self._z.metadata.codecs)
+        codecs = [type(c).__name__ for c in self._z.metadata.codecs]
+        crc = bool(codecs) and codecs[-1] == "Crc32cCodec"
+        zstd = "ZstdCodec" in codecs and (codecs.index("ZstdCodec") == len(codecs) - 1 - crc)
         cs = self._z.metadata.chunk_grid.chunk_shape
-        files, outside = _files(base, root)
+        odd: set[str] = set()
+        files, outside = _files(base, root, odd)
         for coords, key in self.chunk_keys():
-            rel = key.split("/", 1)[1]
+            rel = key[len(self.name) + 1:]
             if rel in outside or (outside and any(rel.startswith(o + "/") for o in outside)):
                 problems.append(f"array {self.name}: chunk {key} resolves outside the run; not read")
+                continue
+            if rel in odd:
+                problems.append(f"array {self.name}: chunk {key} is not a regular file (a FIFO, device "
+                                "or socket); not read")
                 continue
             if rel not in files:
                 problems.append(f"array {self.name}: chunk {key} is missing (deleted?)")
                 continue
-            why = zstd_frame_ok(base / rel) if zstd else None
+            why = zstd_frame_ok(base / rel, trailer=4 if crc else 0) if zstd else None
             if why is None and full:
                 sel = tuple(slice(c * s, (c + 1) * s) for c, s in zip(coords, cs))
-                sel = (slice(sel[0].start, min(sel[0].stop, self.n)),) + sel[1:]
+                if sel:
+                    sel = (slice(sel[0].start, min(sel[0].stop, self.n)),) + sel[1:]
                 try:
-                    self[sel]
+                    self[sel] if sel else self._read(())
                 except RecordError as e:
                     why = str(e).removeprefix(f"array {self.name}: ")
             if why is not None:
@@ -240,7 +369,7 @@ def read_marker(path: str | Path, root: str | Path | None = None) -> int:
     if not _inside(meta, root):
         raise RecordError(f"{path.name}/zarr.json resolves outside {root}; not read")
     try:
-        attrs = json.loads(meta.read_text()).get("attributes", {})
+        attrs = safeio.read_json(meta).get("attributes", {})
     except (OSError, ValueError, AttributeError) as e:
         raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {e})") from None
     return _marker(attrs if isinstance(attrs, dict) else {}, [])
@@ -254,13 +383,84 @@ def _marker(attrs: dict, problems: list[str]) -> int:
     return m
 
 
+_INT_ATTRS = ("query_offset", "key_offset", "T", "block", "layer", "head")
+
+
+def _clean_attrs(where: str, attrs: Any, problems: list[str]) -> dict:
+    """Array attributes the tools compute with must be non-negative integers; others are dropped
+    (reported) so a crafted value can't break a reader."""
+    if not isinstance(attrs, dict):
+        return {}
+    out = dict(attrs)
+    for k in _INT_ATTRS:
+        v = out.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**53):
+            problems.append(f"{where}: attribute {k}={str(v)[:40]!r} is not a non-negative integer; ignored")
+            del out[k]
+    return out
+
+
+def _clean_group_attrs(attrs: dict, problems: list[str]) -> dict:
+    out = dict(attrs)
+    for k in ("probe_tokens", "tokens"):
+        v = out.get(k)
+        if v is None:
+            continue
+        flat = all(isinstance(t, (str, int)) for t in v) if isinstance(v, list) else False
+        nested = isinstance(v, list) and all(isinstance(r, list) and all(isinstance(t, (str, int)) for t in r)
+                                             for r in v)
+        if not (flat or nested):
+            problems.append(f"record.zarr: attribute {k} is not a list of tokens; ignored")
+            del out[k]
+    return out
+
+
+def check_array(where: str, z: Any, rows: int, base: Path) -> str | None:
+    """What is wrong with an array's declared geometry, before anything is allocated for it: its
+    dimensions, a decoded chunk over ``MAX_CHUNK_RAW`` bytes, more committed chunks than
+    ``MAX_CHUNKS``, or (for a big declaration) many more chunks than files that exist."""
+    shape = tuple(int(n) for n in z.shape)
+    grid = z.metadata.chunk_grid
+    cs = tuple(int(c) for c in getattr(grid, "chunk_shape", ()) or ())
+    if len(shape) > MAX_NDIM:
+        return f"{where}: {len(shape)} dimensions (at most {MAX_NDIM}); not read"
+    if len(cs) != len(shape) or any(c < 1 for c in cs) or any(n < 0 for n in shape):
+        return f"{where}: chunk grid {cs} does not fit the shape {list(shape)}; not read"
+    itemsize = max(1, int(getattr(z.dtype, "itemsize", 1) or 1))
+    raw = math.prod(cs) * itemsize
+    if raw > MAX_CHUNK_RAW:
+        return (f"{where}: declares chunks of {raw} bytes (shape {list(shape)}, chunks {list(cs)}), "
+                f"over the {MAX_CHUNK_RAW}-byte limit; not read")
+    counted = (min(rows, shape[0]),) + shape[1:] if shape else ()
+    nchunks = math.prod(math.ceil(n / c) for n, c in zip(counted, cs))
+    if nchunks > MAX_CHUNKS:
+        return (f"{where}: declares shape {list(shape)} = {nchunks} chunks of {list(cs)}, over the "
+                f"{MAX_CHUNKS}-chunk limit; not read")
+    declared = math.prod(counted) * itemsize
+    if nchunks > 1024 or declared > (256 << 20):
+        have = sum(1 for k in _files(base, None)[0] if _CHUNK_KEY.search(k))
+        if have < nchunks / 2:
+            return (f"{where}: declares shape {list(shape)} = {nchunks} chunks ({declared} bytes) but only "
+                    f"{have} chunk files exist; not read")
+    return None
+
+
+def _spec_of(z: Any) -> _ChunkSpec:
+    codecs = [type(c).__name__ for c in z.metadata.codecs]
+    crc = bool(codecs) and codecs[-1] == "Crc32cCodec"
+    zstd = "ZstdCodec" in codecs and codecs.index("ZstdCodec") == len(codecs) - 1 - crc
+    cs = z.metadata.chunk_grid.chunk_shape
+    return _ChunkSpec(math.prod(cs) * max(1, int(z.dtype.itemsize or 1)), zstd, crc)
+
+
 class StoreReader:
     """Opens ``record.zarr`` read-only and never reads past the commit marker.
 
     ``root``: every file read must resolve inside it (default: the run directory).  ``limit``: read
     at most this many steps, so a live reader labelled with marker M holds exactly M rows even if
     the writer committed more since.  Whatever can't be read as written goes to ``problems``
-    (arrays stay readable where they can be); ``refresh()`` re-reads the marker of a live run."""
+    (arrays stay readable where they can be); ``notes`` holds what is worth knowing but not damage
+    (a record written without checksums); ``refresh()`` re-reads the marker of a live run."""
 
     def __init__(self, path: str | Path, root: str | Path | None = None, limit: int | None = None):
         self.path = Path(path)
@@ -270,24 +470,27 @@ class StoreReader:
 
     def refresh(self) -> None:
         self.problems: list[str] = []
+        self.notes: list[str] = []
+        self.unreadable: dict[str, str] = {}           # array (static/NAME too) -> why
         if not _inside(self.path, self.root):
             raise RecordError(f"{self.path.name} resolves outside {self.root}; not read")
+        self._store = GuardedStore(self.path, self.root)
         try:
-            self.group = zarr.open_group(store=GuardedStore(self.path, self.root), mode="r")
-        except (RecordError, ValueError, KeyError, TypeError, OSError, FileNotFoundError) as e:
-            raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {e})") from None
-        self.attrs = dict(self.group.attrs)
+            self.group = zarr.open_group(store=self._store, mode="r")
+            attrs = dict(self.group.attrs)
+        except RecordError as e:
+            raise RecordError(f"record.zarr can't be read ({e})") from None
+        except Exception as e:                     # zarr's own metadata errors, whatever their type
+            raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {str(e)[:200]})") from None
+        self.attrs = _clean_group_attrs(attrs, self.problems)
         marker = _marker(self.attrs, self.problems)
         self._cache: dict[str, RecordedArray] = {}
         self._z: dict[str, Any] = {}
+        self._attrs: dict[str, dict] = {}
         for name in self._listed():
-            if not (self.path / name / "zarr.json").exists():
-                self.problems.append(f"array {name}: its metadata (zarr.json) is missing; not readable")
-                continue
-            try:
-                self._z[name] = self.group[name]
-            except (RecordError, ValueError, KeyError, TypeError) as e:
-                self.problems.append(f"array {name}: its metadata can't be read ({type(e).__name__}: {e})")
+            z = self._open(name, marker)
+            if z is not None:
+                self._z[name] = z
         have = min((z.shape[0] for z in self._z.values()), default=marker)
         if marker > have:
             short = sorted(n for n, z in self._z.items() if z.shape[0] < marker)
@@ -296,10 +499,55 @@ class StoreReader:
                                  f"{have}; reading {have}")
         self.marker = marker
         self.steps_written = min(marker, have, limit) if (limit := self.limit) is not None else min(marker, have)
+        self._static: dict[str, Any] = {}
+        for name in self._static_listed():
+            z = self._open(f"static/{name}", None)
+            if z is not None:
+                self._static[name] = z
+        plain = [n for n, z in [*self._z.items(), *self._static.items()] if not _spec_of(z).crc]
+        if plain:
+            self.notes.append(f"record.zarr: not checksummed ({len(plain)} array(s) written without per-chunk "
+                              "CRC-32C, by an older dyntool): `check` decodes their chunks but can't "
+                              "detect a changed byte that still decodes")
+
+    def _fail(self, name: str, why: str) -> None:
+        self.unreadable[name] = why
+        self.problems.append(why)
+
+    def _open(self, name: str, marker: int | None):
+        """Open one array (``static/NAME`` too) and check its declared geometry; None if unusable."""
+        where = f"array {name}"
+        if not (self.path / name / "zarr.json").exists():
+            self._fail(name, f"{where}: its metadata (zarr.json) is missing; not readable")
+            return None
+        try:
+            z = self.group[name]
+            if not hasattr(z, "shape") or not hasattr(z.metadata, "chunk_grid"):
+                raise TypeError("not an array")
+            if marker is not None and len(z.shape) == 0:
+                raise TypeError("no step axis")
+            rows = (marker if marker is not None else (z.shape[0] if z.shape else 0))
+            why = check_array(where, z, rows, self.path / name)
+        except RecordError as e:
+            why = f"{where}: its metadata can't be read ({e})"
+        except Exception as e:                     # zarr's parse errors come in many types
+            why = f"{where}: its metadata can't be read ({type(e).__name__}: {str(e)[:200]})"
+        if why is not None:
+            self._fail(name, why)
+            return None
+        self._attrs[name] = _clean_attrs(where, dict(z.attrs), self.problems)
+        self._store.specs[name] = _spec_of(z)
+        return z
 
     def _listed(self) -> list[str]:
         return sorted(p.name for p in self.path.iterdir()
                       if p.is_dir() and p.name != "static" and not p.name.endswith(".partial"))
+
+    def _static_listed(self) -> list[str]:
+        d = self.path / "static"
+        if not d.is_dir() or not _inside(d, self.root):
+            return []
+        return sorted(p.name for p in d.iterdir() if p.is_dir())
 
     def names(self) -> list[str]:
         """Names of the readable arrays (one broken array never hides the rest)."""
@@ -309,38 +557,58 @@ class StoreReader:
         if name not in self._cache:
             if name not in self._z:
                 raise RecordError(f"array {name} is not readable in this recording")
-            self._cache[name] = RecordedArray(name, self._z[name], self.steps_written)
+            self._cache[name] = RecordedArray(name, self._z[name], self.steps_written, self._attrs.get(name))
         return self._cache[name]
 
     def arrays(self) -> dict[str, RecordedArray]:
         return {n: self[n] for n in self.names()}
 
     def static_names(self) -> list[str]:
-        d = self.path / "static"
-        return sorted(p.name for p in d.iterdir() if (p / "zarr.json").exists()) if d.is_dir() else []
+        """Names of the readable ``static/`` arrays (unreadable ones are in ``problems``)."""
+        return sorted(self._static)
+
+    def static_array(self, name: str) -> Any:
+        """The (checked) zarr array ``static/NAME``."""
+        if name not in self._static:
+            raise RecordError(f"static/{name} is not readable in this recording")
+        return self._static[name]
 
     def static_shapes(self) -> dict[str, tuple[int, ...]]:
         """Shapes of the ``static/`` arrays (metadata only)."""
-        try:
-            return {k: tuple(self.group["static"][k].shape) for k in self.static_names()}
-        except (KeyError, ValueError, TypeError) as e:
-            raise RecordError(f"static arrays: metadata can't be read ({type(e).__name__}: {e})") from None
+        return {k: tuple(z.shape) for k, z in self._static.items()}
 
     def static(self, name: str) -> np.ndarray:
-        """A per-run array without a step axis (``static/NAME``), read whole."""
+        """A per-run array without a step axis (``static/NAME``), read whole (refused when it would
+        not fit in memory)."""
+        z = self.static_array(name)
+        need = math.prod(z.shape) * max(1, int(z.dtype.itemsize or 1))
+        why = safeio.memory_problem(need)
+        if why:
+            raise RecordError(f"static/{name}: {why}")
         try:
-            return self.group["static"][name][...]
+            return z[...]
         except RecordError as e:
             raise RecordError(f"static/{name}: {e}") from None
-        except (RuntimeError, ValueError) as e:
+        except (RuntimeError, ValueError, MemoryError) as e:
             raise RecordError(f"static/{name}: can't be decoded ({e})") from None
 
     def verify(self, full: bool = False) -> list[str]:
         """Every problem of this recording: the ones found on opening plus each committed chunk
-        checked (``full``: decoded too).  Reads no chunk when ``full`` is false."""
+        checked (``full``: decoded too, checksums checked), ``static/`` arrays included.  Reads no
+        chunk when ``full`` is false."""
         out = list(self.problems)
         for name in self.names():
             out += self[name].verify(full, self.root)
+        for name, z in self._static.items():
+            if len(z.shape) == 0:
+                if full:
+                    try:
+                        self.static(name)
+                    except RecordError as e:
+                        out.append(str(e))
+                continue
+            out += RecordedArray(f"static/{name}", z, z.shape[0], self._attrs.get(f"static/{name}")).verify(
+                full, self.root)
         return out
 
 

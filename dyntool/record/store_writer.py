@@ -24,12 +24,15 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.codecs import Crc32cCodec, ZstdCodec
 
 from . import names
 
 FORMAT = "dyntool-record"
 FORMAT_VERSION = 1
 TARGET_CHUNK_BYTES = 4 << 20
+# every chunk: zstd, then a CRC-32C of the compressed bytes (``dyntool check`` verifies it)
+COMPRESSORS = (ZstdCodec(level=0, checksum=False), Crc32cCodec())
 
 
 def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
@@ -51,9 +54,13 @@ def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
 class StoreWriter:
     def __init__(self, path: str | Path, chunk_steps: int = 16, flush_seconds: float = 30.0,
                  attrs: dict[str, Any] | None = None):
-        self.path = Path(path)
         self.chunk_steps, self.flush_seconds = int(chunk_steps), float(flush_seconds)
-        self.group = zarr.open_group(str(self.path), mode="w-")
+        if isinstance(path, (str, Path)):
+            self.path = Path(path)
+            self.group = zarr.open_group(str(self.path), mode="w-")
+        else:                                  # a zarr Store, e.g. object storage (remote.py)
+            self.path = None
+            self.group = zarr.open_group(store=path, mode="w-")
         self.group.attrs.update({"format": FORMAT, "format_version": FORMAT_VERSION,
                                  "steps_written": 0, **(attrs or {})})
         self._arrays: dict[str, Any] = {}
@@ -128,7 +135,7 @@ class StoreWriter:
             raise ValueError(f"static/{name}: {len(dims)} dimension names for {data.ndim} axes")
         grp = self.group.require_group("static")
         arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, dimension_names=list(dims),
-                               config={"write_empty_chunks": True})
+                               compressors=COMPRESSORS, config={"write_empty_chunks": True})
         arr[...] = data
 
     @property
@@ -184,7 +191,7 @@ class StoreWriter:
         arr = self.group.create_array(
             name, shape=(0, *per_step), dtype=dtype,
             chunks=chunk_shape(per_step, dtype.itemsize, self.chunk_steps),
-            fill_value=fill, dimension_names=list(dims),
+            fill_value=fill, dimension_names=list(dims), compressors=COMPRESSORS,
             attributes=self._array_attrs.get(name, {}),
             config={"write_empty_chunks": True})   # every committed chunk exists: a missing one was deleted
         return arr

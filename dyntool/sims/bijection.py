@@ -161,6 +161,10 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
         torch.set_num_threads(prev)
 
 
+# geometry numbers kept at step 0 and at the end in meta.final["geometry"], with their baselines
+_GEOMETRY = ("r2_linear", "r_pc1", "r_best", "ordering_score", "r2_partial", "ordering_null_mean", "ordering_null_p")
+
+
 def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWriter:
     m = cfg.model
     T, hs = data.seq_len(cfg.L), m.n_embd // m.n_head
@@ -197,6 +201,7 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             store.write_static("point_k", np.tile(np.arange(1, cfg.L + 1), cfg.plot_seqs), ("point",))
         rec = Recorder(store, cfg.record, cfg.steps, T)
         last_eval, stop_at = None, None
+        geometry: dict[int, dict] = {}          # analysed step -> geometry numbers (first and last kept)
         for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
             row: dict = {}
             over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
@@ -212,6 +217,9 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             if rec.wants(step) or over:
                 an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h)
                 row.update(an["metrics"])
+                keep = {k: v for k, v in an["metrics"].items() if k.startswith("manifold/") and
+                        k.rsplit("/", 1)[-1] in _GEOMETRY}
+                geometry = {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
                 extra["bij_model_entropy"] = ent
                 rec.record_probe(model, lambda mdl: value_loss(mdl(pr_tok)[0], pr_tgt, cfg.V), step, extra)
@@ -233,7 +241,11 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
                 run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
                         elapsed_s=time.perf_counter() - t0, **row)
         n_done = stop_at if stop_at is not None else cfg.steps
-        final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done,
+        if geometry:   # step 0 (untrained) beside the last analysed step; manifold/pos_onehot/* = baseline
+            final_geo = {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
+        else:
+            final_geo = None
+        final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done, "geometry": final_geo,
                  "stopped_early": stop_at is not None,
                  "seconds": round(time.perf_counter() - t0, 1),
                  "sec_per_step": (time.perf_counter() - t0) / max(n_done, 1)}

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import attention_cores
-from ..manifold import key_orthogonality, manifold_metrics, pca
+from ..manifold import COMPARED, baseline_comparison, key_orthogonality, manifold_metrics, pca
 from ..observe import Observer
 from ..record import metric_names as mn
 from ..quantities import attention_weights, entropy, masked_scores
@@ -127,6 +127,12 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         model.train(was)
     metrics: dict[str, float] = {}
     arrays: dict[str, list] = {f"pcs_{r}": [] for r in REPS}
+    # baseline: a one-hot of the key position.  H_Bayes is a function of the position here (without
+    # replacement), so this baseline has R² = 1 and an R² near 1 from the residual says little by itself
+    onehot = np.tile(np.eye(L), (len(tokens), 1))
+    base = manifold_metrics(onehot, h, r2=r2)
+    pre = mn.bijection_manifold(mn.BIJECTION_BASELINE)
+    metrics.update({pre + k: float(getattr(base, k)) for k in COMPARED})
     n_layer = len(model.h)
     wte = model.wte.weight[:V].double()                                    # key-token embeddings
     for l in range(n_layer):
@@ -143,9 +149,12 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
             x = x.double().reshape(B * L, -1).numpy()
             p = pca(x, orient_by=h)                                        # one SVD for both uses
             m = manifold_metrics(x, h, r2=r2, pca_result=p)
+            pre = mn.bijection_manifold(name, l)
             for k, v in m.as_dict().items():
                 if k not in ("n", "d"):
-                    metrics[f"manifold/{name}/L{l}/{k}"] = v
+                    metrics[pre + k] = v
+            c = baseline_comparison(x, h, onehot, baseline_metrics=base, pca_result=p)
+            metrics.update({pre + k: v for k, v in c.items() if not k.startswith("baseline_")})
             if n_plot:
                 sc = np.full((n_plot * L, 2), np.nan)
                 k2 = min(2, p.scores.shape[1])

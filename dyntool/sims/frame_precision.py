@@ -100,3 +100,30 @@ def describe_change(steps, y, what: str, fmt: str = "{:.2f}") -> str:
         extra = f", after a high of {fmt.format(v[hi])} at step {s[hi]}"
     return (f"{what} {verb} from {fmt.format(v[0])} (step {s[0]}) to {fmt.format(v[-1])} "
             f"(step {s[-1]}){extra}")
+
+
+def settle_step(steps, y, frac: float = 0.1):
+    """First step from which ``y`` (a drift rate) stays below ``frac`` × its maximum for the rest of
+    the record, or None if it never does (the last point alone does not count as settled)."""
+    steps, y = np.asarray(steps), np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(y)
+    s, v = steps[ok], y[ok]
+    if len(v) < 2:
+        return None
+    below = v < frac * v.max()
+    for i in range(len(v) - 1):
+        if below[i:].all():
+            return int(s[i])
+    return None
+
+
+def ordering_phrase(steps, attn, values, arm: str, frac: float = 0.1) -> str:
+    """Caption phrase, from the data: does attention drift settle before value drift?"""
+    a, v = settle_step(steps, attn, frac), settle_step(steps, values, frac)
+    pk = int(np.asarray(steps)[np.nanargmax(np.asarray(attn, dtype=np.float64))]) if np.isfinite(attn).any() else None
+    def w(x):
+        return f"step {x}" if x is not None else "never (within the record)"
+    verdict = ("attention settles first" if a is not None and (v is None or a < v) else
+               "attention does NOT settle before the values")
+    return (f"{arm}: attention drift peaks at step {pk}, falls below {frac:.0%} of its peak for good at {w(a)}; "
+            f"value drift at {w(v)}: {verdict}")

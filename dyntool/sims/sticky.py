@@ -33,12 +33,14 @@ from ..config import NonNegFloat, PosInt, Range, Seed, to_dict
 from ..errors import ConfigError, RunError
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
+from ..record import metric_names as mn
 from ..record.recorder import Recorder
 from ..run_writer import RunWriter, _write_json_atomic, ensure_out_dir
+from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
-from .summary import summarise
-from .sticky_data import (HELDOUT_OFFSET, generate, h_min, posterior_predictive_entropy, stationary,
+from .summary import geometry_summary, summarise
+from .sticky_data import (HELDOUT_OFFSET, filter_entropy, filter_nll, generate, h_min, stationary,
                           transition_matrix)
 
 ARMS = ("sgd", "em", "readout", "routing", "all", "sgd_tuned", "em_closed_form")
@@ -148,17 +150,27 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
     return out, grid
 
 
-def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None) -> list[dict]:
-    """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j."""
-    from ..manifold import manifold_metrics
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=None) -> list[dict]:
+    """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j,
+    each with its baselines (the raw input x: its own metrics, the partial R² beyond it, the
+    ordering score's permutation null).  ``base``: per run, manifold_metrics of x (fixed data)."""
+    from ..manifold import baseline_comparison, manifold_metrics, pca
     g = engine.head_outputs(W, x_ho, pool=pool).double().numpy()           # (R, N, d_v)
     v = (x_ho @ W.W_V).double().numpy()
+    xb = x_ho.double().numpy()
 
     def one(r):
         row = {}
+        bm = base[r] if base is not None else manifold_metrics(xb[r], H_ho[r])
+        pre = mn.sticky_manifold(mn.STICKY_BASELINE)
+        row.update({k: float(val) for k, val in bm.as_dict(pre).items() if k[len(pre):] in _MANIFOLD_KEYS})
         for tag, rep in (("g", g[r]), ("v", v[r])):
-            m = manifold_metrics(rep, H_ho[r]).as_dict(f"heldout_{tag}_")
-            row.update({k: float(val) for k, val in m.items() if k[len(f"heldout_{tag}_"):] in _MANIFOLD_KEYS})
+            pre = mn.sticky_manifold(tag)
+            p = pca(rep, orient_by=H_ho[r])                                  # one SVD for both calls
+            m = manifold_metrics(rep, H_ho[r], pca_result=p).as_dict(pre)
+            row.update({k: float(val) for k, val in m.items() if k[len(pre):] in _MANIFOLD_KEYS})
+            c = baseline_comparison(rep, H_ho[r], xb[r], baseline_metrics=bm, pca_result=p)
+            row.update({pre + k: v for k, v in c.items() if not k.startswith("baseline_")})
         return row
     # (N, d_v) SVDs and least squares are tiny: one BLAS thread each, runs spread over Python threads
     # (measured under load: 0.25 s -> 0.006 s per call; OpenBLAS's own threads spin on small problems)
@@ -168,8 +180,24 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None) -> lis
         return list(pool.map(one, range(g.shape[0])))
 
 
+def _entropy_stats(data, held, hmin: float) -> dict:
+    """Spread of H_Bayes over positions (mean over seeds): is there anything for D6–D7 to find?"""
+    def st(H):
+        H = np.concatenate([h.numpy()[None] for h in H])
+        return {"std": float(H.std(1).mean()), "p05": float(np.percentile(H, 5, axis=1).mean()),
+                "p95": float(np.percentile(H, 95, axis=1).mean()),
+                "frac_within_0.01_of_h_min": float((np.abs(H - hmin) < 0.01).mean())}
+    out = {"train": st([v[1] for v in data.values()])}
+    if held:
+        out["heldout"] = st([v[1] for v in held.values()])
+    return out
+
+
 _MANIFOLD_KEYS = ("pc1_share", "participation_ratio", "r_pc1", "r_pc2", "r_pc3", "r_pc4", "r_pc5", "r_best",
                   "r2_linear", "ordering_score")
+# compared against the baseline and at step 0 in summary.json (dyntool.sims.summary.geometry)
+GEOMETRY_KEYS = ("r2_linear", "r_pc1", "r_best", "ordering_score", mn.R2_PARTIAL, mn.ORDERING_NULL_MEAN,
+                 mn.ORDERING_NULL_P)
 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
@@ -199,8 +227,12 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
     hmin = h_min(P, pi)
 
     def chain(seed):
+        # H_Bayes = entropy of p(y_t | x_≤t), the HMM forward filter (the model sees the whole causal
+        # prefix); its start law is the generator's uniform first symbol, for every construction
         d = generate(seed, cfg.T, cfg.n_symbols, cfg.d_x, P, cfg.embed_seed, cfg.noise_std)
-        return d, posterior_predictive_entropy(d.x, d.mu, P, cfg.noise_std, pi).float()
+        bayes_nll[seed] = float(filter_nll(d.x, d.mu, P, d.y, cfg.noise_std).mean())
+        return d, filter_entropy(d.x, d.mu, P, cfg.noise_std).float()
+    bayes_nll: dict[int, float] = {}          # seed -> mean Bayes NLL (train seed s; held-out s + offset)
     data = {s: chain(s) for s in cfg.seeds}
     x = torch.stack([data[s][0].x for s, _ in runs]).to(dtype)
     y = torch.stack([data[s][0].y for s, _ in runs])
@@ -211,6 +243,10 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         held_h = {s: chain(s + cfg.heldout_offset) for s in cfg.seeds}
         held = {s: v[0] for s, v in held_h.items()}
         Hb_ho = np.stack([held_h[s][1].numpy() for s, _ in runs])             # (R, N) held-out H_Bayes
+        from ..manifold import manifold_metrics
+        with threadpool_limits(1):          # the baseline (raw x) is the same at every step
+            base_ho = {s: manifold_metrics(held[s].x.double().numpy(), held_h[s][1].numpy()) for s in cfg.seeds}
+        base_runs = [base_ho[s] for s, _ in runs]
         ev = dict(eval_x=torch.stack([held[s].x for s, _ in runs]).to(dtype),
                   eval_y=torch.stack([held[s].y for s, _ in runs]),
                   eval_steps=lambda k: k % cfg.heldout_every == 0)
@@ -228,7 +264,8 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=f"seed{seed}-{a.name}",
                                                      seeds=[seed], tags=tags,
                                                      extra_meta={"record_batch": "train (full batch)",
-                                                                 "study": study.name, "h_min": hmin}))
+                                                                 "study": study.name, "h_min": hmin,
+                                                                 "metrics_rows": STATE_ROWS}))
             writers.append(w)
             rec = None
             if rec_on and rec_cfg.enabled:
@@ -242,6 +279,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         prev_attn = {"a": None}
 
         diag_rows: dict[int, list[dict]] = {}
+        geometry: dict[int, list[dict]] = {}      # recorded step -> per run held-out manifold metrics
         eval_rows: dict[int, list[dict]] = {}
         heldout_curves: list[list[tuple[int, float]]] = [[] for _ in runs]
 
@@ -255,8 +293,10 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             prev_attn["a"] = attn_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
             if cfg.heldout:
-                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.pool)):
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.pool,
+                                                            base_runs)):
                     rows[i].update(extra)
+                geometry[step] = [{k: v for k, v in r.items() if k.startswith("heldout_")} for r in rows]
             diag_rows[step] = rows
             for i, a in zip(want, arrays):
                 recorders[i].write(step, a, extra=rows[i])
@@ -293,8 +333,15 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         for i, w in enumerate(writers):
             final = {k: float(v[i]) for k, v in result.final.items()}
             fe = {f"heldout_{k}": float(v[i]) for k, v in (result.final_eval or {}).items()}
-            w.update_meta(final={"final_loss": final["loss"], "entropy": final["entropy"],
+            w.update_meta(final={"steps": cfg.steps, "final_loss": final["loss"], "entropy": final["entropy"],
                                  "accuracy": final["accuracy"], **fe})
-    summary = summarise(cfg, runs, result, hmin, heldout_curves, grid)
+    bayes = {"rule": "mean over positions of -log p(y_t | x_<=t), HMM forward filter (Bayes-optimal causal loss)",
+             "per_seed": [{"seed": s, "train": bayes_nll[s],
+                           "heldout": bayes_nll.get(s + cfg.heldout_offset) if cfg.heldout else None}
+                          for s in cfg.seeds],
+             "h_bayes": _entropy_stats(data, held_h if cfg.heldout else None, hmin)}
+    summary = summarise(cfg, runs, result, hmin, heldout_curves, grid, bayes=bayes)
+    if geometry:
+        summary["geometry"] = geometry_summary(cfg, runs, geometry, GEOMETRY_KEYS)
     _write_json_atomic(study / "summary.json", summary)
     return study

@@ -1,5 +1,6 @@
 """Sticky Markov-chain data (arXiv 2512.22473, sticky Markov-chain task) and its Bayes reference quantities
-(minimum and posterior predictive entropies).
+(minimum entropy; the Bayes predictive given the whole observed prefix, by the HMM forward filter;
+and, kept for comparison, the predictive from the current observation alone).
 
 The generator follows the authors' RNG protocol literally, so that a given ``seed`` gives the
 same sequence, noise and therefore the same per-seed numbers as their script under the same
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["StickyData", "transition_matrix", "h_min", "stationary", "generate", "posterior_predictive_entropy",
-           "HELDOUT_OFFSET"]
+__all__ = ["StickyData", "transition_matrix", "h_min", "stationary", "generate", "single_observation_entropy",
+           "filter_log_predictive", "filter_entropy", "filter_nll", "HELDOUT_OFFSET"]
 
 # The held-out sequence of seed s is ``generate(s + HELDOUT_OFFSET, ...)``: the same chain and the same
 # symbol means μ (drawn under embed_seed), a different path and noise.  The offset follows the
@@ -143,14 +144,18 @@ def generate(seed: int, T: int = 2000, n: int = 8, d_x: int = 20, P: torch.Tenso
     return StickyData(x=x, y=seq[1:].clone(), prev=seq[:-1].clone(), mu=mu, P=P)
 
 
-def posterior_predictive_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor,
-                                 noise_std: float = 1.0, pi: torch.Tensor | None = None) -> torch.Tensor:
-    """Entropy (nats) of the exact Bayes predictive p(y_t | x_t) per position, shape (N,).
+def single_observation_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor,
+                               noise_std: float = 1.0, pi: torch.Tensor | None = None) -> torch.Tensor:
+    """Entropy (nats) of p(y_t | x_t) from the CURRENT observation alone, per position, shape (N,).
+
+    NOT the Bayes predictive of the task: the model sees x_1..x_t, and the chain makes earlier
+    observations informative about y_{t-1}; that one is :func:`filter_entropy` (H_Bayes).  Kept
+    under this explicit name because earlier dyntool versions (and the README's earlier varied-
+    preset numbers) used it as "H_Bayes".
 
     Posterior over the latent y_{t-1} given x_t alone: ∝ π(y') N(x_t; mu_{y'}, noise_std² I) with
     the stationary law π as prior (``pi`` None: uniform, which cancels), computed in log space;
-    predictive = posterior @ P.  This is the per-position reference entropy H_Bayes of diagnostic
-    D7 (float64 throughout).
+    predictive = posterior @ P (float64 throughout).
     """
     x, mu, P = x.double(), mu.double(), P.double()
     # log N(x; mu, σ²I) up to a constant shared by all y': -|x - mu|^2 / (2σ²)
@@ -161,6 +166,47 @@ def posterior_predictive_entropy(x: torch.Tensor, mu: torch.Tensor, P: torch.Ten
     log_post = torch.log_softmax(logits, dim=1)          # (N, n)
     pred = log_post.exp() @ P                            # (N, n)
     return -(pred * torch.log(pred.clamp_min(1e-300))).sum(dim=1)
+
+
+def filter_log_predictive(x: torch.Tensor, mu: torch.Tensor, P: torch.Tensor, noise_std: float = 1.0,
+                          init: torch.Tensor | None = None) -> torch.Tensor:
+    """log p(y_t = j | x_1..x_t) for every position t and symbol j: the HMM forward filter, (..., N, n).
+
+    The hidden chain is h_t = y_{t−1} (h_1 ~ ``init``; None = uniform, what :func:`generate` draws
+    with ``randint``; h_{t+1} | h_t ~ P), the emission x_t | h_t ~ N(μ_{h_t}, noise_std² I), and the
+    target of position t is y_t = h_{t+1}.  So the filter α_t(h) = p(h_t | x_≤t) is
+    α_1 ∝ init · lik_1, α_t ∝ (α_{t−1} P) · lik_t, and the predictive is α_t P.  float64, in log
+    space (a 20-dimensional Gaussian likelihood underflows in linear space); vectorised over the
+    leading (batch) axes and the states, sequential over t (the recursion is).
+    """
+    x, mu, P = x.double(), mu.double(), P.double()
+    P = P / P.sum(-1, keepdim=True)       # float32 rows sum to 1 ± 1e-7; multinomial renormalises too
+    n = P.shape[0]
+    sq = (x[..., :, None, :] - mu).pow(2).sum(-1)                         # (..., N, n)
+    loglik = -0.5 * sq / noise_std ** 2
+    logP = torch.log(P.clamp_min(1e-300))
+    log_a = (torch.full((n,), -math.log(n), dtype=torch.float64) if init is None
+             else torch.log(init.double().clamp_min(1e-300)))
+    out = torch.empty_like(loglik)
+    for t in range(loglik.shape[-2]):
+        log_a = torch.log_softmax(log_a + loglik[..., t, :], dim=-1)      # α_t = p(h_t | x_≤t)
+        # predictive p(h_{t+1} | x_≤t) = Σ_h α_t(h) P[h, ·], as a logsumexp
+        log_a = torch.logsumexp(log_a[..., :, None] + logP, dim=-2)
+        out[..., t, :] = log_a
+    return out
+
+
+def filter_entropy(x, mu, P, noise_std: float = 1.0, init=None) -> torch.Tensor:
+    """H_Bayes: entropy (nats) of the Bayes predictive p(y_t | x_≤t) per position (forward filter)."""
+    lp = filter_log_predictive(x, mu, P, noise_std, init)
+    return -(lp.exp() * lp).sum(-1)
+
+
+def filter_nll(x, mu, P, y: torch.Tensor, noise_std: float = 1.0, init=None) -> torch.Tensor:
+    """Bayes NLL −log p(y_t | x_≤t) per position: the loss of the Bayes-optimal causal predictor on
+    the task the model is trained on (target y_t at position t; its mean is the Bayes loss)."""
+    lp = filter_log_predictive(x, mu, P, noise_std, init)
+    return -lp.gather(-1, y.long()[..., None])[..., 0]
 
 
 def log_uniform(n: int = 8) -> float:

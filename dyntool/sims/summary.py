@@ -39,8 +39,9 @@ def _paired(a, b) -> dict | None:
     return {"t": float(t.statistic), "p": float(t.pvalue), "mean_diff": float((a - b).mean())}
 
 
-def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
-    """``heldout``: per run [(step, held-out loss)]; ``grid``: sgd_tuned grid LR -> run name."""
+def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None, bayes=None) -> dict:
+    """``heldout``: per run [(step, held-out loss)]; ``grid``: sgd_tuned grid LR -> run name;
+    ``bayes``: the forward filter's Bayes NLL per seed (train / held-out) and H_Bayes spread."""
     from scipy import stats
     losses = result.losses.numpy()
     final = {k: v.numpy() for k, v in result.final.items()}
@@ -75,8 +76,21 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
                 row[a]["heldout_losses"] = [[k, v] for k, v in heldout[i]]
         per_seed.append(row)
     out["per_seed"] = per_seed
+    if bayes:
+        # excess loss over the Bayes-optimal causal predictor (forward filter), per arm; the
+        # minimum achievable loss, unlike H_min, which assumes y_{t−1} is observed exactly
+        bn = {r["seed"]: r for r in bayes["per_seed"]}
+        out["bayes"] = {**bayes, "train_mean": _mean_std([bn[s]["train"] for s in cfg.seeds])}
+        if fev:
+            out["bayes"]["heldout_mean"] = _mean_std([bn[s]["heldout"] for s in cfg.seeds])
+        for r in per_seed:
+            for a in cfg.arms:
+                r[a]["excess_loss"] = r[a]["final_loss"] - bn[r["seed"]]["train"]
+                if fev:
+                    r[a]["heldout_excess_loss"] = r[a]["heldout_loss"] - bn[r["seed"]]["heldout"]
     metrics = ("final_loss", "entropy", "accuracy") + (("heldout_loss", "heldout_entropy", "heldout_accuracy")
                                                        if fev else ())
+    metrics += tuple(m for m in ("excess_loss", "heldout_excess_loss") if m in per_seed[0][cfg.arms[0]])
     out["final"] = {a: {m: _mean_std([r[a][m] for r in per_seed]) for m in metrics} for a in cfg.arms}
     out["entropy_gap"] = {a: {"raw": _mean_std([r[a]["entropy"] - hmin for r in per_seed]),
                               "normalised": _mean_std([(r[a]["entropy"] - hmin) / (log_n - hmin) for r in per_seed])}
@@ -133,6 +147,29 @@ def summarise(cfg, runs, result, hmin: float, heldout=None, grid=None) -> dict:
     return out
 
 
+def geometry_summary(cfg, runs, geometry: dict[int, list[dict]], keys) -> dict:
+    """Held-out geometry numbers at the first recorded step (0: the untrained head) and the last,
+    mean ± std over seeds per arm, for the head outputs g and values v, beside the baseline (raw
+    input x) and its partial R² / ordering null (dyntool.manifold.baseline_comparison)."""
+    first, last = min(geometry), max(geometry)
+    out: dict = {"steps": [first, last], "baseline": "raw input x_t (heldout_x_*)",
+                 "note": "r2_partial: held-out partial R² of H_Bayes beyond x; ordering_null_*: "
+                         "ordering score of PC1 with H_Bayes shuffled (200 permutations)"}
+    for a in cfg.arms:
+        if a == "sgd_tuned":
+            continue
+        ii = [i for i, (_, ar) in enumerate(runs) if ar.name == a]
+        arm = {}
+        for rep in ("g", "v", "x"):
+            for k in keys:
+                name = f"heldout_{rep}_{k}"
+                if name not in geometry[last][ii[0]]:
+                    continue
+                arm[name] = {f"step{st}": _mean_std([geometry[st][i][name] for i in ii]) for st in (first, last)}
+        out[a] = arm
+    return out
+
+
 def table(summary: dict) -> str:
     """A plain-text table of the study (printed by the CLI; the README quotes it)."""
     lines = [f"h_min = {summary['h_min']:.4f} nats   log n = "
@@ -159,6 +196,14 @@ def table(summary: dict) -> str:
             st = summary["arms"][a]["steps_to_target"]
             line += f"{SGD_TARGET:>22}" if a == "sgd" else f"{st['mean']:>15.0f} ± {st['std']:.0f}"
         lines.append(line)
+    if "bayes" in summary:
+        b = summary["bayes"]
+        line = f"Bayes NLL (forward filter): train {b['train_mean']['mean']:.4f}"
+        if "heldout_mean" in b:
+            line += f", held-out {b['heldout_mean']['mean']:.4f}"
+        ex = {a: summary["final"][a].get("excess_loss", {}).get("mean") for a in arms}
+        line += "; final excess train loss " + ", ".join(f"{a} {v:.4f}" for a, v in ex.items() if v is not None)
+        lines.append(line)
     if "sgd_tuned" in summary:
         t = summary["sgd_tuned"]
         lines.append(f"sgd_tuned: uniform LR {t['picked_lr']:g} picked from {t['grid']} on mean final held-out loss")
@@ -176,6 +221,20 @@ def table(summary: dict) -> str:
                  for k, v in vs.items() if v and not (a == "sgd" and k == "steps_to_target")]
         if parts:
             lines.append(f"{a} − em, paired: " + "; ".join(parts))
+    geo = summary.get("geometry")
+    if geo:
+        s0, s1 = geo["steps"]
+        for a in [k for k in geo if k not in ("steps", "baseline", "note")]:
+            g = geo[a]
+
+            def f(name, st):
+                v = g.get(name, {}).get(f"step{st}", {}).get("mean")
+                return f"{v:.2f}" if v is not None and math.isfinite(v) else "nan"
+            lines.append(f"{a} held-out geometry step {s0} -> {s1}: R²(H|g) {f('heldout_g_r2_linear', s0)} -> "
+                         f"{f('heldout_g_r2_linear', s1)} (raw x: {f('heldout_x_r2_linear', s1)}; partial beyond x "
+                         f"{f('heldout_g_r2_partial', s0)} -> {f('heldout_g_r2_partial', s1)}); ordering g "
+                         f"{f('heldout_g_ordering_score', s1)} (null {f('heldout_g_ordering_null_mean', s1)}, "
+                         f"p {f('heldout_g_ordering_null_p', s1)})")
     for s in summary.get("value_lr_sweep", []):
         lines.append(f"value-LR x{s['mult']:g}: steps to SGD final {s['steps_mean']:.0f} ± {s['steps_std']:.0f}")
     return "\n".join(lines)

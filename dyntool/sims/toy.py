@@ -143,6 +143,6 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
             opt.step()
         with torch.no_grad():
             final = F.cross_entropy(model(x).view(-1, m.n_classes), y.view(-1)).item()
-        run.update_meta(final={"loss": final})
+        run.update_meta(final={"loss": final, "steps": cfg.steps})
     return run
 

@@ -15,7 +15,12 @@ class WandbSink:
             kw.setdefault("name", run.id)
             kw.setdefault("config", run.config)
             kw.setdefault("tags", [run.kind])
-        self.run = wandb.init(**kw)
+        try:
+            self.run = wandb.init(**kw)
+        except Exception as e:                    # no login, no network, a refused project name
+            why = " ".join(str(e).split())[:200] or type(e).__name__
+            raise ExportError(f"W&B run in project {project!r} could not start ({type(e).__name__}: {why}); "
+                              "log in with `wandb login`, or set WANDB_MODE=offline") from None
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self.run.log(dict(scalars), step=int(step))

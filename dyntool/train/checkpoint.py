@@ -73,8 +73,12 @@ def save(sd: dict, path: Path) -> None:
 def load(path: Path) -> dict:
     """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError."""
     path = Path(path)
+    from .. import safeio
     try:
+        safeio.check_regular(path)                 # a FIFO or device would hang torch.load
         sd = torch.load(path, map_location="cpu", weights_only=True)
+    except safeio.BadFile as e:
+        raise RunError(f"checkpoint {path} refused: {e}") from None
     except OSError as e:
         raise RunError(f"checkpoint {path} can't be read: {e.strerror or e}") from None
     except Exception as e:       # UnpicklingError for code-carrying pickles, RuntimeError for junk
@@ -84,6 +88,72 @@ def load(path: Path) -> dict:
     if not isinstance(sd, dict) or not {"step", "model", "optim", "sched", "rng", "data_gen"} <= set(sd):
         raise RunError(f"checkpoint {path} is not a dyntool training checkpoint (missing keys)")
     return sd
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate(sd: dict, path: Path, max_steps: int) -> int:
+    """Check a loaded checkpoint's fields before anything is created from it: ``step`` an integer in
+    [0, max_steps], ``model`` a dict of finite tensors, ``optim``/``sched`` dicts of the optimizer's
+    shape, ``rng`` with the torch/numpy/Python states, ``data_gen`` a list of generator states.
+    Returns the step; raises a one-line :class:`RunError` naming the bad field."""
+    def bad(field: str, why: str):
+        return RunError(f"checkpoint {path} refused: {field} {why}")
+    step = sd.get("step")
+    if isinstance(step, torch.Tensor) and step.numel() == 1 and not step.is_floating_point():
+        step = int(step.item())
+    if not _is_int(step):
+        raise bad("step", f"is {str(step)[:40]!r}, not an integer")
+    if not 0 <= step <= max_steps:
+        raise bad("step", f"{step} is outside [0, train.max_steps = {max_steps}]")
+    model = sd.get("model")
+    if not isinstance(model, dict) or not model or \
+            not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in model.items()):
+        raise bad("model", "is not a state dict of tensors")
+    for k, v in model.items():
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise bad("model", f"tensor {k} holds NaN or inf")
+    optim = sd.get("optim")
+    if not isinstance(optim, dict) or not isinstance(optim.get("state"), dict) or \
+            not isinstance(optim.get("param_groups"), list) or \
+            not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in optim["param_groups"]):
+        raise bad("optim", "is not an optimizer state (state, param_groups)")
+    if not isinstance(sd.get("sched"), dict):
+        raise bad("sched", "is not a scheduler state")
+    rng = sd.get("rng")
+    try:
+        ok = isinstance(rng, dict) and isinstance(rng["torch"], torch.Tensor) and rng["torch"].dtype == torch.uint8
+        ok = ok and rng["torch"].numel() == torch.get_rng_state().numel()
+        ok = ok and isinstance(rng["numpy"]["keys"], torch.Tensor) and rng["numpy"]["keys"].numel() == 624
+        ok = ok and _is_int(rng["numpy"]["pos"]) and 0 <= rng["numpy"]["pos"] <= 624
+        ok = ok and isinstance(rng["python"]["internal"], torch.Tensor) and rng["python"]["internal"].numel() == 625
+        ok = ok and bool(((rng["numpy"]["keys"] >= 0) & (rng["numpy"]["keys"] < 2**32)).all())
+        ok = ok and bool(((rng["python"]["internal"] >= 0) & (rng["python"]["internal"] < 2**32)).all())
+    except (KeyError, TypeError, IndexError):
+        ok = False
+    if not ok:
+        raise bad("rng", "is not a set of torch/numpy/Python RNG states")
+    gens = sd.get("data_gen")
+    if not isinstance(gens, list) or not gens or not all(
+            isinstance(g, torch.Tensor) and g.dtype == torch.uint8 for g in gens):
+        raise bad("data_gen", "is not a list of generator states")
+    return step
+
+
+def check_model(sd: dict, model: torch.nn.Module, path: Path) -> None:
+    """The checkpoint's tensors have the names and shapes of ``model`` (before anything is created)."""
+    want = model.state_dict()
+    have = sd["model"]
+    missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+    if missing or extra:
+        raise RunError(f"checkpoint {path} refused: model tensors differ from the config's model "
+                       f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    for k, v in want.items():
+        if tuple(have[k].shape) != tuple(v.shape):
+            raise RunError(f"checkpoint {path} refused: model tensor {k} has shape {tuple(have[k].shape)}, "
+                           f"the config's model has {tuple(v.shape)}")
 
 
 def size_bytes(path: Path) -> int:

@@ -21,7 +21,9 @@ ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
 
 @dataclass
 class DataConfig:
-    path: str = ""                  # wikitext-2 directory; "" = ../shared/data/wikitext-2 if present
+    # a folder of train/valid/test.txt or of the hub's parquet files, or hf:Salesforce/wikitext[/CONFIG];
+    # "" = ../shared/data/wikitext-2 if present, else hf:Salesforce/wikitext
+    path: str = ""
     batch_size: int = 16            # sequences per micro-batch (per rank)
     block_size: int = 64            # T, tokens per sequence
     eval_batch_size: int = 16
@@ -110,6 +112,7 @@ class TrainLoopConfig:
     log_interval: int = 1           # metrics row every N steps (recording steps always)
     threads: NonNegInt = 0          # torch.set_num_threads (0 = leave)
     deterministic: bool = False     # deterministic kernels (exact resume on CUDA; slower)
+    parallel: str = "auto"          # under torchrun: auto (= ddp) | ddp | fsdp (FSDP2, dyntool/train/fsdp.py)
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -121,6 +124,8 @@ class TrainLoopConfig:
             raise ConfigError(p + "dtype", f"auto, float32, float64 or bfloat16, got {self.dtype!r}")
         if self.logit_stat not in ("exact", "bound", "off"):
             raise ConfigError(p + "logit_stat", f"exact, bound or off, got {self.logit_stat!r}")
+        if self.parallel not in ("auto", "ddp", "fsdp"):
+            raise ConfigError(p + "parallel", f"auto, ddp or fsdp, got {self.parallel!r}")
 
 
 @dataclass

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..config import merge, nest, parse_overrides
 from ..errors import ConfigError
+from ..steps import steps_taken
 from ..record import metric_names as mn
 
 CONFIG = "ls_logits.toml"          # packaged preset file (dyntool/presets/)
@@ -78,7 +79,7 @@ def summarise_run(run, arm: str, T: int, seed: int) -> dict:
     heads = head_table(df, int(m.get("n_local", 0)), is_ls)
     val = df["val_loss"].dropna() if "val_loss" in df else []
     return {"arm": arm, "T": T, "seed": seed, "status": run.status, "diverged": run.status == "failed",
-            "steps": int(df["step"].max()) + 1 if len(df) else 0,
+            "steps": steps_taken(run.meta, df),
             "head_dim": m.get("n_embd", 0) // max(m.get("n_head", 1), 1),
             "n_local": m.get("n_local") if is_ls else 0, "window": m.get("window") if is_ls else None,
             "last_val_loss": float(val.iloc[-1]) if len(val) else None,

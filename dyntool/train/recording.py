@@ -257,6 +257,14 @@ class ConsoleCallback(Callback):
                   f"{time.perf_counter() - self.t0:.0f}s", file=self.stream, flush=True)
 
     def on_train_end(self, final: dict) -> None:
-        if "valid_ppl" in final:
-            print(f"{self.label}final: valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}  "
-                  f"({time.perf_counter() - self.t0:.0f}s)", file=self.stream, flush=True)
+        ppl = f"valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}  " if "valid_ppl" in final else ""
+        print(f"{self.label}final: {ppl}{time_summary(final)}  ({time.perf_counter() - self.t0:.0f}s in all)",
+              file=self.stream, flush=True)
+
+
+def time_summary(final: dict) -> str:
+    """``training 12.3 s, evaluation 4.5 s (periodic 1.2 s + final 3.3 s)`` from a run's final numbers."""
+    per, fin = final.get("eval_seconds", 0.0), final.get("final_eval_seconds")
+    ev = per + (fin or 0.0)
+    parts = f" (periodic {per:.1f} s + final {fin:.1f} s)" if fin is not None and per else ""
+    return f"training {final.get('train_seconds', 0.0):.1f} s, evaluation {ev:.1f} s{parts}"

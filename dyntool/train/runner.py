@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import safeio
 from ..errors import ConfigError, RunError
 from .config import TrainConfig
 
@@ -32,8 +33,8 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
                                           "(overrides like --train.max_steps=N still apply)")
         path = Path(resume) / "config.json"
         try:
-            base = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            base = safeio.read_json(path)
+        except (OSError, ValueError) as e:
             raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
         if not isinstance(base, dict):
             raise RunError(f"cannot resume {resume}: {path} is not a config object")
@@ -57,6 +58,20 @@ def _check_device(cfg: TrainConfig, preset: str | None) -> None:
                                       "add --device=cpu to run it on the CPU anyway")
 
 
+def _check_memory(cfg: TrainConfig, vocab: int, n_params: int) -> None:
+    """A rough lower bound of one training step's memory (parameters + optimizer state, the
+    activations and attention matrices of a micro-batch, the logits) against what is available:
+    an absurd batch or model size is refused before anything is allocated or created."""
+    m, d = cfg.model, cfg.data
+    B, T = max(d.batch_size, d.eval_batch_size), d.block_size
+    per_token = m.n_layer * (12 * m.n_embd + 2 * m.n_head * T) + 3 * vocab
+    need = 4 * (4 * n_params + B * T * per_token)
+    why = safeio.memory_problem(need, "one training step")
+    if why:
+        raise ConfigError("data.batch_size", f"{why} (batch {d.batch_size}, block {T}, {m.n_layer} layers of "
+                                             f"{m.n_embd}); lower data.batch_size / data.block_size / the model size")
+
+
 class NothingToDo(Exception):
     """``--resume`` of a run whose checkpoint is already at ``train.max_steps``."""
 
@@ -71,9 +86,10 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     src = run / "checkpoint.pt"
     if not src.is_file():
         try:
-            old = json.loads((run / "config.json").read_text()).get("train", {})
+            old = safeio.read_json(run / "config.json").get("train", {})
         except (OSError, ValueError, AttributeError):
             old = {}
+        old = old if isinstance(old, dict) else {}
         if old.get("checkpoint") is False:
             why = "it was trained with train.checkpoint=false"
         else:
@@ -83,7 +99,7 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
                    f"SIGTERM/SIGINT; a kill -9 before step {iv or 'the end'} leaves none)")
         raise RunError(f"cannot resume {resume}: no checkpoint.pt, {why}")
     ck = checkpoint.load(src)
-    step = int(ck["step"])
+    step = checkpoint.validate(ck, src, max(cfg.train.max_steps, _is_step(ck.get("step"))))
     if step >= cfg.train.max_steps:
         raise NothingToDo(f"{resume} is already at step {step} = train.max_steps: nothing to do "
                           f"(to train on, pass --max-steps N with N > {step})")
@@ -92,6 +108,11 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     while (run.parent / name).exists():                # a second resume gets a fresh name
         name, i = f"{base}-{i}", i + 1
     return ck, name
+
+
+def _is_step(x) -> int:
+    """A checkpoint step at or past max_steps is 'nothing to do', not an error: let it through."""
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0
 
 
 def _seed_all(seed: int) -> None:
@@ -118,31 +139,54 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         name = name or default_name
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
+    sharded = int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.train.parallel == "fsdp"
+    if sharded:                                    # refused before any process group or run exists
+        from .sharded import check
+        check(cfg, int(os.environ["WORLD_SIZE"]))
     dist = ddp.setup(cfg.device)
     det = set_deterministic(cfg.train.deterministic)
     try:
-        corpus = load_wikitext(cfg.data.path or None)
+        say = None if quiet or not dist.is_main else (lambda line: print(line, file=sys.stderr, flush=True))
+        corpus = load_wikitext(cfg.data.path or None, log=say)
+        m = cfg.model                                        # before the model is allocated
+        _check_memory(cfg, corpus.vocab_size, 12 * m.n_layer * m.n_embd ** 2 + corpus.vocab_size * m.n_embd)
         _seed_all(cfg.seed)                                  # identical init on every rank
         model = GPT(cfg.model, corpus.vocab_size, cfg.data.block_size, cfg.span, dist.device.type)
         model.to(dist.device)
         if cfg.train.dtype == "float64":
             model.double()
+        if ckpt is not None:                                 # names and shapes, before any run exists
+            from .checkpoint import check_model
+            check_model(ckpt, model, Path(resume) / "checkpoint.pt")
+
         from ..config import to_dict
-        meta = {"world_size": dist.world, "vocab_size": corpus.vocab_size,
+        meta = {"world_size": dist.world, "parallel": "fsdp" if sharded else "ddp" if dist.world > 1 else "none",
+                "vocab_size": corpus.vocab_size,
                 "n_params": model.num_params(), "backend": model.backend,
-                "data_path": str(corpus.path), "record_grad_scale": 1.0 / cfg.optim.accum,
+                "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
         if ckpt is not None:
             meta["resumed_from"] = {"run": str(Path(resume).resolve()), "step": int(ckpt["step"])}
         run = None
         if dist.is_main:
-            run = RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                                   device=str(dist.device), extra_meta=meta)
-        with run if run is not None else _Null():
-            cbs = []
+            try:
+                run = RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                                       device=str(dist.device), extra_meta=meta)
+            except RunError as e:
+                if sharded:                            # the other ranks wait for the run's path
+                    from .fsdp import broadcast
+                    broadcast(("error", str(e)))
+                raise
+        rank_run = None
+        if sharded:                                    # every rank records its own shard
+            from .sharded import RankRun, ShardedRecordingCallback, share_run
+            path = share_run(run, dist)
+            rank_run = run if run is not None else RankRun(path, dist.rank)
+        with run if run is not None else (rank_run or _Null()):
+            cbs = [ShardedRecordingCallback(rank_run, cfg, dist)] if sharded else []
             if run is not None:
-                shown = [ConsoleCallback(stream=sys.stderr), TrainProgress(f"{run.path.name} ")]
-                cbs = [RecordingCallback(run, cfg)] + ([] if quiet else shown) + \
+                shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
+                cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:
@@ -150,14 +194,37 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
             trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
-                trainer.load_state_dict(ckpt)
-            final = trainer.fit()
+                try:
+                    trainer.load_state_dict(ckpt)
+                except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+                    why = " ".join(str(e).split())[:200]
+                    raise RunError(f"checkpoint {Path(resume) / 'checkpoint.pt'} can't be restored "
+                                   f"({type(e).__name__}: {why})") from None
+            try:
+                final = trainer.fit()
+            except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
+                if run is not None:
+                    e.next_step = next_step(run.path, ck_path, trainer.step)
+                raise
             if run is not None:
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
     finally:
         restore_deterministic(det)
         ddp.cleanup(dist)
+
+
+def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
+    """The command that continues an interrupted run (or why there is none)."""
+    import shlex
+    if ck_path is None or not Path(ck_path).is_file():
+        return f"stopped at step {step} with no checkpoint (train.checkpoint=false or none written yet)"
+    try:
+        shown = Path(os.path.relpath(run_path))
+        shown = shown if not str(shown).startswith("..") else run_path
+    except ValueError:
+        shown = run_path
+    return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(shown))}"
 
 
 class _Null:

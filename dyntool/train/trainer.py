@@ -102,7 +102,11 @@ class Trainer:
         self.ckpt_path = ckpt_path
         self.raw = model                                   # uncompiled, unwrapped: eval, recording
         self.model = model
-        if dist.world > 1:
+        self.fsdp = dist.world > 1 and cfg.train.parallel == "fsdp"
+        if self.fsdp:                                      # FSDP2: sharded in place (fsdp.py)
+            from . import fsdp
+            fsdp.shard(model)
+        elif dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DDP(model, device_ids=ids)
@@ -112,13 +116,17 @@ class Trainer:
         self.opt = torch.optim.AdamW(model.param_groups(o.weight_decay), lr=o.lr,
                                      betas=(o.beta1, o.beta2), fused=fused or None)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lr_factor(o, cfg.train.max_steps))
-        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (dist.rank + 1))
+        # FSDP: every rank draws the same global batch and trains on its own rows (fsdp.py)
+        data_rank = 0 if self.fsdp else dist.rank
+        self.gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + 7919 * (data_rank + 1))
         self.amp = amp_dtype(cfg, self.device)
         self.step = 0                                      # the next step to run
         self.best: dict | None = None                      # best periodic validation so far
         self._consistent = True                            # model/optimizer/RNG describe self.step
         self.quiet = True                                  # final-eval announcement and bar
         self.grad_scale = 1.0 / o.accum                    # what each micro-step's loss is scaled by
+        self.train_seconds = 0.0                           # optimizer steps only (this process)
+        self.eval_seconds = 0.0                            # periodic validation
 
     # -- pieces ---------------------------------------------------------------------------
     def autocast(self):
@@ -128,10 +136,15 @@ class Trainer:
 
     def next_batch(self):
         d = self.cfg.data
+        if self.fsdp:
+            x, y = get_batch(self.corpus.train, d.batch_size * self.dist.world, d.block_size, self.gen,
+                             self.device)
+            rows = slice(self.dist.rank * d.batch_size, (self.dist.rank + 1) * d.batch_size)
+            return x[rows], y[rows]
         return get_batch(self.corpus.train, d.batch_size, d.block_size, self.gen, self.device)
 
     def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
-                 bar: bool = False) -> float:
+                 bar: bool = False, desc: str | None = None) -> float:
         """Mean token cross-entropy over a split (non-overlapping windows; exact when uncapped).
 
         Runs in eval mode (dropout off; train mode restored after) under ``inference_mode``;
@@ -144,7 +157,9 @@ class Trainer:
             from ..progress import progress
             n_win = (len(data) - 1) // d.block_size
             total_b = -(-n_win // bs) + (1 if (len(data) - 1) % d.block_size else 0)
-            batches = progress(batches, desc=f"final eval ({split})", total=total_b, unit="batch")
+            if max_batches:
+                total_b = min(total_b, max_batches)
+            batches = progress(batches, desc=desc or f"final eval ({split})", total=total_b, unit="batch")
         was_training = self.raw.training
         self.raw.eval()
         total, n = None, 0
@@ -171,7 +186,9 @@ class Trainer:
         for micro in range(accum):
             x, y = self.next_batch()
             with ExitStack() as stack:
-                if self.dist.world > 1 and micro < accum - 1:
+                if self.fsdp:                                       # reduce-scatter once per step
+                    self.model.set_requires_gradient_sync(micro == accum - 1)
+                elif self.dist.world > 1 and micro < accum - 1:
                     stack.enter_context(self.model.no_sync())      # all-reduce once per step
                 for cb in self.callbacks:
                     stack.enter_context(cb.micro_step_context(step, micro))
@@ -187,6 +204,9 @@ class Trainer:
         clip = cfg.optim.grad_clip
         params = self.raw.parameters()
         gn = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+        if self.fsdp:
+            from .fsdp import total_norm
+            gn = total_norm(gn)
         lr = self.opt.param_groups[0]["lr"]
         # the step's one host sync: loss and grad norm together
         loss_v, gn_v = torch.stack([loss_t.detach().double(), gn.detach().double()]).tolist()
@@ -215,8 +235,13 @@ class Trainer:
                 cb.on_step_end(step, metrics)
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
-        if self.dist.is_main and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
-            vl = self.evaluate("valid", self.cfg.data.eval_max_batches)
+        self.train_seconds += dt
+        if (self.dist.is_main or self.fsdp) and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
+            te = time.perf_counter()
+            vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
+                               desc=f"eval (valid) at step {self.step}")
+            metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
+            self.eval_seconds += metrics["eval_time"]
             ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
             if self.best is None or vl < self.best["val_loss"]:
                 self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
@@ -251,7 +276,8 @@ class Trainer:
             raise
         if self.ckpt_path is not None:
             self.save_checkpoint(self.ckpt_path)
-        final = {"steps": self.step, "param_sha256": self.param_digest()}
+        final = {"steps": self.step, "param_sha256": self.param_digest(),
+                 "train_seconds": round(self.train_seconds, 3), "eval_seconds": round(self.eval_seconds, 3)}
         if self.best is not None:
             final.update(best_val_loss=self.best["val_loss"], best_val_ppl=self.best["val_ppl"],
                          best_val_step=self.best["step"])
@@ -259,7 +285,9 @@ class Trainer:
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests
-        if self.dist.is_main and cfg.final_eval and self.step == cfg.max_steps:
+        for cb in self.callbacks:                           # e.g. the step bar closes before the final eval
+            getattr(cb, "on_steps_done", lambda: None)()
+        if (self.dist.is_main or self.fsdp) and cfg.final_eval and self.step == cfg.max_steps:
             final.update(self.final_evaluation())
         for cb in self.callbacks:
             cb.on_train_end(final)
@@ -290,6 +318,9 @@ class Trainer:
 
     def param_digest(self) -> str:
         """sha256 of every parameter's bytes (in state_dict order): equal digests = equal models."""
+        if self.fsdp:
+            from .fsdp import digest
+            return digest(self.raw)                          # collective: the full parameters
         h = hashlib.sha256()
         for name, t in self.raw.state_dict().items():
             h.update(name.encode())
@@ -307,7 +338,12 @@ class Trainer:
     def state_dict(self) -> dict:
         """Plain tensors/numbers only (``weights_only`` loadable); collective under DDP."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-        return {"step": self.step, "model": self.raw.state_dict(), "optim": self.opt.state_dict(),
+        if self.fsdp:                                      # full tensors, keyed by name (fsdp.py)
+            from .fsdp import full_state
+            model_sd, optim_sd = full_state(self.raw, self.opt)
+        else:
+            model_sd, optim_sd = self.raw.state_dict(), self.opt.state_dict()
+        return {"step": self.step, "model": model_sd, "optim": optim_sd,
                 "sched": self.sched.state_dict(), "data_gen": self._gather(self.gen.get_state()),
                 "rng": {**ckpt.capture_rng(), "cuda": self._gather(cuda)},
                 "best": dict(self.best) if self.best else None}
@@ -316,8 +352,12 @@ class Trainer:
         gens = sd["data_gen"]
         if len(gens) != self.dist.world:
             raise ValueError(f"checkpoint was written by {len(gens)} rank(s), resuming on {self.dist.world}")
-        self.raw.load_state_dict(sd["model"])
-        self.opt.load_state_dict(sd["optim"])
+        if self.fsdp:
+            from .fsdp import load_full_state
+            load_full_state(self.raw, self.opt, sd["model"], sd["optim"])
+        else:
+            self.raw.load_state_dict(sd["model"])
+            self.opt.load_state_dict(sd["optim"])
         self.sched.load_state_dict(sd["sched"])
         self.step = int(sd["step"])
         # the lr of the next step under *this* config's schedule (max_steps may have been raised;

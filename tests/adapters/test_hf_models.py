@@ -129,27 +129,34 @@ def test_models_computing_attention_themselves_are_refused_at_enter(kind):
     assert "supported" not in str(e.value) and "\n" not in str(e.value)
 
 
-def test_an_additive_bias_dyntool_is_not_told_about_is_refused():
-    """A model whose attention adds a score bias the adapter cannot see: refused by the self-check
-    in the forward, with the layer and the reason named, before any backward."""
-    def biased(module, query, key, value, attention_mask, scaling=None, **kw):
-        bias = torch.linspace(-2.0, 2.0, key.shape[-2], dtype=query.dtype)           # per key, unknown
+def _llama_with_attention(name, modify_scores):
+    """A Llama whose attention (registered as ``name``) changes the scores behind dyntool's back:
+    ``modify_scores(s, key, **kw)`` gets τ q·k and the kwargs the attention function received."""
+    def attention(module, query, key, value, attention_mask, scaling=None, **kw):
         k = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
         v = value.repeat_interleave(query.shape[1] // value.shape[1], 1)
-        s = query @ k.transpose(-1, -2) * scaling + bias
+        s = modify_scores(query @ k.transpose(-1, -2) * scaling, key, **kw)
         if attention_mask is not None:
             s = s + attention_mask
         a = torch.softmax(s, -1)
         return (a @ v).transpose(1, 2), a
 
-    AttentionInterface.register("biased_test", biased)
-    AttentionMaskInterface.register("biased_test", eager_mask)
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, eager_mask)
     model = make_model("llama", "eager")
-    model.config._attn_implementation = "biased_test"
-    inputs = make_inputs("llama")
+    model.config._attn_implementation = name
+    return model
+
+
+def test_an_additive_bias_dyntool_is_not_told_about_is_refused():
+    """A model whose attention adds a score bias the adapter cannot see: refused by the self-check
+    in the forward, with the layer and the reason named, before any backward."""
+    def per_key_bias(s, key, **kw):
+        return s + torch.linspace(-2.0, 2.0, key.shape[-2], dtype=s.dtype)
+    model = _llama_with_attention("biased_test", per_key_bias)
     with pytest.raises(CaptureError, match=r"layer 0 \(model.layers.0.self_attn.*score bias") as e:
         with Capture(model):
-            model(**inputs)
+            model(**make_inputs("llama"))
     assert "\n" not in str(e.value)
     assert model.config._attn_implementation == "biased_test"            # restored on the error
 
@@ -180,19 +187,7 @@ def test_encoder_decoder_run_records_its_sites(tmp_path):
 def test_an_unknown_kwarg_reaching_the_attention_is_refused_not_dropped():
     """transformers forwards extra model kwargs to the attention function; one that changes the
     scores (here a temperature dyntool knows nothing of) is caught by the self-check."""
-    def tempered(module, query, key, value, attention_mask, scaling=None, temperature=1.0, **kw):
-        k = key.repeat_interleave(query.shape[1] // key.shape[1], 1)
-        v = value.repeat_interleave(query.shape[1] // value.shape[1], 1)
-        s = query @ k.transpose(-1, -2) * scaling / temperature
-        if attention_mask is not None:
-            s = s + attention_mask
-        a = torch.softmax(s, -1)
-        return (a @ v).transpose(1, 2), a
-
-    AttentionInterface.register("tempered_test", tempered)
-    AttentionMaskInterface.register("tempered_test", eager_mask)
-    model = make_model("llama", "eager")
-    model.config._attn_implementation = "tempered_test"
+    model = _llama_with_attention("tempered_test", lambda s, key, temperature=1.0, **kw: s / temperature)
     inputs = make_inputs("llama")
     with Capture(model) as cap:                       # temperature 1: nothing to see, recorded
         model(**inputs).loss.backward()

@@ -140,21 +140,36 @@ def _tl_model(**kw):
 
 
 def _tl_reference(model, x):
+    return _tl_reference_kw(model, x)
+
+
+def _tl_reference_kw(model, x, **fw):
+    """Autograd on the model's own tensors: the q, k that ``calculate_attention_scores`` receives
+    (after RoPE, QK-norm, clip_qkv, log-n scaling), the v of ``calculate_z_scores``, the scores at
+    ``hook_attn_scores`` (what the softmax sees: soft-cap, ALiBi and mask included), the pattern."""
     keep, handles = {}, []
+
+    def retain(key, t):
+        t.retain_grad()
+        keep[key] = t
+        return t
+
     for l, b in enumerate(model.blocks):
-        a = b.attn
-        rot = model.cfg.positional_embedding_type == "rotary"
-        for name, hp in (("q", a.hook_rot_q if rot else a.hook_q), ("k", a.hook_rot_k if rot else a.hook_k),
-                         ("v", a.hook_v), ("s", a.hook_attn_scores), ("a", a.hook_pattern), ("y", a.hook_z)):
+        a, cls = b.attn, type(b.attn)
+        a.calculate_attention_scores = (lambda q, k, a=a, cls=cls, l=l:
+                                        cls.calculate_attention_scores(a, retain((l, "q"), q), retain((l, "k"), k)))
+        a.calculate_z_scores = (lambda v, p, a=a, cls=cls, l=l: cls.calculate_z_scores(a, retain((l, "v"), v), p))
+        for name, hp in (("s", a.hook_attn_scores), ("a", a.hook_pattern), ("y", a.hook_z)):
             def fwd(mod, args, out, key=(l, name)):
-                out.retain_grad()
-                keep[key] = out
+                retain(key, out)
             handles.append(hp.register_forward_hook(fwd))
     try:
-        model(x, return_type="loss").backward()
+        model(x, return_type="loss", **fw).backward()
     finally:
         for h in handles:
             h.remove()
+        for b in model.blocks:
+            del b.attn.calculate_attention_scores, b.attn.calculate_z_scores
     out = []
     for l in range(len(model.blocks)):
         g = lambda n: keep[(l, n)].grad                            # noqa: E731
@@ -166,25 +181,100 @@ def _tl_reference(model, x):
     return out
 
 
-@pytest.mark.parametrize("variant", ["standard", "rotary-gqa", "local"])
+# Every TransformerLens 3.x option that changes the scores between q·k and the softmax (or the
+# q, k, v they are made of).  (config, score modifiers dyntool must report, eval mode).
+TL_VARIANTS = {
+    "standard": ({}, []),
+    "rotary-gqa": (dict(positional_embedding_type="rotary", n_key_value_heads=2), []),
+    "rotary-partial-adjacent": (dict(positional_embedding_type="rotary", rotary_dim=2,
+                                     rotary_adjacent_pairs=True), []),
+    "local": (dict(use_local_attn=True, attn_types=["local", "global"], window_size=3), []),
+    "bidirectional": (dict(attention_dir="bidirectional"), []),
+    "alibi": (dict(positional_embedding_type="alibi"), ["bias"]),
+    "softcap": (dict(attn_scores_soft_cap=5.0), ["softcap"]),
+    "softcap-alibi": (dict(attn_scores_soft_cap=5.0, positional_embedding_type="alibi"), ["bias", "softcap"]),
+    "sinks": (dict(use_attention_sinks=True), ["sinks"]),
+    "sinks-gqa-softcap": (dict(use_attention_sinks=True, n_key_value_heads=2, attn_scores_soft_cap=5.0),
+                          ["sinks", "softcap"]),
+    # log-n query scaling acts in eval mode only, past train_seq_length
+    "logn": (dict(positional_embedding_type="rotary", use_logn_attn=True, train_seq_length=4), []),
+    "qk-norm": (dict(use_qk_norm=True), []),
+    "qk-norm-rotary-gqa": (dict(use_qk_norm=True, positional_embedding_type="rotary", n_key_value_heads=2), []),
+    "clip-qkv": (dict(clip_qkv=4.0), []),      # binds on the sharpened q, k (|logit| ≤ 2·4²)
+    "attn-scale": (dict(attn_scale=1.7), []),
+    "no-attn-scale": (dict(use_attn_scale=False), []),
+    "inverse-layer-scale": (dict(scale_attn_by_inverse_layer_idx=True), []),
+}
+
+
+def _sharpen(model, factor=8.0):
+    """Trained-size logits (max |τ q·k| ≥ 20): random init keeps them ≈ 1, where soft-capping and
+    any score error are invisible (a 5.0 cap is ≈ 3e-7 off at init).  Scales what sets |q|, |k|:
+    W_Q/W_K and, with QK-norm, the norm gains (a norm undoes a weight scale)."""
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.split(".")[-1] in ("W_Q", "W_K", "_W_K") or ".q_norm." in n or ".k_norm." in n:
+                p.mul_(factor)
+            if n.endswith("attn.sinks"):       # sinks start at 0: give them trained-looking values
+                p.copy_(torch.randn_like(p) * 3)
+
+
+@pytest.mark.parametrize("variant", list(TL_VARIANTS))
 def test_transformerlens_matches_autograd(variant):
-    kw = {}
-    if variant == "rotary-gqa":
-        kw = dict(positional_embedding_type="rotary", n_key_value_heads=2)
-    elif variant == "local":
-        kw = dict(use_local_attn=True, attn_types=["local", "global"], window_size=3)
+    kw, mods = TL_VARIANTS[variant]
+    n_kv = kw.get("n_key_value_heads")
     model = _tl_model(**kw)
+    _sharpen(model)
+    if variant == "logn":
+        model.eval()
     x = torch.randint(23, (2, 8))
     with Capture(model) as cap:
         model(x, return_type="loss").backward()
     got = cap.compute()
     assert cap.attrs["adapter"] == "tlens"
+    assert cap.attrs.get("score_modifiers", []) == mods
+    assert float(got["logit_max"].max()) >= 20, float(got["logit_max"].max())
     model.zero_grad()
-    n_kv = 2 if variant == "rotary-gqa" else None
     for l, r in enumerate(_tl_reference(model, x)):
         check(per_layer(got, l), r, r["allowed"], n_kv, name=f"L{l}")
     if variant == "local":
         assert (got["attn"][0, :, :, 7, :5] == 0).all() and (got["attn"][1, :, :, 7, :5] > 0).all()
+    if "sinks" in mods:
+        assert float(got["sink_mass"].max()) > 0.1        # the sink really takes mass
+
+
+def test_transformerlens_padding_mask_matches_autograd():
+    """Left padding through ``attention_mask``: rows of pads see no key (α = 0, as TransformerLens)."""
+    model = _tl_model(positional_embedding_type="alibi")
+    _sharpen(model)
+    x = torch.randint(23, (2, 8))
+    mask = torch.ones(2, 8, dtype=torch.long)
+    mask[1, :3] = 0
+    with Capture(model) as cap:
+        model(x, return_type="loss", attention_mask=mask).backward()
+    got = cap.compute()
+    model.zero_grad()
+    for l, r in enumerate(_tl_reference_kw(model, x, attention_mask=mask)):
+        check(per_layer(got, l), r, r["allowed"], None, name=f"L{l}")
+    assert (got["attn"][:, :, 1, :3] == 0).all()
+
+
+def test_transformerlens_refuses_a_score_edit_it_is_not_told_about():
+    """A hook adding a per-key bias at hook_attn_scores changes the attention; dyntool computes
+    the scores from the model's config and tensors, so the self-check refuses (one line)."""
+    model = _tl_model()
+    bias = torch.linspace(-2, 2, 8)
+    h = model.blocks[1].attn.hook_attn_scores.register_forward_hook(lambda m, a, out: out + bias)
+    try:
+        with pytest.raises(CaptureError) as e:
+            with Capture(model):
+                model(torch.randint(23, (2, 8)), return_type="loss").backward()
+    finally:
+        h.remove()
+    msg = str(e.value)
+    assert "\n" not in msg and "layer 1" in msg and "does not reproduce" in msg
+    assert not any(n in model.blocks[1].attn.__dict__ for n in ("calculate_attention_scores",
+                                                               "calculate_z_scores"))  # unwrapped
 
 
 def test_capture_is_public_api():

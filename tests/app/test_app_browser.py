@@ -210,3 +210,50 @@ def test_app_serves_and_renders_every_page(tmp_path):
             browser.close()
         server.stop()
     assert "localhost" in server.output()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install -y chromium)")
+def test_run_strings_are_plain_text_and_fetch_nothing(tmp_path):
+    """A meta.json whose kind, tags, error and status carry Markdown images and links: the Runs
+    and Overview pages show them as text, and the browser never requests the crafted host (a
+    local listener records every request)."""
+    import http.server
+    import threading
+    hits: list[str] = []
+
+    class Trap(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            hits.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+    trap = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trap)
+    threading.Thread(target=trap.serve_forever, daemon=True).start()
+    host = f"http://127.0.0.1:{trap.server_address[1]}"
+    runs = tmp_path / "runs"
+    run = fixtures.make_toy(runs, "evil", steps=5)
+    meta = json.loads((run / "meta.json").read_text())
+    meta.update(kind=f"![k]({host}/kind.png)", tags=[f"![t]({host}/tag.png)", f"[l]({host}/link)"],
+                status="failed", error=f"<img src='{host}/html.png'> ![e]({host}/error.png)")
+    (run / "meta.json").write_text(json.dumps(meta))
+    server = Server(runs)
+    browser = None
+    try:
+        browser = Browser()
+        for page in ("", "overview?run=evil"):
+            browser.open(f"{server.url}/{page}")
+            text = browser.text()
+            if page:    # the Runs page draws its table on a canvas; the Overview writes the strings
+                assert all(f"{host}/{f}" in text for f in ("kind.png", "tag.png", "html.png", "link")), text[:2000]
+            html = browser.eval("document.body.innerHTML") or ""
+            assert f'src="{host}' not in html and f"href=\"{host}" not in html
+        time.sleep(1.0)
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
+        trap.shutdown()
+    assert hits == [], hits

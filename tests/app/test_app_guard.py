@@ -27,9 +27,12 @@ def guarded(monkeypatch):
 
 
 def test_reader_errors_show_the_readers_message(guarded):
+    """Shown as plain text: Markdown punctuation is backslash-escaped (it renders as written)."""
+    import re
     ui, run = guarded
-    assert run(RecordError("array attn: chunk attn/c/0 is missing (deleted?)")) == \
-        ["array attn: chunk attn/c/0 is missing (deleted?)"]
+    shown = run(RecordError("array attn: chunk attn/c/0 is missing (deleted?)"))
+    assert [re.sub(r"\\(.)", r"\1", m) for m in shown] == ["array attn: chunk attn/c/0 is missing (deleted?)"]
+    assert shown != ["array attn: chunk attn/c/0 is missing (deleted?)"]          # escaped, not raw
 
 
 @pytest.mark.parametrize("exc", [
@@ -54,3 +57,20 @@ def test_a_bug_is_not_turned_into_a_data_message(guarded, exc):
     ui, run = guarded
     with pytest.raises(type(exc)):
         run(exc)
+
+
+def test_esc_leaves_no_markdown_and_no_bare_url_to_link():
+    """``esc`` is what every run string goes through before Streamlit Markdown: punctuation is
+    escaped and a URL can't start a word (GFM would link it even escaped)."""
+    import re
+    from dyntool.app.data import esc
+    out = esc("![i](http://h/x.png) <b>www.h.org</b> HTTPS://h\n:red[x]")
+    assert "\n" not in out
+    plain = out.replace("\u2060", "")
+    bare = [c for i, c in enumerate(plain) if re.match(r"[!-/:-@\[-`{-~]", c)
+            and c != "\\" and plain[i - 1] != "\\"]
+    assert bare == [], (bare, out)                                   # every punctuation escaped
+    for url in ("http", "www", "HTTPS"):
+        i = out.index(url)
+        assert out[i - 1] == "\u2060", (url, out)
+    assert out.replace("\u2060", "").replace("\\", "") == "![i](http://h/x.png) <b>www.h.org</b> HTTPS://h :red[x]"

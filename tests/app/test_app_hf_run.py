@@ -69,7 +69,13 @@ def test_dyntool_figures_draws_from_an_hf_recorded_run(hf_root, tmp_path):
     p = subprocess.run([sys.executable, "-m", "dyntool", "figures", str(hf_root), "--out", str(out),
                         "--format", "png"], env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
-    assert (out / "ls_loss_logits.png").stat().st_size > 1000     # loss + recorded max|logit| curves
+    # the user's model's own recorded quantities, not the LS paper's figures
+    for name in ("recorded_attn", "recorded_compat", "recorded_advantage", "recorded_score_grad",
+                 "recorded_head_stats"):
+        assert (out / f"{name}.png").stat().st_size > 1000, name
+        cap = (out / f"{name}.txt").read_text()
+        assert "hf-gpt2" in cap and "non-finite" not in cap
+    assert not (out / "ls_loss_logits.png").exists()
 
 
 @pytest.mark.browser

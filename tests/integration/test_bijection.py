@@ -51,6 +51,22 @@ def test_run_layout_metrics_and_record(run):
     assert run.meta["final"]["bayes_loss"] == pytest.approx(np.mean(data.bayes_entropy(20, 19)))
 
 
+def test_geometry_comes_with_baselines_and_step0(run):
+    """H_Bayes at the key positions is log(V − k + 1): a position one-hot explains it exactly, so the
+    residual's R² is compared with 1, its partial R² beyond position is undefined (NaN), and the
+    ordering score has its permutation null."""
+    rec = run.metrics.dropna(subset=["manifold/resid/L1/pc1_share"]).set_index("step")
+    assert (rec["manifold/pos_onehot/r2_linear"] > 1 - 1e-9).all()
+    assert rec["manifold/resid/L1/r2_partial"].isna().all()
+    p = rec["manifold/resid/L1/ordering_null_p"]
+    assert ((p > 0) & (p <= 1)).all() and (rec["manifold/g/L0/ordering_null_mean"].between(0, 1)).all()
+    geo = run.meta["final"]["geometry"]
+    assert geo["steps"] == [0, 11]
+    for st in (0, 11):
+        assert geo[f"step{st}"]["manifold/resid/L1/r2_linear"] == pytest.approx(rec.loc[st, "manifold/resid/L1/r2_linear"])
+        assert geo[f"step{st}"]["manifold/pos_onehot/r2_linear"] == pytest.approx(1.0)
+
+
 def test_same_seed_same_run(run, tmp_path):
     assert main(CI + ["--out", str(tmp_path), "--name", "again"]) == 0
     again = dyntool.open_run(tmp_path / "again")

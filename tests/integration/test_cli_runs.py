@@ -73,3 +73,31 @@ def test_app_port_in_use_is_one_line(tmp_path):
         r = subprocess.run([sys.executable, "-m", "dyntool", "app", str(tmp_path), "--port", str(port)],
                            capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "can't listen" in r.stderr and "--port" in r.stderr, r.stderr
+
+
+def test_steps_mean_optimizer_steps_taken(tmp_path, capsys, monkeypatch):
+    """`ls`, `info` and the app count optimizer steps taken: a 4-step sticky study (rows 0..4, the
+    initial state recorded) and a 5-step training run (rows 0..4) both show their own count."""
+    from dyntool.app import data as app_data
+    from tests.integration.test_train import TINY_ARGS
+    assert cli.main(["sim", "sticky-markov", "--steps", "4", "--T", "40", "--seeds", "0", "--arms", "sgd",
+                     "--out", str(tmp_path), "--name", "st", "--quiet"]) == 0
+    assert cli.main(["train", "--config", "wikitext_mhsa", "--preset", "small", "--out", str(tmp_path),
+                     "--name", "tr", "--quiet", "--max-steps", "5", *TINY_ARGS,
+                     "--train.final_eval=false"]) == 0
+    capsys.readouterr()
+    assert cli.main(["ls", str(tmp_path)]) == 0
+    table = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[1:]}
+    assert table["st/seed0-sgd"][3] == "4" and table["tr"][3] == "5"
+    assert cli.main(["info", str(tmp_path / "st" / "seed0-sgd")]) == 0
+    out = capsys.readouterr().out
+    assert "4 optimizer steps taken" in out and "step 0 = the initial state" in out
+    assert cli.main(["info", str(tmp_path / "tr")]) == 0
+    out = capsys.readouterr().out
+    assert "5 optimizer steps taken" in out and "initial state" not in out
+    labels = [line[:9] for line in out.splitlines() if line[:1].strip()]
+    assert all(lab.endswith(" ") for lab in labels)              # every value starts in column 10
+    monkeypatch.setenv(app_data.ENV_ROOT, str(tmp_path))
+    for run, n in (("st/seed0-sgd", 4), ("tr", 5)):
+        p = str(tmp_path / run)
+        assert app_data.summary.__wrapped__(p, ())["steps"] == n

@@ -77,7 +77,7 @@ def test_installed_package_runs_outside_the_repository(tmp_path):
 # *needs* may live there (a checkout is optional).
 OUTSIDE_OK = {
     "dyntool/run_writer.py": "git commit of a checkout, None when installed",
-    "dyntool/data/wikitext.py": "../shared/data next to a checkout, one of several places tried",
+    "dyntool/data/sources.py": "../shared/data next to a checkout, one of several places tried",
 }
 
 

@@ -11,7 +11,7 @@ from dyntool.cli import main
 from dyntool.quantities import head_quantities
 from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import step_record
-from dyntool.sims.sticky_data import generate, posterior_predictive_entropy, transition_matrix
+from dyntool.sims.sticky_data import filter_entropy, filter_nll, generate, transition_matrix
 
 SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "25", "--seeds", "42,7", "--window", "20",
          "--record.every=10", "--record.pool=16", "--quiet"]
@@ -30,6 +30,27 @@ def test_study_layout_and_summary(study):
     assert [r["seed"] for r in s["per_seed"]] == [42, 7]
     for key in ("em_steps_to_sgd_final", "speedup", "t_test", "entropy_gap", "final"):
         assert key in s
+    # the Bayes reference is the forward filter's NLL on each seed's own train / held-out sequence
+    for b in s["bayes"]["per_seed"]:
+        for part, sd in (("train", b["seed"]), ("heldout", b["seed"] + 10000)):
+            d = generate(sd, 60)
+            assert b[part] == pytest.approx(float(filter_nll(d.x, d.mu, transition_matrix(), d.y).mean()), rel=1e-12)
+    # every geometry number comes with its step-0 value, the raw-input baseline, partial R², null
+    geo = s["geometry"]
+    assert geo["steps"] == [0, 25]
+    for name in ("heldout_g_r2_linear", "heldout_g_r2_partial", "heldout_g_ordering_null_p", "heldout_x_r2_linear",
+                 "heldout_v_r2_partial", "heldout_g_r_pc1"):
+        assert set(geo["em"][name]) == {"step0", "step25"}
+    logged = [dyntool.open_run(study / f"seed{sd}-em").metrics.set_index("step") for sd in (42, 7)]
+    assert geo["em"]["heldout_g_r2_partial"]["step25"]["mean"] == pytest.approx(
+        np.mean([m.loc[25, "heldout_g_r2_partial"] for m in logged]))
+    m = logged[0]
+    # the baseline is the raw input: the same at every recorded step
+    assert m.loc[0, "heldout_x_r2_linear"] == m.loc[25, "heldout_x_r2_linear"]
+    p = m.loc[25, "heldout_g_ordering_null_p"]          # NaN when < 2 entropy bins hold > 5 rows (T = 60)
+    assert np.isnan(p) == np.isnan(m.loc[25, "heldout_g_ordering_score"]) and (np.isnan(p) or 0 < p <= 1)
+    r0 = s["per_seed"][0]
+    assert r0["em"]["excess_loss"] == pytest.approx(r0["em"]["final_loss"] - s["bayes"]["per_seed"][0]["train"])
     runs = {r.id: r for r in dyntool.list_runs(study)}
     assert set(runs) == {"seed42-sgd", "seed42-em", "seed7-sgd", "seed7-em"}
     for rid, run in runs.items():
@@ -56,7 +77,7 @@ def test_recorded_arrays(study):
     assert a["values"].shape == (4, 1, 1, 1, 59, 15)
     d = generate(42, 60)
     np.testing.assert_array_equal(run.static("targets"), d.y.numpy())
-    Hb = posterior_predictive_entropy(d.x, d.mu, transition_matrix())
+    Hb = filter_entropy(d.x, d.mu, transition_matrix())        # H_Bayes = the forward filter's
     np.testing.assert_allclose(run.static("bayes_entropy"), Hb.numpy(), rtol=1e-6)
     assert not np.isnan(run.metrics.loc[run.metrics.step == 10, "diag_attn_entropy"]).any()
 

@@ -13,7 +13,7 @@ from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import routing_residual, step_record
 from dyntool.sims.frame_precision import describe_change, interval_measures
 from dyntool.sims.sticky import StickyConfig, _arms
-from dyntool.sims.sticky_data import (HELDOUT_OFFSET, generate, h_min, posterior_predictive_entropy, stationary,
+from dyntool.sims.sticky_data import (HELDOUT_OFFSET, generate, h_min, single_observation_entropy, stationary,
                                       transition_matrix)
 from tests.engine_fixtures import engine_state
 
@@ -141,8 +141,8 @@ def test_graded_chain_spreads_the_bayes_entropy():
     H = {}
     for noise in (1.0, 2.0):
         d = generate(42, 1000, P=P, noise_std=noise)
-        H[noise] = posterior_predictive_entropy(d.x, d.mu, P, noise, pi)
-    base = posterior_predictive_entropy(generate(42, 1000).x, generate(42, 1000).mu, transition_matrix())
+        H[noise] = single_observation_entropy(d.x, d.mu, P, noise, pi)
+    base = single_observation_entropy(generate(42, 1000).x, generate(42, 1000).mu, transition_matrix())
     assert H[2.0].std() > 10 * base.std()
     # noise_std = 1 leaves the authors' data bit-identical
     assert torch.equal(generate(42, 200).x, generate(42, 200, noise_std=1.0).x)
@@ -156,7 +156,7 @@ def test_bayes_entropy_with_noise_and_prior_matches_brute_force():
     lik = np.exp(-((x[:, None] - mu[None]) ** 2).sum(-1) / (2 * 1.7 ** 2)) * pi[None]
     pred = (lik / lik.sum(1, keepdims=True)) @ P.double().numpy()
     ref = -(pred * np.log(pred)).sum(1)
-    np.testing.assert_allclose(posterior_predictive_entropy(d.x, d.mu, P, 1.7, stationary(P)).numpy(), ref,
+    np.testing.assert_allclose(single_observation_entropy(d.x, d.mu, P, 1.7, stationary(P)).numpy(), ref,
                                rtol=1e-10)
 
 

@@ -328,6 +328,7 @@ def test_signal_checkpoints_the_step_reached(tmp_path, sig, ignored, ref_run):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
+    assert f"continue with: dyntool train --resume {tmp_path / 's'}" in err      # the exact next step
     run = open_run(tmp_path / "s")
     assert run.status == "interrupted"
     reached = len(rows(tmp_path / "s"))                               # every finished step logged
@@ -358,3 +359,28 @@ def test_kill_9_campaign_full_small_preset(tmp_path):
         start = ck_step(tmp_path / f"k{i}")
         assert main(["train", "--resume", str(tmp_path / f"k{i}"), "--name", f"k{i}-rest", "--quiet"]) == 0
         assert_continues(ref, tmp_path / f"k{i}-rest", start)
+
+
+# -- checkpoint contents validated before anything is created (issue 22) ----------------------
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("step", -5, "outside"), ("step", "two", "not an integer"), ("step", float("nan"), "not an integer"),
+    ("model", "wrong-shapes", "shape"), ("rng", {"torch": 1}, "rng"), ("optim", [1, 2], "optim"),
+])
+def test_resume_validates_the_checkpoint_before_creating_anything(tmp_path, capsys, field, value, needle):
+    import torch
+    rc, run = train(tmp_path, "--max-steps", "2", "--train.final_eval=false")
+    assert rc == 0
+    ck = torch.load(run / "checkpoint.pt", weights_only=True)
+    if value == "wrong-shapes":
+        k = next(iter(ck["model"]))
+        ck["model"][k] = torch.zeros(3, 1)
+    else:
+        ck[field] = value
+    torch.save(ck, run / "checkpoint.pt")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "--max-steps", "4", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and needle in err and "internal error" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before        # no RUN-resumeN left behind

@@ -141,3 +141,16 @@ def test_every_packaged_preset_loads():
             config.load(cls, f, preset)
     with pytest.raises(ConfigError, match="packaged presets"):
         config.resolve_file("sims/nope.toml")
+
+
+def test_unknown_key_suggests_the_closest(tmp_path):
+    from dyntool.config import load
+    from dyntool.errors import ConfigError
+    from dyntool.train.config import TrainConfig
+    with pytest.raises(ConfigError) as e:
+        load(TrainConfig, overrides=["--data.pth=x"])
+    msg = str(e.value)
+    assert "did you mean data.path?" in msg and msg.index("did you mean") < msg.index("known:")
+    with pytest.raises(ConfigError) as e:
+        load(TrainConfig, overrides=["--zzzz.qqq=1"])
+    assert "did you mean" not in str(e.value)

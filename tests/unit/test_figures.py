@@ -35,6 +35,7 @@ def root(tmp_path_factory) -> Path:
     fx.make_ls_study(d, seeds=(0, 1), steps=40)
     fx.make_ls_context_study(d, seeds=(0, 1), steps=20)
     fx.make_span_study(d, seeds=(0, 1), steps=40)
+    fx.make_user_run(d)
     return d
 
 
@@ -326,3 +327,15 @@ def test_f4_f6_without_heldout_metrics_say_so(tmp_path):
     fig, data, cap = FIGURES["f6_value_pca"].draw(rs)
     assert "logged no held-out manifold metrics" in cap
     assert [t.get_text() for t in _r_panel(fig).get_xticklabels()] == ["values\ntrain"]
+
+
+def test_a_trainer_summary_row_is_not_divergence(root):
+    """The HF Trainer's last row has no loss; only a recorded non-finite loss means divergence."""
+    from dyntool.figures.train_common import diverged
+    from dyntool.run import open_run
+    run = open_run(root / "user-model")
+    assert run.metrics["loss"].isna().any()              # the DataFrame shows NaN for the summary row
+    assert diverged(run) is None
+    with open(run.path / "metrics.jsonl", "a") as f:     # a real non-finite loss (written as null)
+        f.write('{"step": 99, "loss": null}\n')
+    assert diverged(open_run(root / "user-model")) == 99

@@ -145,3 +145,71 @@ def test_precomputed_pca_gives_the_same_metrics():
     a = manifold_metrics(x, h).as_dict()
     b = manifold_metrics(x, h, pca_result=pca(x, orient_by=h)).as_dict()
     assert a == b
+
+
+# ---- baselines: partial R² (against sklearn), ordering-score permutation null (against Eulerian numbers)
+
+def _sklearn_heldout_sse(a, h):
+    from sklearn.linear_model import LinearRegression
+    from sklearn.model_selection import train_test_split
+    atr, ate, htr, hte = train_test_split(a, h, test_size=0.2, random_state=42)
+    return float(((hte - LinearRegression().fit(atr, htr).predict(ate)) ** 2).sum())
+
+
+def test_partial_r2_matches_sklearn_and_closed_cases():
+    from dyntool.manifold import partial_r2
+    rng = np.random.default_rng(5)
+    n = 600
+    b, z = rng.normal(size=(n, 3)), rng.normal(size=(n, 4))
+    h = b @ [1.0, -2.0, 0.5] + z @ [0.7, 0.0, 0.3, -0.2] + 0.3 * rng.normal(size=n)
+    ref = 1 - _sklearn_heldout_sse(np.hstack([b, z]), h) / _sklearn_heldout_sse(b, h)
+    assert partial_r2(z, h, b) == pytest.approx(ref, abs=1e-10)
+    assert 0.5 < ref < 0.95
+    # x that is a linear function of the baseline adds nothing (v = x W_V on the sticky chain)
+    assert partial_r2(b @ rng.normal(size=(3, 5)), h, b) == pytest.approx(0.0, abs=1e-10)
+    # the baseline explains h exactly (H_Bayes a function of position, one-hot baseline): undefined
+    pos = rng.integers(0, 19, size=n)
+    onehot = np.eye(19)[pos]
+    assert np.isnan(partial_r2(z, np.log(20 - pos), onehot))
+    assert linear_r2(onehot, np.log(20 - pos)) == pytest.approx(1.0, abs=1e-12)
+
+
+def _eulerian(n, k):
+    """Eulerian number A(n, k): permutations of n with k ascents (recurrence, closed form)."""
+    if n == 0:
+        return int(k == 0)
+    if k < 0 or k >= n:
+        return 0
+    return (k + 1) * _eulerian(n - 1, k) + (n - k) * _eulerian(n - 1, k - 1)
+
+
+def test_ordering_null_mean_is_the_eulerian_expectation():
+    """With 9 equal-size bins and a PC independent of h, the 9 bin means of a shuffle are exchangeable,
+    so their order is a uniform permutation: E score = Σ_k A(9, k) |2k − 8| / 8 / 9!."""
+    from dyntool.manifold import ordering_null
+    rng = np.random.default_rng(6)
+    h = np.repeat(np.linspace(0, 1, 9), 40)
+    assert np.all(np.bincount(np.digitize(h, np.linspace(0, 1.001, 10)) - 1) == 40)
+    pc = rng.normal(size=h.size)
+    expected = sum(_eulerian(9, k) * abs(2 * k - 8) / 8 for k in range(9)) / math.factorial(9)
+    nul = ordering_null(pc, h, n_perm=4000, seed=1)
+    assert nul["n_perm"] == 4000
+    assert nul["mean"] == pytest.approx(expected, abs=4 * nul["std"] / math.sqrt(4000))
+    # a perfectly ordered PC: nothing in the null reaches 1 (P = 2/9!), so p = 1/(1 + n_perm)
+    ordered = ordering_null(h + 0.01 * rng.normal(size=h.size), h, n_perm=300)
+    assert ordered["observed"] == 1.0 and ordered["p"] == pytest.approx(1 / 301)
+    # the loop-free null equals the definition: ordering_score on explicitly shuffled h
+    perms = np.random.default_rng(3).permuted(np.tile(np.arange(h.size), (50, 1)), axis=1)
+    loop = [ordering_score(pc, h[p]) for p in perms]
+    assert ordering_null(pc, h, n_perm=50, seed=3)["mean"] == pytest.approx(np.mean(loop), abs=1e-12)
+
+
+def test_baseline_comparison_names_and_values():
+    from dyntool.manifold import COMPARED, baseline_comparison, partial_r2
+    x, h = _entropy_line(n=400)
+    base = np.random.default_rng(0).normal(size=(400, 2))
+    c = baseline_comparison(x, h, base, n_perm=200)
+    assert set(c) == {"r2_partial", "ordering_null_mean", "ordering_null_p"} | {f"baseline_{m}" for m in COMPARED}
+    assert c["r2_partial"] == pytest.approx(partial_r2(x, h, base))
+    assert c["r2_partial"] > 0.99 and c["baseline_r2_linear"] < 0.1 and c["ordering_null_p"] < 0.01
+    assert c["baseline_r2_linear"] == pytest.approx(linear_r2(base, h))

@@ -48,3 +48,15 @@ def test_without_an_arms_table_there_is_no_steps_column():
     s = _summary()
     del s["arms"]
     assert SGD_TARGET not in table(s) and "steps to SGD final" not in table(s)
+
+
+def test_settle_step_and_ordering_phrase():
+    from dyntool.sims.frame_precision import ordering_phrase, settle_step
+    steps = [10, 20, 30, 40]
+    assert settle_step(steps, [1.0, 0.5, 0.05, 0.01]) == 30
+    assert settle_step(steps, [1.0, 0.05, 0.5, 0.01]) is None        # rises again: not settled at 20
+    assert settle_step(steps, [0.1, 0.2, 0.5, 1.0]) is None
+    # attention drift rising through the record (the EM-like sticky run): the caption must say so
+    ph = ordering_phrase(steps, [0.1, 0.2, 0.5, 1.0], [1.0, 0.05, 0.01, 0.01], "EM-like")
+    assert "does NOT settle before" in ph and "peaks at step 40" in ph
+    assert "attention settles first" in ordering_phrase(steps, [1.0, 0.01, 0.01, 0.01], [1.0, 1.0, 0.05, 0.01], "x")

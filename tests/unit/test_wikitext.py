@@ -65,7 +65,7 @@ def test_cache_hit_reuses_file(tiny):
     c1 = load_wikitext(tiny, cache_dir=cdir)
     assert c1.cache_file is not None and c1.cache_file.exists()
     m1 = c1.cache_file.stat().st_mtime_ns
-    meta = c1.cache_file.with_name(c1.cache_file.name.replace(".cache.int32", ".meta.json"))
+    meta = c1.cache_file.with_name(c1.cache_file.name.replace(".ids.npy", ".meta.json"))
     mm1 = meta.stat().st_mtime_ns
     c2 = load_wikitext(tiny, cache_dir=cdir)
     assert c2.cache_file == c1.cache_file
@@ -85,9 +85,9 @@ def test_corrupt_cache_is_rebuilt(tiny, damage):
     cdir = tiny / "c"
     good = load_wikitext(tiny, cache_dir=cdir)
     f = good.cache_file
-    meta = f.with_name(f.name.replace(".cache.int32", ".meta.json"))
+    meta = f.with_name(f.name.replace(".ids.npy", ".meta.json"))
     if damage == "flip":
-        b = bytearray(f.read_bytes()); b[12] ^= 0x01; f.write_bytes(bytes(b))
+        b = bytearray(f.read_bytes()); b[-3] ^= 0x01; f.write_bytes(bytes(b))
     elif damage == "truncate":
         f.write_bytes(f.read_bytes()[:-8])
     elif damage == "meta":
@@ -161,8 +161,9 @@ def test_missing_dir(tmp_path):
     with pytest.raises(DataError) as e:
         load_wikitext(tmp_path / "nope")
     msg = _one_line(e)
-    assert msg == (f"wikitext-2 directory not found at {tmp_path / 'nope'}: expected train.txt, "
-                   f"valid.txt, test.txt (set --data.path)")
+    assert msg.startswith(f"wikitext-2 directory not found at {tmp_path / 'nope'} (found nothing there): "
+                          f"expected a folder of train.txt, valid.txt, test.txt")
+    assert "--data.path" in msg and "hf:Salesforce/wikitext" in msg
 
 
 def test_nothing_found_by_default(tmp_path, monkeypatch):

@@ -2,13 +2,13 @@
 mean ± std bands across seeds; any logged metric, or recorded max|logit| / attention entropy."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dyntool import safeio
 from dyntool.stats import mean_std
 from dyntool.app import analysis, data, export, plots, ui
 from dyntool.app.data import AppInputError
@@ -41,11 +41,11 @@ def curve(path: str, metric: str) -> pd.Series | None:
 def group_label(path: str, key: str) -> str:
     run = data.get_run(path)
     if key == NO_GROUP:
-        return run.id
+        return data.label(run.id)
     if key == "kind":
-        return run.kind
+        return data.label(run.kind)
     flat = analysis.flatten(run.config)
-    return f"{key}={flat[key]}" if key in flat else f"{run.id} (no {key})"
+    return data.label(f"{key}={flat[key]}" if key in flat else f"{run.id} (no {key})")
 
 
 def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
@@ -57,8 +57,8 @@ def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
         f = Path(p).parent / "summary.json"
         if f.resolve().is_relative_to(root) and f.exists():
             try:
-                h = json.loads(f.read_text()).get("h_min")
-            except (OSError, ValueError):
+                h = safeio.read_json(f).get("h_min")
+            except (OSError, ValueError, AttributeError):
                 continue
             if isinstance(h, (int, float)):
                 return float(h), f"H_min = {h:.4f}"
@@ -123,18 +123,19 @@ def body() -> None:
             continue
         groups.setdefault(group_label(p, group), []).append(analysis.ema(s, smooth).rename(p))
     if not groups:
-        raise AppInputError(f"None of the chosen runs has `{metric}`.")
+        raise AppInputError(f"None of the chosen runs has {metric}.")
     bands = {g: analysis.band(v) for g, v in sorted(groups.items())}
     if each:
         for g, curves in sorted(groups.items()):
             for s in curves:
-                bands[f"{g} · {data.get_run(s.name).id}"] = analysis.band([s])
-    fig = plots.bands(bands, f"{metric} by {group}", metric, log_y=log_y, hline=reference(paths, metric))
+                bands[f"{g} · {data.label(data.get_run(s.name).id)}"] = analysis.band([s])
+    fig = plots.bands(bands, data.label(f"{metric} by {group}"), data.label(metric), log_y=log_y,
+                      hline=reference(paths, metric))
     st.plotly_chart(fig, key="cmp-fig", config=plots.CONFIG)
     export.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
                     FIGURES_FOR.get(metric, []), paths, {"metric": metric, "group": group})
     if lacking:
-        st.caption(f"Without `{metric}`: {', '.join(lacking)}.")
+        st.caption(f"Without {data.esc(metric)}: {data.esc(', '.join(lacking))}.")
 
     rows = []
     for g, curves in sorted(groups.items()):

@@ -112,7 +112,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
         st.caption(f"Recorded window: queries {g['q0']}–{g['q0'] + g['nq'] - 1}, keys {g['k0']}–"
                    f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
                    "the zoom). Right: the real entries inside the box.")
-    label = data.get_run(path).id
+    label = data.label(data.get_run(path).id)
     fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step, "step_index": idx}
 
     if mode == MODES[0]:
@@ -149,7 +149,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
         if not len(o_steps):
             raise AppInputError("The second run has no committed recorded steps.")
         j = _step_index(o_steps, step)
-        targets = [(path, idx, step, label), (other, j, int(o_steps[j]), data.get_run(other).id)]
+        targets = [(path, idx, step, label), (other, j, int(o_steps[j]), data.label(data.get_run(other).id))]
     for kind in kinds:
         figs = [figures_for(p, kind, i, s, layer, head, seq, zoom, lb)[-1] for p, i, s, lb in targets]
         if plots.MATRIX_KINDS[kind][1] == "signed":        # one colour range, so colours compare

@@ -17,9 +17,11 @@ def facts(path: str) -> None:
     run = data.get_run(path)
     s = data.summary(path, data.signature(path))
     tags = ", ".join(s.get("tags") or []) or "none"
-    st.markdown(f"**{run.kind}** run · status **{run.status}** · tags: {tags} · created {s.get('created') or '?'}")
+    esc = data.esc                                  # strings from meta.json: plain text, never Markdown
+    st.markdown(f"**{esc(run.kind)}** run · status **{esc(run.status)}** · tags: {esc(tags)} · "
+                f"created {esc(s.get('created') or '?')}")
     c = st.columns(4)
-    c[0].metric("steps logged", s["steps"])
+    c[0].metric("steps taken", s["steps"])
     c[1].metric("steps recorded", s["recorded"])
     c[2].metric("size on disk", f"{s['size_mb']:.1f} MB")
     fin = next((k for k in ("final val_loss", "final loss") if k in s), None)
@@ -212,7 +214,7 @@ def details(path: str) -> None:
         else:
             st.caption("Nothing recorded (no record.zarr).")
         for p in info["problems"]:
-            st.warning(p)
+            st.warning(data.esc(p))
 
 
 def body() -> None:

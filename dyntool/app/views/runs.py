@@ -63,7 +63,7 @@ def body() -> None:
                  column_config={
                      "run": st.column_config.TextColumn("run", pinned=True),
                      "problems": st.column_config.TextColumn("problems", width="medium"),
-                     "steps": st.column_config.NumberColumn("steps", help="training steps logged"),
+                     "steps": st.column_config.NumberColumn("steps", help="optimizer steps taken (docs/FORMAT.md)"),
                      "recorded": st.column_config.NumberColumn("recorded", help="recorded (committed) steps"),
                      "size_mb": st.column_config.NumberColumn("size", format="%.1f MB"),
                      **{c: st.column_config.NumberColumn(c, format="%.4g") for c in final_cols},
@@ -86,8 +86,8 @@ def body() -> None:
     if len(bad):
         with st.expander(f"{len(bad)} run(s) with problems", expanded=False, icon=":material/warning:"):
             for _, r in bad.iterrows():
-                for p in r["problems"]:
-                    st.markdown(f"- `{r['run']}`: {p}")
+                for p in r["problems"]:              # plain text: problems quote the run's files
+                    st.markdown(f"- {data.esc(r['run'])}: {data.esc(p)}")
 
 
 def page() -> None:

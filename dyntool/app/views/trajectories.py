@@ -122,7 +122,7 @@ def body() -> None:
         B = basis(path, mark, vec, layer, head, seq, fit_on, min(k, d), idx)
         axes = [f"PC{i + 1} ({r * 100:.1f}%)" for i, r in enumerate(B.explained)] + ["PC3"]
         project = B.project
-    run_id = data.get_run(path).id
+    run_id = data.label(data.get_run(path).id)
     where = f"{run_id} · L{layer} H{head}"
     cv, ctitle = col_opts.get(colour, (None, ""))
     pos_name = VECTORS[vec][1]

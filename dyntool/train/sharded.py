@@ -1,0 +1,145 @@
+"""Recording under FSDP (``--train.parallel=fsdp``): every rank records the heads of its own shard.
+
+- **Probe batch** (``record.batch = "probe"``): the fixed probe of ``record.seqs`` sequences is split
+  into ``world`` equal, contiguous shards (``record.seqs % world == 0``, refused otherwise before
+  anything is created); rank ``r`` runs its shard through the sharded model and backpropagates
+  ``loss_r / world``, i.e. its share of the probe's mean loss, so its U (and every quantity built
+  from U) is exactly what a single process records for those sequences on the whole probe.
+- **Training batch** (``"train"``): each rank records the first ``record.seqs`` sequences of its own
+  micro-batch; U is ∂(that rank's micro-batch mean loss)/∂(head output), as under DDP.
+
+Each rank writes its own recording (:mod:`dyntool.record.ranks`: ``record.zarr`` for rank 0,
+``record.rank{r}.zarr`` for the others), nothing T×T is gathered.  Metrics stay rank 0's one
+``metrics.jsonl``; the few per-head numbers it logs are combined with small all-reduces (attention
+entropy: mean over ranks; max|logit|: max; per-group gradient norms from the local shards).
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from ..errors import ConfigError, RunError
+from ..record import metric_names as mn
+from ..record.ranks import declare_reducers, rank_dir
+from . import fsdp
+from .recording import RecordingCallback
+
+
+def check(cfg, world: int) -> None:
+    """Refuse (before anything is created) what FSDP recording can't shard evenly."""
+    rc = cfg.record
+    if world > 1 and rc.enabled and rc.batch == "probe" and rc.seqs % world:
+        raise ConfigError("record.seqs", f"the probe's {rc.seqs} sequence(s) can't be split evenly "
+                                         f"over {world} ranks under train.parallel=fsdp; use a multiple of {world}")
+
+
+class RankRun:
+    """What a rank > 0 writes into the run rank 0 created: its own recording, nothing else."""
+
+    def __init__(self, path: Path, rank: int):
+        self.path, self.rank, self.store = Path(path), rank, None
+
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
+        from ..record.store_writer import StoreWriter
+        self.store = StoreWriter(self.path / rank_dir(self.rank), chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.store is not None:
+            self.store.close()
+        return False
+
+
+def share_run(run, dist) -> Path:
+    """Rank 0's run path on every rank (or rank 0's error, raised on every rank)."""
+    msg = fsdp.broadcast(("ok", str(run.path)) if run is not None else None) if dist.is_main else \
+        fsdp.broadcast(None)
+    if msg is None or msg[0] != "ok":
+        raise RunError(msg[1] if msg else "rank 0 could not create the run")
+    return Path(msg[1])
+
+
+class ShardedRecordingCallback(RecordingCallback):
+    def __init__(self, run, cfg, dist):
+        super().__init__(run, cfg)
+        self.dist = dist
+
+    def on_train_start(self, trainer) -> None:
+        world, rank = self.dist.world, self.dist.rank
+        rc = self.cfg.record
+        per = rc.seqs // world if rc.batch == "probe" else rc.seqs
+        full_cfg = self.cfg
+        # the Recorder captures this rank's own sequences: `per` of them
+        self.cfg = dataclasses.replace(full_cfg, record=dataclasses.replace(rc, seqs=per))
+        orig_open = self.run.open_store
+
+        def open_store(chunk_steps, flush_seconds, attrs=None):
+            off = rank * per if rc.batch == "probe" else rank * rc.seqs
+            st = orig_open(chunk_steps, flush_seconds, attrs={
+                **(attrs or {}), "rank": rank, "world_size": world, "shard_axis": "seq",
+                "seq_offset": off, "parallel": "fsdp"})
+            declare_reducers(st)
+            return st
+        self.run.open_store = open_store
+        try:
+            super().on_train_start(trainer)
+        finally:
+            self.run.open_store = orig_open
+        self.cfg = full_cfg
+        if self.rec is not None and rc.batch == "probe":
+            from ..data.wikitext import fixed_batch
+            d = full_cfg.data
+            x, y = fixed_batch(trainer.corpus.split(d.probe_split), rc.seqs, d.block_size,
+                               d.probe_offset, trainer.device)
+            if rank == 0:      # the app labels every sequence of the merged view
+                vocab = trainer.corpus.vocab
+                self.rec.store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
+                                                                    for row in x.tolist()]})
+            self.probe = (x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
+
+    def on_step_start(self, step: int) -> None:
+        self._lmax, self._extra = None, {}
+        if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
+            return
+        model = self.trainer.raw
+        x, y = self.probe
+        try:
+            with self.rec.capture(model) as cap:
+                _, loss = model(x, y)
+                (loss / self.dist.world).backward()     # this shard's share of the probe mean loss
+            qs = cap.compute()
+            self.rec.record(step, qs, extra={"probe_loss": loss.item()})
+            self._summarise(qs)
+            mean = fsdp.all_reduce(loss.detach().double().reshape(1), "mean")
+            self._extra["probe_loss"] = float(mean)
+        finally:
+            model.zero_grad(set_to_none=True)
+
+    def _summarise(self, qs: dict) -> None:
+        ent = fsdp.all_reduce(qs["attn_entropy"].double().mean(dim=(2, 3)), "mean")   # equal shards
+        for l, row in enumerate(ent.tolist()):
+            for h, v in enumerate(row):
+                self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
+        self._extra["recorded"] = True
+
+    @torch.no_grad()
+    def _grad_norms(self) -> None:
+        norms = fsdp.group_grad_norms(self.groups)
+        if norms:
+            for name, v in zip(norms, torch.stack(list(norms.values())).tolist()):
+                self._extra[mn.grad_norm(name)] = v
+
+    def on_step_end(self, step: int, metrics: dict) -> None:
+        if self._lmax is not None:                   # max|logit| over every rank's batch
+            self._lmax = fsdp.all_reduce(self._lmax.contiguous(), "max")
+        super().on_step_end(step, metrics)
+
+    def on_train_end(self, final: dict) -> None:
+        super().on_train_end(final)
+        if self.rec is not None:
+            self.rec.store.flush()
