@@ -43,9 +43,11 @@ def grouped(t: torch.Tensor | None, n_kv: int, nh: int) -> torch.Tensor | None:
     return t.unsqueeze(2)                           # shared by every head: broadcast
 
 
-def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float) -> int:
-    """Query rows per block so that the block's temporaries fit ``max_block_mib``; 0 = not even one."""
-    per_row = _LIVE_BLOCKS * B * nh * Tk * itemsize
+def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float,
+               live: int = _LIVE_BLOCKS) -> int:
+    """Query rows per block so that the block's ``live`` (B, nh, rows, Tk) temporaries fit
+    ``max_block_mib``; 0 = not even one.  (The full tier streamed passes its own count.)"""
+    per_row = live * B * nh * Tk * itemsize
     return min(T, int(max_block_mib * 2**20 // per_row))
 
 

@@ -40,8 +40,8 @@ import torch.nn.functional as F
 from ..capture import Capture
 from ..flight import FlightRecorder
 from ..record import metric_names as mn
-from ..record.policy import RecordConfig, check_budget, cheap_wants, schedule
-from ..record.recorder import Recorder
+from ..record.policy import RecordConfig, check_budget, cheap_wants, schedule, windows
+from ..record.recorder import Recorder, plan
 
 
 def rank() -> int:
@@ -74,6 +74,7 @@ class RunRecorder:
         self.cfg.validate("record.")
         if batch == "probe" and probe is None:
             raise ValueError("batch='probe' needs a probe batch (probe=...)")
+        _check_heads(model, self.cfg.heads, attention)
         self.max_steps = int(max_steps)
         self.active = rank() == 0
         self.run = self.rec = None
@@ -100,10 +101,13 @@ class RunRecorder:
     def wants(self, step: int) -> bool:
         return self.active and int(step) in self._wanted
 
-    def _recorder(self, qs: dict) -> Recorder:
+    def _recorder(self, cap: Capture) -> Recorder:
         if self.rec is None:
-            L, H, S, T, Tk = qs["attn"].shape
-            dims = dict(L=L, H=H, T=T, d_k=qs["queries"].shape[-1], d_v=qs["values"].shape[-1])
+            from ..stream import size
+            slot, T = next(iter(cap.slots.values())), size(cap)
+            (_, _), (k0, k1) = windows(self.cfg, T)
+            sel, _ = plan(self.cfg, cap, k1 - k0)    # a bad selection or budget: refused before the store
+            dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=slot.q.shape[-1], d_v=slot.v.shape[-1])
             check_budget(self.cfg, len(self._wanted), self.run.path, **dims)
             store = self.run.open_store(self.cfg.chunk_steps, self.cfg.flush_seconds,
                                         attrs={"task": "custom", "record_batch": self.cfg.batch, "block_size": T})
@@ -114,18 +118,17 @@ class RunRecorder:
         return self.rec
 
     def _store(self, step: int, cap: Capture, extra: dict | None = None, grad_scale: float = 1.0):
-        qs = cap.compute()
-        rec = self._recorder(qs)
+        rec = self._recorder(cap)
         if not self._attrs_done:
-            rec.store.group.attrs.update(cap.attrs)
+            rec.store.group.attrs.update(rec.selection_attrs(cap, cap.attrs))
             self.run.update_meta(adapter=cap.attrs.get("adapter"))
             self._attrs_done = True
-        rec.record(step, qs, extra=extra, grad_scale=grad_scale)
-        ent = qs["attn_entropy"].float().mean(dim=(2, 3))                  # (L, nh)
+        qs = rec.record_capture(step, cap, extra=extra, grad_scale=grad_scale)
+        ent = qs["attn_entropy"].float().mean(dim=(2, 3))               # (L, nh)
         lmax = qs["logit_max"].float()
-        row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, r in enumerate(ent.tolist()) for h, v in enumerate(r)}
-        row.update({mn.head(mn.LOGIT_MAX, l, h): v for l, r in enumerate(lmax.tolist()) for h, v in enumerate(r)})
-        row["recorded_logit_max"] = float(lmax.max())
+        row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, h, v in rec.head_values(ent.tolist())}
+        row.update({mn.head(mn.LOGIT_MAX, l, h): v for l, h, v in rec.head_values(lmax.tolist())})
+        row["recorded_logit_max"] = max(v for _, _, v in rec.head_values(lmax.tolist()))
         row.update(extra or {})
         self._flush_pending()
         self._pending = (step, row)         # merged into this step's log() row
@@ -257,6 +260,23 @@ class RunRecorder:
     @property
     def path(self) -> Path | None:
         return self.run.path if self.run is not None else None
+
+
+def _check_heads(model, heads: str, attention=None) -> None:
+    """Selectors past the model's layers (or heads, when its config says how many) are refused
+    before the run directory exists; the first capture checks the rest (dyntool.record.recorder.plan)."""
+    from ..adapters import AdapterError, find_adapter
+    from ..record.selection import parse_heads, resolve
+    if parse_heads(heads) is None:
+        return
+    try:
+        n_layer = len(find_adapter(model, attention).sites())
+    except AdapterError:
+        return                                  # Capture says why, with the way out
+    cfgs = [getattr(m, "config", None) or getattr(m, "cfg", None) for m in model.modules()]
+    n_head = next((int(v) for c in cfgs if c is not None for k in ("num_attention_heads", "n_head", "n_heads")
+                   if isinstance(v := getattr(c, k, None), int) and v > 0), 1 << 30)
+    resolve(heads, n_layer, n_head)
 
 
 def _device(model) -> str:

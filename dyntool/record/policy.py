@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from . import names
+from .selection import parse_heads
 
 DEFAULT_ARRAYS = [n for n in names.DIMS if not n.endswith("_pooled")]
 
@@ -26,8 +27,13 @@ class RecordConfig:
     batch: str = "probe"              # "probe": a fixed probe batch; "train": the training batch
     seqs: int = 1                     # sequences of the batch to record
     arrays: list[str] = field(default_factory=lambda: list(DEFAULT_ARRAYS))
-    query_window: list[int] = field(default_factory=list)   # [start, stop) of queries; [] = all
-    key_window: list[int] = field(default_factory=list)     # [start, stop) of keys; [] = all
+    # the crop of the stored T×T matrices: [start, stop) of query / key positions; [] = all.
+    # query_window/key_window are their older names (a "window" is also the attention's own)
+    query_crop: list[int] = field(default_factory=list)
+    key_crop: list[int] = field(default_factory=list)
+    query_window: list[int] = field(default_factory=list)
+    key_window: list[int] = field(default_factory=list)
+    heads: str = "all"                # the full tier's heads: "all" or L0H3,L5H*,L*H0 (record/selection.py)
     pool: int = 0                     # block size of the pooled overview of full matrices (0: off)
     dtype: str = "float16"            # storage dtype of forward quantities (α, S, q/k/v, entropies)
     # storage dtype of the gradient quantities (U, B, A, ∂L/∂S, dQ/dK/dV, E_α[b]): float16's normal
@@ -54,10 +60,14 @@ class RecordConfig:
         unknown = [a for a in self.arrays if a not in names.DIMS or a.endswith("_pooled")]
         if unknown:
             raise ConfigError(p + "arrays", f"unknown array(s) {unknown} (known: {', '.join(DEFAULT_ARRAYS)})")
-        for key in ("query_window", "key_window"):
+        for key in ("query_crop", "key_crop", "query_window", "key_window"):
             w = getattr(self, key)
             if w and (len(w) != 2 or w[0] < 0 or w[1] <= w[0]):
                 raise ConfigError(p + key, f"must be [start, stop) with 0 <= start < stop, got {w}")
+        for crop, old in (("query_crop", "query_window"), ("key_crop", "key_window")):
+            if getattr(self, crop) and getattr(self, old) and getattr(self, crop) != getattr(self, old):
+                raise ConfigError(p + crop, f"{old} is its older name; give one of them")
+        parse_heads(self.heads, p + "heads")
         if self.pool < 0 or self.seqs < 1 or self.chunk_steps < 1:
             raise ConfigError(p + "pool/seqs/chunk_steps", "pool >= 0, seqs >= 1, chunk_steps >= 1")
         if any(s < 0 for s in self.steps):
@@ -93,10 +103,11 @@ def _window(w: list[int], T: int) -> tuple[int, int]:
 
 
 def windows(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    q0, q1 = _window(cfg.query_window, T)
-    k0, k1 = _window(cfg.key_window, T)
+    """The crop ``(q0, q1), (k0, k1)`` of the stored matrices at length ``T``."""
+    q0, q1 = _window(cfg.query_crop or cfg.query_window, T)
+    k0, k1 = _window(cfg.key_crop or cfg.key_window, T)
     if q1 <= q0 or k1 <= k0:
-        raise ConfigError("record.query_window/key_window", f"window is empty for T={T}")
+        raise ConfigError("record.query_crop/key_crop", f"the crop is empty for T={T}")
     return (q0, q1), (k0, k1)
 
 
@@ -144,8 +155,8 @@ def check_budget(cfg: RecordConfig, n_steps: int, out_dir: Path, **dims) -> int:
         raise ConfigError("record.disk_budget_gb",
                           f"recording would need ~{gb:.2f} GB uncompressed ({n_steps} steps × "
                           f"{est / max(n_steps, 1) / 1e6:.1f} MB/step), over the budget of "
-                          f"{cfg.disk_budget_gb} GB; record fewer steps (record.every), a window "
-                          f"(record.query_window), pooling (record.pool), or raise the budget")
+                          f"{cfg.disk_budget_gb} GB; record fewer steps (record.every), fewer heads "
+                          f"(record.heads), a crop (record.query_crop), pooling (record.pool), or raise the budget")
     if isinstance(out_dir, str):                 # an object-store URL: no free-space figure to check
         return est
     probe = out_dir if out_dir.exists() else out_dir.parent

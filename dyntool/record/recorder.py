@@ -15,9 +15,11 @@ import numpy as np
 import torch
 
 from ..capture import Capture
+from ..errors import ConfigError
 from . import names
 from .policy import RecordConfig, schedule, storage_dtype, windows
-from .store_writer import StoreWriter
+from .selection import Selection, resolve
+from .store_writer import TARGET_CHUNK_BYTES, StoreWriter
 
 
 def pool_blocks(x, block: int, visible=None, masked_zero: bool = False):
@@ -46,6 +48,32 @@ def pool_blocks(x, block: int, visible=None, masked_zero: bool = False):
     return tiles / counts
 
 
+def plan(cfg: RecordConfig, cap: Capture, n_keys: int) -> tuple[Selection, tuple[int, int] | None]:
+    """``(selection, stream)`` for a capture: the heads ``record.heads`` picks, and ``(rows per
+    block, rows per chunk)`` when the full tier is streamed, None when it is computed dense (as
+    always before streaming existed).  It streams when the selection is not every head, or when
+    ``compute()`` (every head's matrices at once) would not fit ``record.max_block_mib``.
+    ``n_keys``: the stored key crop's length.  A selection outside the model or a budget too
+    small for one row block is a ConfigError (callers ask before creating anything)."""
+    from ..stream import LIVE, rows_per_block, size
+    slot = next(iter(cap.slots.values()), None)
+    if slot is None:
+        raise ConfigError("record.heads", "the capture saw no attention")
+    L, (S, nh), N = len(cap.sites), slot.q.shape[:2], size(cap)
+    sel = resolve(cfg.heads, L, nh)
+    item = 8 if slot.q.dtype == torch.float64 else 4
+    dense = (5 * L + LIVE) * nh * S * N * N * item          # stacked matrices + one layer's work
+    if sel.everything and dense <= cfg.max_block_mib * 2**20:
+        return sel, None
+    rows = rows_per_block(S, N, item, cfg.max_block_mib, cfg.pool or 1)
+    if rows < 1:
+        raise ConfigError("record.max_block_mib", f"{cfg.max_block_mib} MiB is too small for one query-row "
+                          f"block of the full tier ({S}×{max(cfg.pool, 1)}×{N} scores)")
+    chunk = max(1, min(rows, TARGET_CHUNK_BYTES // (n_keys * 4)))   # ~4 MB chunks along query rows
+    # blocks of whole chunks fill them without a read-modify-write (pooled blocks start at 0 instead)
+    return sel, (rows if cfg.pool else rows // chunk * chunk, chunk)
+
+
 class Recorder:
     def __init__(self, store: StoreWriter, cfg: RecordConfig, max_steps: int, T: int):
         self.store, self.cfg = store, cfg
@@ -59,6 +87,8 @@ class Recorder:
             store.declare(m, attrs={"query_offset": self.q0, "key_offset": self.k0, "T": T})
         for m, pooled in names.POOLED.items():
             store.declare(pooled, attrs={"block": cfg.pool, "T": T})
+        self.sel: Selection | None = None       # set by the first capture: its layers × heads
+        self._stream: tuple[int, int] | None = None    # (rows per block, rows per chunk) when streamed
 
     def wants(self, step: int) -> bool:
         return step in self._wanted
@@ -78,10 +108,66 @@ class Recorder:
         try:
             with self.capture(model) as cap:
                 loss_fn(model).backward()
-            self.record(step, cap.compute(), extra)
+            self.record_capture(step, cap, extra)
         finally:
             model.zero_grad(set_to_none=True)
             model.train(was_training)
+
+    def plan(self, cap: Capture) -> Selection:
+        """At the first capture: which heads are recorded and whether the full tier is streamed
+        (:func:`plan`)."""
+        if self.sel is None:
+            self.sel, self._stream = plan(self.cfg, cap, self.k1 - self.k0)
+        return self.sel
+
+    def selection_attrs(self, cap: Capture, attrs: dict | None = None) -> dict:
+        """Record attributes for a selection (``layers``, ``heads``; ``sites`` cut to the
+        selected layers); ``attrs`` (e.g. ``cap.attrs``) are returned with them."""
+        sel, out = self.plan(cap), dict(attrs or {})
+        if not sel.everything:
+            out.update(sel.attrs())
+            if isinstance(out.get("sites"), list):
+                out["sites"] = [out["sites"][l] for l in sel.layers]
+        return out
+
+    def record_capture(self, step: int, cap: Capture, extra: dict | None = None,
+                       grad_scale: float = 1.0) -> dict:
+        """Store one captured step, dense or streamed (:meth:`plan`).  Returns the quantities
+        other than the T×T matrices (dense: all of them), laid out (layer, head, ...) as stored."""
+        first = self.sel is None
+        sel = self.plan(cap)
+        if self._stream is None:
+            qs = cap.compute()
+            self.record(step, qs, extra, grad_scale)
+            return qs
+        from ..stream import stream
+        if first and not sel.everything:       # before the first append: the writer thread is idle
+            self.store.group.attrs.update(self.selection_attrs(cap))
+        rows, chunk = self._stream
+        n, S = self.store.steps_buffered, next(iter(cap.slots.values())).q.shape[0]
+        nq, nk = self.q1 - self.q0, self.k1 - self.k0
+        shape = (len(sel.layers), sel.slots, S, nq, nk)
+
+        def emit(li, si, r0, r1, blocks):
+            for m, x in blocks.items():
+                self.store.write_rows(m, n, (li, si, slice(None), slice(r0 - self.q0, r1 - self.q0)),
+                                      self._to_np(x[..., self.k0:self.k1], m), shape, (1, 1, 1, chunk, nk))
+        mats = [m for m in names.MATRICES if m in self.cfg.arrays]
+        small = stream(cap, sel, emit, rows=rows, crop=(self.q0, self.q1), matrices=mats, pool=self.cfg.pool)
+        self.write(step, small, extra, grad_scale)
+        return small
+
+    def head_values(self, table) -> list[tuple[int, int, float]]:
+        """``(model layer, model head, value)`` for a stored (layer, head) table, empty slots left out."""
+        sel = self.sel
+        out = []
+        for li, row in enumerate(table):
+            for si, v in enumerate(row):
+                if sel is None:
+                    out.append((li, si, v))
+                elif si < len(sel.heads[li]):
+                    out.append((sel.layers[li], sel.heads[li][si], v))
+        return out
 
     def record(self, step: int, quantities: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
         """Store one step from full-T quantities: name -> (L, H, S, ...) tensors/arrays over all T

@@ -138,6 +138,25 @@ class StoreWriter:
                                compressors=COMPRESSORS, config={"write_empty_chunks": True})
         arr[...] = data
 
+    def write_rows(self, name: str, index: int, where: tuple, data: np.ndarray, per_step: tuple[int, ...],
+                   chunks: tuple[int, ...]) -> None:
+        """Write ``data`` into row ``index`` (at ``where`` inside it) of a *streamed* array, now,
+        on the caller's thread: the full tier's matrices, query-row block by block, so no step
+        of them is ever held whole.  Call it for row ``steps_buffered`` before that step's
+        :meth:`append`: the commit marker then covers it like any other array (a row written
+        for a step that never got appended is past the marker, and is overwritten by the next)."""
+        self._raise_if_failed()
+        arr = self._arrays.get(name)
+        if arr is None:
+            data = np.asarray(data)
+            arr = self._arrays[name] = self.group.create_array(
+                name, shape=(0, *per_step), dtype=data.dtype, chunks=(1, *chunks), fill_value=np.nan,
+                dimension_names=list(self._dims.get(name) or names.dims(name)), compressors=COMPRESSORS,
+                attributes=self._array_attrs.get(name, {}), config={"write_empty_chunks": True})
+        if arr.shape[0] <= index:
+            arr.resize((index + 1, *arr.shape[1:]))
+        arr[(index, *where)] = data
+
     @property
     def steps_buffered(self) -> int:
         return self._n_submitted + len(self._buffer)

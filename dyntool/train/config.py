@@ -148,6 +148,14 @@ class TrainConfig:
             if block_rows(S, self.model.n_head, T, T, 4, rc.max_block_mib) < 1:
                 raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
                                   f"query row of the cheap tier ({S}×{self.model.n_head}×{T} scores)")
+        if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
+            from ..record.selection import resolve
+            from ..stream import rows_per_block
+            resolve(rc.heads, self.model.n_layer, self.model.n_head, prefix + "record.heads")
+            if rows_per_block(rc.seqs, self.data.block_size, 4, rc.max_block_mib, rc.pool or 1) < 1:
+                raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
+                                  f"query-row block of the full tier ({rc.seqs}×{max(rc.pool, 1)}×"
+                                  f"{self.data.block_size} scores)")
         if self.record.batch == "train" and self.record.seqs > self.data.batch_size:
             raise ConfigError(prefix + "record.seqs", f"{self.record.seqs} > data.batch_size "
                                                       f"{self.data.batch_size}")

@@ -46,6 +46,7 @@ from ..record import metric_names as mn
 from ..flight import FlightRecorder
 from ..record.policy import check_budget, cheap_wants
 from ..record.recorder import Recorder
+from ..record.selection import resolve
 from .trainer import Callback
 
 
@@ -91,7 +92,8 @@ class RecordingCallback(Callback):
         m, T = cfg.model, cfg.data.block_size
         rc = cfg.record
         if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
-            self.rec_dims = dict(L=m.n_layer, H=m.n_head, T=T, d_k=m.n_embd // m.n_head,
+            sel = resolve(rc.heads, m.n_layer, m.n_head)      # checked by TrainConfig.validate
+            self.rec_dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=m.n_embd // m.n_head,
                                  d_v=m.n_embd // m.n_head)
             from ..record.policy import schedule
             n = len(schedule(rc, cfg.train.max_steps))
@@ -133,8 +135,7 @@ class RecordingCallback(Callback):
             with self.rec.capture(model) as cap:
                 _, loss = model(x, y)
                 loss.backward()
-            qs = cap.compute()
-            self.rec.record(step, qs, extra={"probe_loss": loss.item()})
+            qs = self.rec.record_capture(step, cap, extra={"probe_loss": loss.item()})
             self._summarise(qs)
             self._extra["probe_loss"] = loss.item()
         finally:
@@ -158,8 +159,7 @@ class RecordingCallback(Callback):
                 flight.reset()
             raise
         if cap is not None:
-            qs = cap.compute()
-            rec.record(step, qs, grad_scale=tr.grad_scale)
+            qs = rec.record_capture(step, cap, grad_scale=tr.grad_scale)
             self._summarise(qs)
         # the exact logit statistic is the cheap tier's logit_max when that sees every sequence:
         # one QKᵀ pass, not two
@@ -182,9 +182,8 @@ class RecordingCallback(Callback):
 
     def _summarise(self, qs: dict) -> None:
         ent = qs["attn_entropy"].float().mean(dim=(2, 3))           # (L, nh): over seqs, queries
-        for l, row in enumerate(ent.tolist()):
-            for h, v in enumerate(row):
-                self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
+        for l, h, v in self.rec.head_values(ent.tolist()):            # the model's layer/head numbers
+            self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
         self._extra["recorded"] = True
 
     def _logit_stat(self) -> None:
