@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..record.sites import site_label
+from ..record.sites import head_label, site_label
 from . import style
 from .common import array, need
 from .registry import figure
@@ -72,7 +72,7 @@ def _matrix_figure(name: str):
                 ax.set_xticks([])
                 ax.set_yticks([])
                 if l == 0:
-                    ax.set_title(f"H{h}, step {int(steps[i])}", fontsize=6)
+                    ax.set_title(f"{head_label(attrs, l, h)}, step {int(steps[i])}", fontsize=6)
                 if c == 0:
                     ax.set_ylabel(site_label(attrs, l), fontsize=6)
         fig.colorbar(im, ax=axes, shrink=0.6, label=title)

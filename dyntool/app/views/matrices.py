@@ -11,6 +11,7 @@ import streamlit as st
 
 from dyntool.app import analysis, data, export, plots, ui
 from dyntool.app.data import AppInputError
+from dyntool.record.sites import head_label, site_label
 
 MAX_CELLS = 128          # largest matrix drawn entry by entry (per axis)
 PLAY_EVERY_S = 0.8
@@ -53,7 +54,9 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
     name = plots.MATRIX_KINDS[kind][0]
     alpha = plots.alpha_scale(st.session_state.get("mx_alpha_scale", "auto"), g["T"])
     toks = data.probe_tokens(info, seq)
-    where = f"L{layer} H{head}" + (f" seq {seq}" if g["S"] > 1 else "")
+    # stored indices named by the model's layer/head (a head selection stores some of them only)
+    where = f"{site_label(info['attrs'], layer)} {head_label(info['attrs'], layer, head)}" + \
+        (f" seq {seq}" if g["S"] > 1 else "")
     if zoom is None:
         m = data.matrix(path, mark, kind, idx, layer, head, seq)
         return [plots.heatmap(m, kind, f"<b>{name}</b><br><span style='font-size:12px'>{label} · step {step} · {where}</span>", g["q0"], g["k0"],

@@ -8,6 +8,7 @@ import streamlit as st
 
 from dyntool.app import analysis, data, export, plots, ui
 from dyntool.app.data import AppInputError
+from dyntool.record.sites import head_label, site_label
 
 MAX_STEPS = 200          # steps drawn along each path (evenly spaced, first and last kept; stated)
 VECTORS = {              # option -> (arrays, position letter, label, symbol)
@@ -123,7 +124,8 @@ def body() -> None:
         axes = [f"PC{i + 1} ({r * 100:.1f}%)" for i, r in enumerate(B.explained)] + ["PC3"]
         project = B.project
     run_id = data.label(data.get_run(path).id)
-    where = f"{run_id} · L{layer} H{head}"
+    at = info.get("attrs", {})                      # the model's layer/head numbers of a selection
+    where = f"{run_id} · {site_label(at, layer)} {head_label(at, layer, head)}"
     cv, ctitle = col_opts.get(colour, (None, ""))
     pos_name = VECTORS[vec][1]
     fig_opts = {"vectors": vec, "layer": layer, "head": head, "seq": seq, "projection": proj, "colour": colour}
