@@ -14,6 +14,10 @@ C. a GPT-2-shaped Hugging Face model (GPT2LMHeadModel, SDPA; the dimensions are 
 D. the full tier's memory at T = 8192, one layer, one head: peak resident memory (sampled every
    0.5 ms) above what the forward/backward left, for today's dense full tier (the per-layer
    ``head_quantities`` that ``Capture.compute()`` runs), in a child process so peaks do not mix.
+E. ``full_tier_T8192_peak_extra_mib``: the same for the streamed full tier, end to end (the head
+   selected with ``record.heads``, computed in query-row blocks of ``record.max_block_mib`` = 64
+   and written into ``record.zarr`` block by block).  Target ≤ 512 MiB; and the values it stores at
+   T = 1024 (budget 4 MiB, several blocks) equal the dense ``Capture.compute()`` to 1e-6.
 
 Rounds rotate the order of the arms; each arm's per-round time is the mean of ``--steps`` steps;
 ratios are the medians of the per-round ratios (paired, so the drift of a shared machine cancels).
@@ -168,6 +172,81 @@ def bench_memory(T: int) -> dict:
             "what": "dyntool.quantities.head_quantities (what Capture.compute runs per layer), one head, B=1"}
 
 
+_STREAM_CHILD = r"""
+import sys, tempfile, threading, time, json, torch
+import numpy as np
+sys.path.insert(0, {root!r})
+torch.manual_seed(0)
+from dyntool.capture import Capture
+from dyntool.record.policy import RecordConfig
+from dyntool.record.recorder import Recorder
+from dyntool.record.store_writer import StoreWriter
+from dyntool.train.config import ModelConfig
+from dyntool.train.gpt import GPT
+def now():                                                                   # resident MiB
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+peak = [0.0]
+def watch():                                                                 # sample the peak
+    while True:
+        peak[0] = max(peak[0], now())
+        time.sleep(0.0005)
+threading.Thread(target=watch, daemon=True).start()
+def record(T, mib, heads):
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(n_layer=1, n_head=1, n_embd=64), 64, T)            # one layer, one head, float32
+    x = torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(1))
+    with Capture(m) as cap:
+        m(x, x)[1].backward()
+    d = tempfile.mkdtemp()
+    cfg = RecordConfig(every=1, seqs=1, dtype="float32", heads=heads, max_block_mib=mib)
+    rec = Recorder(StoreWriter(d + "/record.zarr", flush_seconds=0), cfg, 1, T)
+    time.sleep(0.05)
+    base = peak[0] = now()
+    small = rec.record_capture(0, cap)
+    rec.close()
+    time.sleep(0.05)
+    return cap, rec, d, peak[0] - base
+mode = {mode!r}
+if mode == "stream":
+    _, rec, _, extra = record({T}, 64.0, "L0H0")
+    print(json.dumps({{"extra": extra, "rows": rec._stream[0]}}))
+else:                                                   # streamed at T = 1024 vs the dense compute()
+    import zarr
+    cap, rec, d, _ = record(1024, 4.0, "L0H0")
+    dense = cap.compute()
+    g = zarr.open_group(d + "/record.zarr", mode="r")
+    err = {{}}
+    for n in ("attn", "scores", "compat", "advantage", "score_grad", "value_grad", "key_grad", "query_grad",
+              "attn_entropy", "column_usage", "expected_compat", "logit_max"):
+        got, want = np.asarray(g[n][0]), dense[n].numpy()
+        fin = np.isfinite(want)
+        assert (np.isfinite(got) == fin).all(), n
+        err[n] = float(np.abs(got[fin] - want[fin]).max() / max(np.abs(want[fin]).max(), 1e-30))
+    print(json.dumps({{"rows": rec._stream[0], "max_rel_err": err}}))
+"""
+
+
+def bench_memory_streamed(T: int) -> dict:
+    """The streamed full tier (``Recorder.record_capture`` into a zarr store on disk, one layer,
+    one head, float32, ``record.max_block_mib`` = 64): peak resident memory above what the
+    forward/backward left, sampled every 0.5 ms in a child process; and, at T = 1024 (budget 4 MiB:
+    several blocks), the stored values against the dense ``Capture.compute()``."""
+    out = {}
+    for mode in ("stream", "check"):
+        r = subprocess.run([sys.executable, "-c", _STREAM_CHILD.format(root=str(ROOT), T=T, mode=mode)],
+                           capture_output=True, text=True, timeout=900)
+        out[mode] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else f"failed: {r.stderr[-300:]}"
+    st, ck = out["stream"], out["check"]
+    return {"T": T, "full_tier_T8192_peak_extra_mib": st["extra"] if isinstance(st, dict) else st,
+            "rows_per_block": st["rows"] if isinstance(st, dict) else None,
+            "T1024_vs_dense_max_rel_err": ck["max_rel_err"] if isinstance(ck, dict) else ck,
+            "T1024_rows_per_block": ck["rows"] if isinstance(ck, dict) else None,
+            "T1024_within_1e-6": isinstance(ck, dict) and max(ck["max_rel_err"].values()) <= 1e-6,
+            "what": "peak RSS (sampled every 0.5 ms) above the post-backward level while Recorder.record_capture "
+                    "streams one head (record.heads=L0H0, max_block_mib=64) of a 1-layer dyntool GPT into "
+                    "record.zarr; values: streamed T=1024 read back from zarr vs Capture.compute(), max |diff| / max |value|"}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="≤ 3 min on 2 cores: fewer rounds, smaller HF model")
@@ -175,17 +254,22 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--T", type=int, default=8192, help="length of the memory measurement")
     p.add_argument("--json", default=None)
+    p.add_argument("--only-memory", action="store_true", help="only D and E (the memory measurements)")
     a = p.parse_args(argv)
     reps = a.reps or (3 if a.quick else 7)
     steps = a.steps or (3 if a.quick else 6)
     res = {"hardware": hardware(), "reps": reps, "steps": steps, "quick": a.quick}
     t0 = time.perf_counter()
-    res["gpt"] = bench_gpt(reps, steps)
-    print(json.dumps(res["gpt"], indent=1), flush=True)
-    res["hf"] = bench_hf(reps, steps, a.quick)
-    print(json.dumps(res["hf"], indent=1), flush=True)
+    if not a.only_memory:
+        res["gpt"] = bench_gpt(reps, steps)
+        print(json.dumps(res["gpt"], indent=1), flush=True)
+        res["hf"] = bench_hf(reps, steps, a.quick)
+        print(json.dumps(res["hf"], indent=1), flush=True)
     res["memory"] = bench_memory(a.T)
     print(json.dumps(res["memory"], indent=1), flush=True)
+    res["memory_streamed"] = bench_memory_streamed(a.T)
+    res["full_tier_T8192_peak_extra_mib"] = res["memory_streamed"]["full_tier_T8192_peak_extra_mib"]
+    print(json.dumps(res["memory_streamed"], indent=1), flush=True)
     res["seconds"] = time.perf_counter() - t0
     print(f"total {res['seconds']:.0f} s on {res['hardware']}")
     if a.json:
