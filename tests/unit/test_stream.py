@@ -76,7 +76,7 @@ def assert_matches(dense, mats, small, sel, crop=None):
         for si in range(sel.slots):
             if si >= len(sel.heads[li]):                 # an empty slot: padding
                 for m in mats:
-                    assert torch.equal(mats[m][li, si], torch.full_like(mats[m][li, si], PAD[m]), ) or \
+                    assert torch.equal(mats[m][li, si], torch.full_like(mats[m][li, si], PAD[m])) or \
                         (m == "scores" and mats[m][li, si].isnan().all()), m
                 for n, x in small.items():
                     assert x[li, si].isnan().all(), n
