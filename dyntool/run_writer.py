@@ -66,10 +66,6 @@ def critical_section():
         raise Interrupted(f"signal {signum}")
 
 
-def interrupt_pending() -> bool:
-    return _Signals.pending is not None
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 

@@ -260,10 +260,6 @@ class RecordedArray:
     def ndim(self) -> int:
         return len(self._z.shape)
 
-    @property
-    def nbytes_on_disk(self) -> int:
-        return _dir_size(Path(self._z.store.root) / self.name) if hasattr(self._z.store, "root") else 0
-
     def __len__(self) -> int:
         return self.n
 
@@ -610,14 +606,3 @@ class StoreReader:
             out += RecordedArray(f"static/{name}", z, z.shape[0], self._attrs.get(f"static/{name}")).verify(
                 full, self.root)
         return out
-
-
-def _dir_size(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total

@@ -138,10 +138,6 @@ class StoreWriter:
                                compressors=COMPRESSORS, config={"write_empty_chunks": True})
         arr[...] = data
 
-    @property
-    def steps_buffered(self) -> int:
-        return self._n_submitted + len(self._buffer)
-
     # -- internals ----------------------------------------------------------------------
     def _raise_if_failed(self):
         if self._error is not None:
