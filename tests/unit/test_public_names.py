@@ -38,3 +38,9 @@ def test_advertised_name_imports(module, name):
     if module == "dyntool.adapters" and name == "Capture":    # the adapters' docstring names the public class
         mod = dyntool
     assert getattr(mod, name) is not None
+
+
+def test_version_is_one_number():
+    import tomllib
+    meta = tomllib.loads((Path(dyntool.__file__).parents[1] / "pyproject.toml").read_text())
+    assert meta["project"]["version"] == dyntool.__version__
