@@ -60,6 +60,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .stats import pearson
+
 __all__ = ["PCAResult", "ManifoldMetrics", "pca", "pearson", "participation_ratio",
            "ordering_score", "linear_r2", "manifold_metrics",
            "key_orthogonality", "random_abs_cos", "N_PCS", "partial_r2", "ordering_null",
@@ -87,14 +89,6 @@ def _as_2d(x) -> np.ndarray:
     if x.ndim != 2:
         raise ValueError(f"representation must be (n, d), got shape {x.shape}")
     return x
-
-
-def pearson(a, b) -> float:
-    """Pearson correlation; NaN if either side is constant."""
-    a = np.asarray(a, dtype=np.float64) - np.mean(a)
-    b = np.asarray(b, dtype=np.float64) - np.mean(b)
-    d = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / d) if d > 1e-300 else float("nan")
 
 
 def pca(x, n: int = N_PCS, orient_by=None, standardize: bool = False) -> PCAResult:
