@@ -26,7 +26,7 @@ from common import hardware
 from dyntool.attention import CausalSelfAttention
 from dyntool.record.policy import RecordConfig
 from dyntool.record.recorder import Recorder
-from dyntool.record.store import StoreReader, _dir_size
+from dyntool.record.store import StoreReader
 from dyntool.record.store_writer import StoreWriter
 
 
@@ -56,6 +56,18 @@ class TinyLM(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x)
+
+
+def _dir_size(path: Path) -> int:
+    """Bytes of every file under ``path`` (what the store costs on disk)."""
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
 
 
 def bench_overhead(steps: int, every: int, tmp: Path) -> dict:

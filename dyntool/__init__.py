@@ -10,9 +10,8 @@ Public API::
         loss.backward()
     cap.compute()                                       # name -> (layer, head, seq, ...) tensors
 """
-__version__ = "0.1.0"
-
-from .run import Run, list_runs, open_run  # noqa: E402
+from .run import Run, list_runs, open_run
+from .version import __version__
 
 __all__ = ["Run", "open_run", "list_runs", "Capture", "__version__"]
 

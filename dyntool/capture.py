@@ -69,7 +69,6 @@ class Capture(Observer):
         self.sites: list[Site] = self.adapter.sites()
         if not self.sites:
             raise CaptureError(f"model has no attention modules to record ({self.adapter.name} adapter)")
-        self.cores = getattr(self.adapter, "cores", [])     # dyntool's own modules, when those
         self.seqs, self.grad_scale, self.residual = seqs, float(grad_scale), residual
         self.slots: dict[Site, _Slot] = {}
         self._handles: list = []
@@ -161,11 +160,6 @@ class Capture(Observer):
             def on_ds(grad, slot=slot, sl=sl):
                 slot.ds = grad[sl].detach()
             self._handles.append(scores.register_hook(on_ds))
-
-    # back-compat name used by older callers
-    def stash(self, core, q, k, v, y, scores, scale) -> None:
-        self.observe(core.site(), q, k, v, y, core.allowed(q.shape[-2], q.device).unsqueeze(0), scale,
-                     scores=scores)
 
     # -- after backward -----------------------------------------------------------------
     def compute(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:

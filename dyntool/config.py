@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import re
 import tomllib
@@ -348,7 +347,3 @@ def keys(cls: type, prefix: str = "") -> list[str]:
 
 def to_dict(cfg: Any) -> dict[str, Any]:
     return dataclasses.asdict(cfg)
-
-
-def to_json(cfg: Any) -> str:
-    return json.dumps(to_dict(cfg), indent=2, sort_keys=False)

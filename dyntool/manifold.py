@@ -44,7 +44,6 @@ API::
     m.as_dict("resid/L3/")                  # flat {name: float}, r_pc as r_pc1..r_pc5
     p = pca(x, n=2, orient_by=h)            # scores for a scatter, oriented like the metrics
     ko = key_orthogonality(keys)            # dict(mean_abs, mean, std, n_pairs)
-    batch = manifold_metrics_batch(xs, hs)  # (R, n, d), (R, n) -> {name: (R,) array}
     c = baseline_comparison(x, h, base)     # beside R², r, ordering: baseline, partial R², null
 
 Baselines (:func:`partial_r2`, :func:`ordering_null`, :func:`baseline_comparison`): an R² of
@@ -61,8 +60,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .stats import pearson
+
 __all__ = ["PCAResult", "ManifoldMetrics", "pca", "pearson", "participation_ratio",
-           "ordering_score", "linear_r2", "manifold_metrics", "manifold_metrics_batch",
+           "ordering_score", "linear_r2", "manifold_metrics",
            "key_orthogonality", "random_abs_cos", "N_PCS", "partial_r2", "ordering_null",
            "baseline_comparison", "COMPARED"]
 
@@ -88,14 +89,6 @@ def _as_2d(x) -> np.ndarray:
     if x.ndim != 2:
         raise ValueError(f"representation must be (n, d), got shape {x.shape}")
     return x
-
-
-def pearson(a, b) -> float:
-    """Pearson correlation; NaN if either side is constant."""
-    a = np.asarray(a, dtype=np.float64) - np.mean(a)
-    b = np.asarray(b, dtype=np.float64) - np.mean(b)
-    d = math.sqrt(float((a * a).sum()) * float((b * b).sum()))
-    return float((a * b).sum() / d) if d > 1e-300 else float("nan")
 
 
 def pca(x, n: int = N_PCS, orient_by=None, standardize: bool = False) -> PCAResult:
@@ -216,13 +209,6 @@ def manifold_metrics(x, h, n_pcs: int = N_PCS, standardize: bool = False,
         ordering_score=ordering_score(p.scores[:, 0], h) if r else float("nan"),
         ordering_score_best=ordering_score(p.scores[:, best], h) if best >= 0 else float("nan"),
     )
-
-
-def manifold_metrics_batch(xs, hs, **kw) -> dict[str, np.ndarray]:
-    """``xs`` (R, n, d), ``hs`` (R, n) (e.g. R runs/seeds) -> {name: (R,) float array}."""
-    xs, hs = np.asarray(xs), np.asarray(hs)
-    rows = [manifold_metrics(xs[i], hs[i], **kw).as_dict() for i in range(xs.shape[0])]
-    return {k: np.array([r[k] for r in rows], dtype=np.float64) for k in rows[0]} if rows else {}
 
 
 def _split_fit_sse(a, h, test_size: float, seed: int) -> float:

@@ -106,12 +106,3 @@ def local_global(n_local: int, n_global: int, p: int) -> Mask:
         return sliding_window(p)
     return per_head(sliding_window(p), global_(), n_local)
 
-
-def by_name(name: str, window: int = 0) -> Mask:
-    """Mask from a config string: ``causal | full | global | sliding_window``."""
-    table = {"causal": causal, "full": full, "global": global_}
-    if name in table:
-        return table[name]()
-    if name in ("sliding_window", "local"):
-        return sliding_window(window)
-    raise ValueError(f"unknown mask {name!r} (causal, full, global, sliding_window)")

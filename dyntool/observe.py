@@ -52,9 +52,7 @@ class Site:
 
 
 class Observer:
-    """Base class: override :meth:`observe`.  ``wants_grads`` False = forward-only observer."""
-
-    wants_grads = True
+    """Base class: override :meth:`observe`."""
 
     def observe(self, site: Site, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 out: torch.Tensor, allowed: torch.Tensor, scale: float, heads_dim: int = 1,
@@ -147,8 +145,6 @@ class Fanout(Observer):
 class KeepQK(Observer):
     """Forward-only: keeps a detached *reference* (no copy) to the last q, k of one site, for
     per-step logit statistics computed after the step (dyntool.train.recording)."""
-
-    wants_grads = False
 
     def __init__(self):
         self.q = self.k = self.allowed = self.scale = None

@@ -17,14 +17,10 @@ from .errors import RunError
 from .run_writer import RECORD_DIR, STATUSES
 
 
-def _inside(path: Path, root: Path) -> bool:
-    return Path(os.path.realpath(path)).is_relative_to(root)
-
-
 def _read_json(path: Path, root: Path, problems: list[str]) -> dict:
     """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not a regular
     file, too big, too deeply nested, not JSON, not an object) is a problem and reads as ``{}``."""
-    if not _inside(path, root):
+    if not safeio.inside(path, root):
         problems.append(f"{path.name} resolves outside {root}; not read")
         return {}
     try:
@@ -87,7 +83,7 @@ def _row_ok(row: Any) -> bool:
 def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
     """Rows of metrics.jsonl: JSON objects with an integer ``step`` in [0, 2**53); other lines are
     skipped and reported (a partial last line, left by a kill mid-write, is skipped quietly)."""
-    if not _inside(path, root):
+    if not safeio.inside(path, root):
         problems.append(f"{path.name} resolves outside {root}; not read")
         return []
     rows, bad = [], []
@@ -300,7 +296,7 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     if not is_run_dir(p):
         raise RunError(f"{p} is not a dyntool run (no meta.json or config.json)")
     real_root = Path(os.path.realpath(root if root is not None else p))
-    if not _inside(p, real_root):
+    if not safeio.inside(p, real_root):
         raise RunError(f"{p} resolves outside {real_root}; not read")
     problems: list[str] = []
     meta = _check_meta(_read_json(p / "meta.json", real_root, problems), problems)
@@ -330,7 +326,7 @@ def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None 
 
     def walk(d: Path, depth: int):
         try:                                 # an unreadable folder (permissions, /proc) is skipped
-            if not _inside(d, real_root):
+            if not safeio.inside(d, real_root):
                 return
             if is_run_dir(d):
                 found.append(d)

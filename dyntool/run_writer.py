@@ -66,10 +66,6 @@ def critical_section():
         raise Interrupted(f"signal {signum}")
 
 
-def interrupt_pending() -> bool:
-    return _Signals.pending is not None
-
-
 def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -91,7 +87,7 @@ def environment() -> dict[str, Any]:
     import numpy
     import torch
     import zarr
-    from . import __version__
+    from .version import __version__
     return {"dyntool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "zarr": zarr.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), **_git_commit()}

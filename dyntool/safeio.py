@@ -22,6 +22,13 @@ MAX_LINE_BYTES = 1 << 20           # one metrics.jsonl line
 MAX_DEPTH = 64                     # JSON nesting (dyntool writes at most ~5)
 
 
+def inside(path: str | Path, root: Path) -> bool:
+    """Whether ``path``, with every symlink resolved, lies under ``root`` (itself resolved): the one
+    containment test of the readers and the app, so a link in a run folder can't point them
+    outside the folder they were given."""
+    return Path(os.path.realpath(path)).is_relative_to(root)
+
+
 class BadFile(ValueError):
     """A file that is not read as it is: not a regular file, too big, too deeply nested, not JSON."""
 

@@ -1,4 +1,5 @@
-"""Summary statistics shared by the studies, figures and app: one ``mean_std``.
+"""Small statistics shared by the studies, sims, figures and app, each written once: ``mean_std``,
+``pearson`` and ``js_rows`` (PCA is :func:`dyntool.manifold.pca`).
 
 Every "mean ± std" dyntool prints, plots or writes to a summary is the mean and the *sample*
 standard deviation (ddof = 1, the unbiased variance estimate across seeds), ignoring NaN.
@@ -28,3 +29,28 @@ def mean_std(x, axis: int | None = None):
     if axis is None:
         return float(mu), float(sd)
     return np.asarray(mu, dtype=float), np.asarray(sd, dtype=float)
+
+
+def pearson(a, b) -> float:
+    """Pearson correlation of the pairs where both are finite; NaN with fewer than 3 such pairs or
+    when either side is constant (no correlation to speak of, rather than a misleading 0)."""
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    ok = np.isfinite(a) & np.isfinite(b)
+    if ok.sum() < 3:
+        return float("nan")
+    a, b = a[ok] - a[ok].mean(), b[ok] - b[ok].mean()
+    d = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / d) if d > 1e-300 else float("nan")
+
+
+def js_rows(p, q) -> np.ndarray:
+    """Jensen–Shannon divergence (nats) between matching rows (last axis) of distributions p, q;
+    0 · log 0 = 0."""
+    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
+    m = 0.5 * (p + q)
+
+    def kl(a, b):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(a > 0, a * (np.log(np.where(a > 0, a, 1.0)) - np.log(np.where(b > 0, b, 1.0))), 0.0)
+        return t.sum(-1)
+    return 0.5 * kl(p, m) + 0.5 * kl(q, m)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from dyntool.manifold import pca
 from dyntool.stats import mean_std
 
 
@@ -44,17 +45,12 @@ class Basis:
 
 
 def fit_basis(x: np.ndarray, k: int = 3, fitted_on: str = "") -> Basis:
-    """PCA (scikit-learn) of the rows of ``x`` (n, d); components are sign-fixed (largest |loading|
-    positive) so the picture does not flip between runs."""
-    from sklearn.decomposition import PCA
+    """PCA of the finite rows of ``x`` (n, d) (:func:`dyntool.manifold.pca`); each axis' largest
+    |loading| is positive, so the picture does not flip between runs."""
     x = x[np.isfinite(x).all(axis=1)]
-    d = x.shape[1]
-    k = max(1, min(k, d, len(x)))
-    p = PCA(n_components=k).fit(x.astype(np.float64))
-    comps = p.components_.copy()
-    flip = np.sign(comps[np.arange(k), np.abs(comps).argmax(1)])
-    comps *= np.where(flip == 0, 1, flip)[:, None]
-    return Basis(p.mean_, comps, p.explained_variance_ratio_, fitted_on)
+    p = pca(x, n=max(1, min(k, x.shape[1], len(x))))
+    k = p.components.shape[0]
+    return Basis(p.mean, p.components, p.explained_ratio[:k], fitted_on)
 
 
 def head_outputs(attn: np.ndarray, values: np.ndarray, key_offset: int = 0) -> np.ndarray:
@@ -71,13 +67,6 @@ def dominant_users(attn: np.ndarray, query_offset: int, key_offset: int, n_keys:
     top = np.nanargmax(np.nan_to_num(attn, nan=-1.0), axis=0) + query_offset
     out[key_offset:key_offset + attn.shape[1]] = top
     return out
-
-
-def pearson(a: np.ndarray, b: np.ndarray) -> float:
-    ok = np.isfinite(a) & np.isfinite(b)
-    if ok.sum() < 3 or np.std(a[ok]) == 0 or np.std(b[ok]) == 0:
-        return float("nan")
-    return float(np.corrcoef(a[ok], b[ok])[0, 1])
 
 
 def flatten(d: dict, prefix: str = "") -> dict:

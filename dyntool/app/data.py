@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dyntool import safeio
 from dyntool.errors import RunError
 from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, StoreReader, read_marker
@@ -76,7 +77,7 @@ def resolve_inside(root: Path, rel: str | Path) -> Path:
         p = (root / rel).resolve()
     except (OSError, ValueError) as e:
         raise AppInputError(f"'{rel}' is not a usable path ({e})") from None
-    if not p.is_relative_to(root):
+    if not safeio.inside(p, root):
         raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
     return p
 

@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Record and explore the gradient dynamics of attention. "
         "Runs are directories (config.json, meta.json, metrics.jsonl, record.zarr)."),
         epilog="`dyntool COMMAND --help` lists a command's options.")
-    from .. import __version__
+    from ..version import __version__
     p.add_argument("--version", action="version", version=f"dyntool {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 

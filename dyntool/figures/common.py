@@ -196,18 +196,6 @@ def n_symbols(run) -> int:
 
 # -- divergences -------------------------------------------------------------------------------
 
-def js_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Jensen–Shannon divergence (nats) between matching rows of p and q (last axis)."""
-    p = np.asarray(p, dtype=np.float64)
-    q = np.asarray(q, dtype=np.float64)
-    m = 0.5 * (p + q)
-
-    def kl(a, b):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(a > 0, a * (np.log(np.where(a > 0, a, 1.0)) - np.log(np.where(b > 0, b, 1.0))), 0.0)
-        return t.sum(-1)
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
-
 
 def normalise_rows(a: np.ndarray) -> np.ndarray:
     a = np.nan_to_num(np.asarray(a, dtype=np.float64), nan=0.0)

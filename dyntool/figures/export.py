@@ -22,7 +22,8 @@ import pandas as pd
 from . import style
 from ..atomic import write_bytes
 from ..errors import RunError
-from .registry import FigureError, FigureSkip, FigureSpec, load, plan
+from .catalog import load, plan
+from .registry import FigureError, FigureSkip, FigureSpec
 
 
 def render(spec: FigureSpec, runs: list, **opts):

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..manifold import pca
+from ..stats import pearson
 from . import style
 from .common import (align, arms_of, array, diag, first_head, main_study, mean_std, need, normalise_rows,
                      offsets, seed_arm)
@@ -239,25 +241,12 @@ def _n_positions(reps) -> int | None:
 # ------------------------------------------------------------------------------------------------
 
 def pca_oriented(x: np.ndarray, h: np.ndarray, n: int = 5):
-    """PCA (scikit-learn) of x (positions × dims) -> (scores, explained ratios, r per PC, model),
-    each PC's sign chosen so that r(PC_k, h) ≥ 0."""
-    import sklearn
-    from sklearn.decomposition import PCA
-    k = int(min(n, x.shape[1], x.shape[0]))
-    # few features, many positions: the d×d covariance eigendecomposition (sklearn >= 1.5) is exact and fast
-    solver = "covariance_eigh" if tuple(int(v) for v in sklearn.__version__.split(".")[:2]) >= (1, 5) else "full"
-    p = PCA(n_components=k, svd_solver=solver).fit(np.asarray(x, dtype=np.float64))
-    z = p.transform(x)
-    r = np.array([_pearson(z[:, i], h) for i in range(k)])
-    flip = np.where(r < 0, -1.0, 1.0)
-    p.components_ *= flip[:, None]
-    return z * flip, p.explained_variance_ratio_, np.abs(r), p
-
-
-def _pearson(a, b) -> float:
-    a, b = a - a.mean(), b - b.mean()
-    d = np.sqrt((a * a).sum() * (b * b).sum())
-    return float((a * b).sum() / d) if d > 0 else 0.0
+    """PCA of x (positions × dims) -> (scores, explained ratios, |r| per PC), each PC's sign chosen
+    so that r(PC_k, h) ≥ 0 (:func:`dyntool.manifold.pca`)."""
+    p = pca(x, n=n, orient_by=h)
+    k = p.scores.shape[1]
+    r = np.array([pearson(p.scores[:, i], h) for i in range(k)])
+    return p.scores, p.explained_ratio[:k], np.abs(r)
 
 
 def _values_entropy(run, idx=-1):
@@ -289,7 +278,7 @@ def f6_value_pca(runs, **opts):
             if got is None:
                 continue
             x, h = got
-            z, evr, rr, _ = pca_oriented(x, h)
+            z, evr, rr = pca_oriented(x, h)
             per_run.append({"run": r.id, "arm": arm, "seed": seed_arm(r)[0], "step": int(r.steps[-1]),
                             "explained_variance_ratio": evr.tolist(), "r_pc_entropy": rr.tolist(),
                             "pc1_share": float(evr[0]), "r_pc1_entropy": float(rr[0]), "n_positions": int(len(h)),

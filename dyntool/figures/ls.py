@@ -41,12 +41,9 @@ def main_variant(rs: list) -> list:
     groups: dict[tuple, list] = {}
     for r in rs:
         groups.setdefault(_variant(r), []).append(r)
-    try:
-        from ..train.config import ModelConfig
-        d = ModelConfig()
-        default = (d.window, d.n_local, d.n_global)
-    except Exception:
-        default = None
+    from ..train.config import ModelConfig      # imported here: figures load without the trainer's modules
+    d = ModelConfig()
+    default = (d.window, d.n_local, d.n_global)
     best = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0] == default))
     return best[1]
 

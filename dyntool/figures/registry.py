@@ -9,11 +9,11 @@ missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
 Figures register themselves at import of their modules :mod:`dyntool.figures.dynamics`,
 ``.sticky``, ``.geometry``, ``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits``, ``.span`` and
 ``.recorded`` (any run's recorded matrices and per-head statistics)
-(done by :func:`load`, which ``dyntool.figures`` calls).
+(imported by :func:`dyntool.figures.catalog.load`, which ``dyntool.figures`` calls).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import DyntoolError
@@ -78,46 +78,3 @@ def figure(name: str, title: str, kind_needed, needs: str = "", group: str = "",
         register(FigureSpec(name, title, kinds, fn, needs, group, check, pick, min_runs))
         return fn
     return deco
-
-
-_loaded = False
-
-
-def load() -> dict[str, FigureSpec]:
-    """Import the figure modules (once) and return :data:`FIGURES`."""
-    global _loaded
-    if not _loaded:
-        from . import (bijection, dynamics, frame_precision, geometry, ls, ls_logits,  # noqa: F401
-                       recorded, span, sticky)  # imported for their side effect: each registers its figures
-        groups = ("dynamics", "ls", "span", "recorded")
-        ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)
-                                                          if kv[1].group in groups else 9, kv[0]))
-        FIGURES.clear()
-        FIGURES.update(ordered)
-        _loaded = True
-    return FIGURES
-
-
-@dataclass
-class Plan:
-    """What :func:`plan` decided for each figure."""
-    ready: dict[str, FigureSpec] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-
-def plan(runs: list, only: list[str] | None = None) -> Plan:
-    figs = load()
-    if only:
-        unknown = [n for n in only if n not in figs]
-        if unknown:
-            raise FigureError(f"unknown figure(s) {', '.join(unknown)}; known: {', '.join(figs)}")
-    out = Plan()
-    for name, spec in figs.items():
-        if only and name not in only:
-            continue
-        ok, why = spec.supports(runs)
-        if ok:
-            out.ready[name] = spec
-        else:
-            out.skipped[name] = why
-    return out

@@ -49,11 +49,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _span_defaults() -> dict:
-    try:
-        from ..span import SpanConfig
-        return {f.name: getattr(SpanConfig(), f.name) for f in fields(SpanConfig)}
-    except Exception:
-        return {}
+    from ..span import SpanConfig               # imported here: span.py pulls in torch
+    return {f.name: getattr(SpanConfig(), f.name) for f in fields(SpanConfig)}
 
 
 def _settings(runs) -> tuple[dict, dict]:

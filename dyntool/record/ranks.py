@@ -89,10 +89,6 @@ class RankedArray:
     def ndim(self) -> int:
         return len(self.dims) if self.dims else self.parts[0].ndim
 
-    @property
-    def nbytes_on_disk(self) -> int:
-        return sum(p.nbytes_on_disk for p in self.parts)
-
     def __len__(self) -> int:
         return self.n
 

@@ -8,7 +8,6 @@ Simulations that compute the quantities in closed form call ``write`` with the s
 from __future__ import annotations
 
 import math
-from contextlib import contextmanager
 from typing import Callable
 
 import numpy as np
@@ -216,13 +215,3 @@ class Recorder:
 
     def close(self) -> None:
         self.store.close()
-
-
-@contextmanager
-def maybe_capture(recorder: Recorder | None, model, step: int, grad_scale: float = 1.0):
-    """Yield a Capture when ``recorder`` wants this step (training-batch recording), else None."""
-    if recorder is None or not recorder.wants(step):
-        yield None
-        return
-    with recorder.capture(model, grad_scale) as cap:
-        yield cap

@@ -69,10 +69,6 @@ def frame_content_size(buf: bytes) -> int | None:
     return v + 256 if fcs == 2 else v
 
 
-def _inside(path: str | Path, root: Path) -> bool:
-    return Path(os.path.realpath(path)).is_relative_to(root)
-
-
 class GuardedStore(LocalStore):
     """A read-only local store that refuses keys resolving outside ``allowed`` (symlinked files or
     folders) and reports a missing *chunk* instead of zarr's silent fill value.
@@ -123,7 +119,7 @@ class GuardedStore(LocalStore):
         return data
 
     async def get(self, key, prototype=None, byte_range=None):
-        if not _inside(self.root / key, self.allowed):
+        if not safeio.inside(self.root / key, self.allowed):
             raise RecordError(f"{key} resolves outside {self.allowed}; not read")
         if byte_range is not None:                     # sharded stores only: not written by dyntool
             try:
@@ -143,7 +139,7 @@ class GuardedStore(LocalStore):
     async def get_partial_values(self, prototype, key_ranges):
         key_ranges = list(key_ranges)
         for key, _ in key_ranges:
-            if not _inside(self.root / key, self.allowed):
+            if not safeio.inside(self.root / key, self.allowed):
                 raise RecordError(f"{key} resolves outside {self.allowed}; not read")
             try:
                 safeio.check_regular(self.root / key, key)
@@ -222,7 +218,7 @@ def _files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[
         for e in entries:
             key = prefix + e.name
             if e.is_symlink():
-                if root is not None and not _inside(e.path, root):
+                if root is not None and not safeio.inside(e.path, root):
                     outside.add(key)
                     continue
                 if os.path.isfile(e.path):
@@ -259,10 +255,6 @@ class RecordedArray:
     @property
     def ndim(self) -> int:
         return len(self._z.shape)
-
-    @property
-    def nbytes_on_disk(self) -> int:
-        return _dir_size(Path(self._z.store.root) / self.name) if hasattr(self._z.store, "root") else 0
 
     def __len__(self) -> int:
         return self.n
@@ -366,7 +358,7 @@ def read_marker(path: str | Path, root: str | Path | None = None) -> int:
     path = Path(path)
     root = Path(os.path.realpath(root if root is not None else path.parent))
     meta = path / "zarr.json"
-    if not _inside(meta, root):
+    if not safeio.inside(meta, root):
         raise RecordError(f"{path.name}/zarr.json resolves outside {root}; not read")
     try:
         attrs = safeio.read_json(meta).get("attributes", {})
@@ -472,7 +464,7 @@ class StoreReader:
         self.problems: list[str] = []
         self.notes: list[str] = []
         self.unreadable: dict[str, str] = {}           # array (static/NAME too) -> why
-        if not _inside(self.path, self.root):
+        if not safeio.inside(self.path, self.root):
             raise RecordError(f"{self.path.name} resolves outside {self.root}; not read")
         self._store = GuardedStore(self.path, self.root)
         try:
@@ -545,7 +537,7 @@ class StoreReader:
 
     def _static_listed(self) -> list[str]:
         d = self.path / "static"
-        if not d.is_dir() or not _inside(d, self.root):
+        if not d.is_dir() or not safeio.inside(d, self.root):
             return []
         return sorted(p.name for p in d.iterdir() if p.is_dir())
 
@@ -610,14 +602,3 @@ class StoreReader:
             out += RecordedArray(f"static/{name}", z, z.shape[0], self._attrs.get(f"static/{name}")).verify(
                 full, self.root)
         return out
-
-
-def _dir_size(path: Path) -> int:
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total

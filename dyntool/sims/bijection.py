@@ -1,4 +1,4 @@
-"""``dyntool sim bijection``: the Bayesian wind tunnel (arXiv 2512.22471 (Paper I), bijection wind tunnel; Paper I, arXiv 2512.22471).
+"""``dyntool sim bijection``: the Bayesian wind tunnel (Paper I, arXiv 2512.22471).
 
 A pre-LN multi-layer, multi-head GPT (:class:`dyntool.train.gpt.GPT`, so attention runs through
 dyntool's :class:`~dyntool.attention.AttentionCore`) learns the bijection task

@@ -44,8 +44,6 @@ class Tap(Observer):
     """Context manager: a forward-only observer (:mod:`dyntool.observe`) that stashes detached
     per-head (q, k, v, y) of every core during a forward."""
 
-    wants_grads = False
-
     def __init__(self, model: torch.nn.Module):
         self.cores = attention_cores(model)
         self.out: dict[int, dict] = {}

@@ -1,4 +1,4 @@
-"""The bijection in-context task of the Bayesian wind tunnel (Paper I; arXiv 2512.22471 (Paper I), bijection wind tunnel).
+"""The bijection in-context task of the Bayesian wind tunnel (Paper I, arXiv 2512.22471).
 
 Each sequence draws a fresh random bijection π of {0..V-1} (so nothing about π can be memorised;
 only in-context inference helps), L keys x_1..x_L (without replacement by default, so they are

@@ -12,7 +12,7 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_neg_b_mass``        D1 Σ_ij α_ij 1[b_ij < 0] / N: attention mass on useful values
 ``diag_b_sv1``             D1 top singular value of B on the recorded window
 ``diag_routing_drive``     D2 mean_i Var_{α_i}(b) = +mean_i Σ_j ∂L/∂s_ij · b_ij  (≥ 0: Σ_j α_ij(b_ij − E)b_ij
-                           is a variance; an earlier reading of the D2 identity had a wrong minus sign)
+                           is a variance)
 ``diag_eff_columns``       D3 exp(H(c/Σc)), effective number of used value columns
 ``diag_max_usage``         D3 max_j c_j / N;  ``diag_dead_values``: #{c_j < 1e-3}
 ``diag_value_norm``        D4 mean ‖v_j‖
@@ -233,8 +233,7 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     """:func:`step_record` with the runs dealt to ``workers`` Python threads, each on one torch
     thread; results in the same layout and order.  Why: every diagnostic is per run, and (as in the
     training engine) one join per step keeps 2 cores busy where OpenMP's per-op barriers stall on a
-    loaded machine (measured on one 35-run recorded step, 2 cores: 11.1 s vs 29.7 s with 2 intra-op
-    threads under load average ≈ 9; 2.1 s vs 3.0 s quiet)."""
+    loaded machine (timings: docs/performance.md)."""
     R = state.upstream.shape[0]
     recorded = list(range(R)) if recorded is None else list(recorded)
     workers = max(1, min(workers, R, state.pool.n_workers if state.pool is not None else workers))

@@ -19,18 +19,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-__all__ = ["js_rows", "interval_measures", "energy_shares", "describe_change"]
+from ..stats import js_rows
 
-
-def js_rows(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Jensen–Shannon divergence (nats) between matching rows (last axis) of p and q."""
-    m = 0.5 * (p + q)
-
-    def kl(a, b):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = np.where(a > 0, a * (np.log(np.maximum(a, 1e-300)) - np.log(np.maximum(b, 1e-300))), 0.0)
-        return t.sum(-1)
-    return 0.5 * kl(p, m) + 0.5 * kl(q, m)
+__all__ = ["interval_measures", "energy_shares", "describe_change"]
 
 
 def _rows(a: np.ndarray) -> np.ndarray:

@@ -46,7 +46,7 @@ def _workers(n: int | None, small: bool):
     """Run the tile sweeps on Python threads, each with single-threaded torch ops.
 
     With OpenMP intra-op threads every small op ends in a barrier; on a busy 2-core machine a
-    descheduled thread stalls the other (measured: toy task 60x, full study 7x slower).  Torch
+    descheduled thread stalls the other (timings: docs/performance.md).  Torch
     releases the GIL inside ops, so W Python workers give W-way parallelism with one join per step.
     """
     prev = torch.get_num_threads()

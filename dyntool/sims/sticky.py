@@ -173,7 +173,7 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=N
             row.update({pre + k: v for k, v in c.items() if not k.startswith("baseline_")})
         return row
     # (N, d_v) SVDs and least squares are tiny: one BLAS thread each, runs spread over Python threads
-    # (measured under load: 0.25 s -> 0.006 s per call; OpenBLAS's own threads spin on small problems)
+    # (OpenBLAS's own threads spin on small problems; docs/performance.md)
     with threadpool_limits(1):
         if pool is None:                      # no engine workers to borrow: run them here
             return [one(r) for r in range(g.shape[0])]

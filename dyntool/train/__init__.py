@@ -1,5 +1,5 @@
 """Training GPTs on WikiText-2 with recording: model (gpt), config, loop (trainer), recording
-callbacks (recording), DDP (ddp), studies (studies), and the ``train``/``study`` commands (cli).
+callbacks (recording), DDP (ddp), studies (studies); the ``train``/``study`` commands are in ``dyntool/cli/train.py``.
 
 ``run_training(cfg, out_dir, ...)`` trains one model and returns ``(run_path, final)``.
 """
@@ -7,8 +7,8 @@ callbacks (recording), DDP (ddp), studies (studies), and the ``train``/``study``
 
 def __getattr__(name):           # lazy: `import dyntool.train` stays cheap for the CLI
     if name in ("run_training", "load_config"):
-        from . import cli
-        return getattr(cli, name)
+        from . import runner
+        return getattr(runner, name)
     if name == "TrainConfig":
         from .config import TrainConfig
         return TrainConfig

@@ -24,6 +24,7 @@ from ..config import merge, nest, parse_overrides
 from ..errors import ConfigError
 from ..steps import steps_taken
 from ..record import metric_names as mn
+from .study_runs import new_study_dir, train_arm
 
 CONFIG = "ls_logits.toml"          # packaged preset file (dyntool/presets/)
 GPU_SWEEP = ("gpu512", "gpu1024", "gpu2048")
@@ -113,13 +114,12 @@ def configs(study, preset, overrides) -> dict:
 
 
 def study_ls_logits(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
-    from .studies import _study_dir, _train
     cfgs = configs(study, preset, overrides)
     presets, arms = presets_for(preset)
-    d = _study_dir(out, "ls-logits", name)
+    d = new_study_dir(out, "ls-logits", name)
     runs = {}
     for (p, seed, arm), cfg in cfgs.items():
-        run = _train(d, f"{arm}-{p}-s{seed}", cfg, quiet, ["study-ls-logits", *tags])
+        run = train_arm(d, f"{arm}-{p}-s{seed}", cfg, quiet, ["study-ls-logits", *tags])
         runs[run.id] = summarise_run(run, arm, cfg.data.block_size, seed)
     summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "presets": presets,
                "arms": list(arms), "overrides": list(overrides), "max_steps": study.max_steps, "runs": runs}

@@ -14,17 +14,16 @@ A study writes ``<out>/<study>-<date>-<rand>/`` holding its runs (ordinary run d
 """
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import math
-import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 from ..config import PosInt, Seed, merge, nest
-from ..errors import NonFiniteLossError, RunError
 from ..stats import mean_std
+from .ls_logits import study_ls_logits    # the LS logit study: its presets, arms, per-head table
+from .study_runs import new_study_dir, train_arm
 
 # no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
 STUDY_DEFAULTS = {"train.checkpoint": False}
@@ -64,30 +63,6 @@ def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyCon
     return cfgs
 
 
-def _train(study_dir: Path, name: str, cfg, quiet, tags):
-    from ..run import open_run
-    from .runner import run_training
-    if not quiet:
-        print(f"[{tags[0]}] {name}", flush=True)
-    try:
-        run_training(cfg, str(study_dir), name=name, tags=tags, quiet=quiet)
-    except NonFiniteLossError:
-        pass                                          # the run is marked failed; the study goes on
-    return open_run(study_dir / name)
-
-
-def _study_dir(out: str, which: str, name: str | None) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    d = Path(out) / (name or f"{which}-{stamp}-{secrets.token_hex(2)}")
-    try:
-        d.mkdir(parents=True)
-    except FileExistsError:
-        raise RunError(f"study {d} already exists; choose another --name (nothing is overwritten)") from None
-    except OSError as e:
-        raise RunError(f"study directory {d} can't be created: {e.strerror or e}") from None
-    return d
-
-
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     xs = [x for x in xs if x is not None and math.isfinite(x)]
     if not xs:
@@ -98,12 +73,12 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
     arms = {"baseline": "wikitext_span.toml", "span": "wikitext_span.toml"}
     cfgs = _configs(arms, {"baseline": {"model.attention": "mhsa"}}, study, preset, overrides)
-    d = _study_dir(out, "span", name)
+    d = new_study_dir(out, "span", name)
     rows = []
     for seed in study.seeds:
         res = {"seed": seed}
         for arm in arms:
-            r = _train(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-span", *tags])
+            r = train_arm(d, f"{arm}-s{seed}", cfgs[arm, seed], quiet, ["study-span", *tags])
             final = r.meta.get("final", {})
             vals = r.metrics["val_loss"].dropna() if "val_loss" in r.metrics else []
             last = float(vals.iloc[-1]) if len(vals) else None     # when final_eval is off
@@ -133,12 +108,6 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
     print(f"relative validation-loss change: {m:+.3f} ± {sd:.3f} % (final), {mb:+.3f} ± {sdb:.3f} % (best); "
           f"paper: -0.56 %")
     return summary
-
-
-def study_ls_logits(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
-    """The LS logit study lives in :mod:`dyntool.train.ls_logits` (its presets, arms, per-head table)."""
-    from .ls_logits import study_ls_logits as run
-    return run(out, study, preset, overrides, quiet, name, tags)
 
 
 def run_study(which: str, out: str, study: StudyConfig | None = None, preset: str | None = "small",

@@ -13,7 +13,7 @@ import pytest
 from dyntool.cli import main
 from dyntool.figures import FIGURES, FigureSkip, export, export_all, render_bytes
 from dyntool.figures import style
-from dyntool.figures.common import js_rows
+from dyntool.stats import js_rows
 from dyntool.figures.geometry import pca_oriented
 from dyntool.cli.figures import collect_runs
 from dyntool.run import list_runs
@@ -235,7 +235,7 @@ def test_pca_orientation_and_js():
     rng = np.random.default_rng(0)
     h = rng.random(200)
     x = np.stack([-3 * h + 0.01 * rng.standard_normal(200), 0.1 * rng.standard_normal(200)], 1)
-    z, evr, r, _ = pca_oriented(x, h)
+    z, evr, r = pca_oriented(x, h)
     assert r[0] > 0.99 and np.corrcoef(z[:, 0], h)[0, 1] > 0.99 and evr[0] > 0.9
     p = np.array([[0.5, 0.5], [1.0, 0.0]])
     assert np.allclose(js_rows(p, p), 0)

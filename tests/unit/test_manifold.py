@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from dyntool.manifold import (key_orthogonality, linear_r2, manifold_metrics, manifold_metrics_batch,
+from dyntool.manifold import (key_orthogonality, linear_r2, manifold_metrics,
                               ordering_score, participation_ratio, pca, pearson, random_abs_cos)
 
 
@@ -130,10 +130,8 @@ def test_random_abs_cos_exact_and_monte_carlo():
     assert abs(ko["mean_abs"] - random_abs_cos(d)) < 4 * se
 
 
-def test_batch_and_dict():
+def test_as_dict():
     x, h = _entropy_line(n=200, d=4)
-    out = manifold_metrics_batch(np.stack([x, x]), np.stack([h, h]), r2=False)
-    assert out["r_pc1"].shape == (2,) and out["r_pc1"][0] == out["r_pc1"][1]
     d = manifold_metrics(x, h).as_dict("L0/")
     assert {"L0/pc1_share", "L0/r_pc1", "L0/r_pc5", "L0/ordering_score", "L0/r2_linear"} <= set(d)
     with pytest.raises(ValueError):

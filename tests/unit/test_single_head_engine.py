@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from dyntool.sims.single_head import NonFiniteLoss, Weights, arm_lrs, init_weights, train
 from dyntool.sims.sticky_data import generate
-from dyntool.sims.toy_data import train_toy
+from dyntool.sims.toy_data import toy_data, toy_weights
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from sticky_reference import run_seed  # noqa: E402
@@ -182,6 +182,12 @@ def test_em_closed_form_extension():
     assert (res.losses[[0, 2], -1] < res.losses[[0, 2], 0]).all()
     assert not torch.equal(res.weights.W_V[0], W.W_V[0])
     torch.testing.assert_close(res.weights.W_V[1], W.W_V[1])          # gd run with lr_v = 0
+
+
+def train_toy(n_steps: int, causal: bool = False, lr: float = 0.5):
+    """The toy head trained with plain GD, the same lr for all four matrices (as the toy preset)."""
+    x, y = toy_data()
+    return train(x[None], y[None], toy_weights(), [(lr,) * 4], n_steps, causal=causal)
 
 
 def test_toy_task_loss_drops_by_90_percent():

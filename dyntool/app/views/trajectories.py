@@ -9,6 +9,7 @@ import streamlit as st
 from dyntool.app import analysis, data, export, plots, ui
 from dyntool.app.data import AppInputError
 from dyntool.record.sites import head_label, site_label
+from dyntool.stats import pearson
 
 MAX_STEPS = 200          # steps drawn along each path (evenly spaced, first and last kept; stated)
 VECTORS = {              # option -> (arrays, position letter, label, symbol)
@@ -162,7 +163,7 @@ def body() -> None:
             st.caption("PC1+PC2: " + f"{B.explained[:2].sum() * 100:.1f}% of the variance")
             ent = data.static(path, mark).get("bayes_entropy")
             if ent is not None and len(ent) >= offset + n_pos:
-                r = analysis.pearson(B.project(x_last)[:, 0], np.asarray(ent, float)[offset:offset + n_pos])
+                r = pearson(B.project(x_last)[:, 0], np.asarray(ent, float)[offset:offset + n_pos])
                 st.metric("r(PC1, posterior entropy), final step", f"{r:+.3f}")
 
 
