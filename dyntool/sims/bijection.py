@@ -23,9 +23,11 @@ On every recorded step (the ``[record]`` schedule):
   NaN at the value tokens, as the app reads it).
 
 Loss: cross-entropy of the value-token logits (ids V..2V-1) at the L key positions and the query,
-averaged over the L + 1 targets (the authors also supervise every value position:
-``--train_all_values``).  AdamW, linear warm-up then cosine decay to ``min_lr_frac``·lr, gradient
-clipping, as in the authors' script.
+averaged over the L + 1 targets.  AdamW, linear warm-up then cosine decay to ``min_lr_frac``·lr,
+gradient clipping.  The ``[task]`` section (:mod:`dyntool.sims.bijection_task`) switches to the
+authors' task piece by piece: pointer head at the query, query-only (or ``all_values``) loss, the
+final normed hidden state at the value positions as an extra read-out in bits; with
+``with_replacement`` that is ``--preset authors`` (docs/wind_tunnel_differences.md).
 """
 from __future__ import annotations
 

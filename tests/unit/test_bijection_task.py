@@ -52,6 +52,23 @@ def test_posterior_entropy_with_replacement_matches_enumeration(V, L, seed):
     assert (brute == 0).any() and len(np.unique(np.round(brute[:, L - 1], 9))) > 1   # H varies within a position
 
 
+def test_with_replacement_a_predictor_blind_to_the_key_is_uniform():
+    """The plateau of the with-replacement task (README): averaged over which key comes next (uniform
+    on V, seen or not), the exact posterior given the earlier pairs is uniform on the V values, so a
+    model that does not look the key up can do no better than log V at the key positions.  Checked
+    by enumerating the bijections consistent with each context."""
+    V, L = 5, 6
+    tok, _ = data.sample(10, V, L, torch.Generator().manual_seed(9), with_replacement=True)
+    perms = np.array(list(itertools.permutations(range(V))))
+    for t in tok.numpy():
+        for k in range(L + 1):
+            ok = np.ones(len(perms), bool)
+            for j in range(k):
+                ok &= perms[:, t[2 * j]] == t[2 * j + 1] - V
+            mix = np.mean([np.bincount(perms[ok, key], minlength=V) / ok.sum() for key in range(V)], axis=0)
+            assert np.abs(mix - 1 / V).max() < 1e-12
+
+
 # ---------------------------------------------------------------- the pointer head
 
 def _pointer_loops(hq, hk, vals, V):
