@@ -44,6 +44,7 @@ ORDERING_NULL_MEAN = "ordering_null_mean"
 ORDERING_NULL_P = "ordering_null_p"
 STICKY_BASELINE = "x"              # sticky chain: the raw input x_t at the held-out positions
 BIJECTION_BASELINE = "pos_onehot"  # wind tunnel: a one-hot of the key position (H_Bayes is its function)
+BIJECTION_NORMED_VALUES = "normed_values"  # wind tunnel, the authors' read-out: final normed state at value positions
 
 
 def sticky_manifold(rep: str) -> str:

@@ -23,9 +23,11 @@ On every recorded step (the ``[record]`` schedule):
   NaN at the value tokens, as the app reads it).
 
 Loss: cross-entropy of the value-token logits (ids V..2V-1) at the L key positions and the query,
-averaged over the L + 1 targets (the authors also supervise every value position:
-``--train_all_values``).  AdamW, linear warm-up then cosine decay to ``min_lr_frac``·lr, gradient
-clipping, as in the authors' script.
+averaged over the L + 1 targets.  AdamW, linear warm-up then cosine decay to ``min_lr_frac``·lr,
+gradient clipping.  The ``[task]`` section (:mod:`dyntool.sims.bijection_task`) switches to the
+authors' task piece by piece: pointer head at the query, query-only (or ``all_values``) loss, the
+final normed hidden state at the value positions as an extra read-out in bits; with
+``with_replacement`` that is ``--preset authors`` (docs/wind_tunnel_differences.md).
 """
 from __future__ import annotations
 
@@ -43,7 +45,8 @@ from ..record.policy import RecordConfig, check_budget, schedule
 from ..record.recorder import Recorder
 from ..run_writer import RunWriter, ensure_out_dir
 from . import bijection_data as data
-from .bijection_analysis import analyze, evaluate, value_loss
+from .bijection_analysis import analyze, evaluate
+from .bijection_task import BijectionTask, task_loss, value_scores
 
 
 @dataclass
@@ -88,6 +91,7 @@ class BijectionConfig:
     stop_at_step: NonNegInt = 0          # the same stop at a fixed step (0: none), e.g. to repeat a run
                                     # that the time limit stopped: the lr schedule still uses `steps`
     model: BijectionModel = field(default_factory=BijectionModel)
+    task: BijectionTask = field(default_factory=BijectionTask)     # the authors' task, as options
     record: RecordConfig = field(default_factory=lambda: RecordConfig(
         every=250, log_spaced=8, seqs=2, dtype="float32", batch="probe"))
 
@@ -135,9 +139,17 @@ def heldout(cfg: BijectionConfig):
     return data.sample(cfg.heldout_seqs, cfg.V, cfg.L, g, cfg.with_replacement)
 
 
-def _declare(store) -> None:
+def _bayes_accuracy_keys(cfg: BijectionConfig, h: np.ndarray) -> float:
+    """Bayes-optimal accuracy at the key positions: closed form without replacement; with
+    replacement the posterior is uniform on exp(H) values, so the held-out mean of exp(-H)."""
+    if not cfg.with_replacement:
+        return data.bayes_accuracy(cfg.V, cfg.L)[0]
+    return float(np.exp(-h[:, :cfg.L]).mean())
+
+
+def _declare(store, readout: str = "resid_keys") -> None:
     store.declare("bij_model_entropy", dims=("step", "target"))
-    for rep in ("resid", "g"):
+    for rep in ("resid", "g") + (("normed_values",) if readout == "normed_values" else ()):
         store.declare(f"bij_pcs_{rep}", dims=("step", "layer", "point", "pc"))
 
 
@@ -171,6 +183,10 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
     check_budget(cfg.record, len(schedule(cfg.record, cfg.steps)), ensure_out_dir(out_dir),
                  L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs)
     model = build_model(cfg)
+    task = cfg.task
+
+    def loss_of(mdl, x, y):                # the task's loss (default: keys + query, value logits)
+        return task_loss(value_scores(mdl, x, cfg.V, task.head), x, y, cfg.V, task)
     opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
     ho_tok, ho_tgt = heldout(cfg)
     ho_h = data.posterior_entropy(ho_tok.numpy(), cfg.V)                   # (n, L+1) exact
@@ -183,12 +199,12 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
     run = RunWriter.create(out_dir, "bijection", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
                            extra_meta={"record_batch": f"probe: first {cfg.record.seqs} held-out sequences",
                                        "n_params": model.num_params(), "bayes_loss": bayes_loss,
-                                       "bayes_accuracy_keys": data.bayes_accuracy(cfg.V, cfg.L)[0]})
+                                       "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho_h)})
     t0 = time.perf_counter()
     with run:
         store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
                                attrs={"task": "bijection", "V": cfg.V, "L": cfg.L})
-        _declare(store)
+        _declare(store, task.readout)
         # per sequence position (the app's convention): H_Bayes of the target predicted there,
         # NaN at the value tokens (no target); per target (L keys, then the query) for the figures
         h_seq = np.full(T, np.nan)
@@ -209,20 +225,20 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             if over:
                 stop_at = step
             if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
-                ev = evaluate(model, ho_tok, ho_tgt, cfg.V)
+                ev = evaluate(model, ho_tok, ho_tgt, cfg.V, head=task.head)
                 ent = ev.pop("entropy_per_position")
                 last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
                 row.update({f"heldout/{k}": v for k, v in last_eval.items()})
                 row["heldout/excess_loss"] = ev["loss"] - bayes_loss
             if rec.wants(step) or over:
-                an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h)
+                an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h, readout=task.readout)
                 row.update(an["metrics"])
                 keep = {k: v for k, v in an["metrics"].items() if k.startswith("manifold/") and
                         k.rsplit("/", 1)[-1] in _GEOMETRY}
                 geometry = {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
                 extra["bij_model_entropy"] = ent
-                rec.record_probe(model, lambda mdl: value_loss(mdl(pr_tok)[0], pr_tgt, cfg.V), step, extra)
+                rec.record_probe(model, lambda mdl: loss_of(mdl, pr_tok, pr_tgt), step, extra)
             if over:                 # time limit: this step is the last one evaluated; no update
                 run.log(step, elapsed_s=time.perf_counter() - t0, **row)
                 break
@@ -230,7 +246,7 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             for g in opt.param_groups:
                 g["lr"] = lr
             x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
-            loss = value_loss(model(x)[0], y, cfg.V)
+            loss = loss_of(model, x, y)
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(step)
             opt.zero_grad(set_to_none=True)

@@ -36,6 +36,7 @@ from ..observe import Observer
 from ..record import metric_names as mn
 from ..quantities import attention_weights, entropy, masked_scores
 from .bijection_data import IGNORE, posterior_entropy, target_positions
+from .bijection_task import value_scores
 
 REPS = ("resid", "g")
 
@@ -79,21 +80,22 @@ def value_loss(logits: torch.Tensor, targets: torch.Tensor, V: int) -> torch.Ten
 
 
 @torch.no_grad()
-def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: int = 256) -> dict:
+def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: int = 256,
+             head: str = "logits") -> dict:
     """Held-out loss / accuracy at key positions and at the query; predictive entropy per target
-    position (L+1,) in nats."""
+    position (L+1,) in nats.  ``head``: the query's prediction (:func:`value_scores`)."""
     was = model.training
     model.eval()
     L = (tokens.shape[1] - 1) // 2
     pos = torch.as_tensor(target_positions(L))
     nll, corr, ent = [], [], []
     for i in range(0, len(tokens), batch):
-        lg = value_logits(model(tokens[i:i + batch])[0], V)[:, pos].double()   # (b, L+1, V)
+        lg = value_scores(model, tokens[i:i + batch], V, head)[:, pos].double()   # (b, L+1, V)
         lp = lg.log_softmax(-1)
         y = targets[i:i + batch][:, pos]
         nll.append(-lp.gather(-1, y[..., None])[..., 0])
         corr.append((lg.argmax(-1) == y).double())
-        ent.append(-(lp.exp() * lp).sum(-1))
+        ent.append(-(lp.exp() * lp.masked_fill(lp == -math.inf, 0.0)).sum(-1))   # pointer: p = 0 there
     model.train(was)
     nll, corr, ent = torch.cat(nll), torch.cat(corr), torch.cat(ent)          # (n, L+1)
     return {"loss": nll.mean().item(), "loss_keys": nll[:, :L].mean().item(),
@@ -103,9 +105,10 @@ def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: 
 
 @torch.no_grad()
 def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.ndarray | None = None,
-            r2: bool = True) -> dict:
+            r2: bool = True, readout: str = "resid_keys") -> dict:
     """All per-layer geometry on ``tokens`` (n, 2L+1); returns scalars (flat dict ``metrics``) and
-    arrays for the record (PC1/PC2 scores of the first ``n_plot`` sequences' key positions)."""
+    arrays for the record (PC1/PC2 scores of the first ``n_plot`` sequences' key positions).
+    ``readout = "normed_values"`` adds the authors' read-out (:func:`normed_value_geometry`)."""
     was = model.training
     model.eval()
     L = (tokens.shape[1] - 1) // 2
@@ -116,6 +119,8 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     resid: dict[int, torch.Tensor] = {}
     hooks = [blk.register_forward_hook(lambda m, i, o, l=li: resid.__setitem__(l, o.detach()))
              for li, blk in enumerate(model.h)]
+    if readout == "normed_values":
+        hooks.append(model.ln_f.register_forward_hook(lambda m, i, o: resid.__setitem__("normed", o.detach())))
     try:
         with Tap(model) as tap:
             model(tokens)
@@ -166,6 +171,11 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         kov = key_orthogonality(kv.numpy())
         metrics[f"key_orth/vocab/L{l}"] = kov["mean_abs"]
         metrics[f"key_orth/vocab_signed/L{l}"] = kov["mean"]
+    if readout == "normed_values":
+        m, sc = normed_value_geometry(resid["normed"], h_bayes, onehot, r2=r2, n_plot=n_plot)
+        metrics.update(m)
+        if sc is not None:
+            arrays[f"pcs_{mn.BIJECTION_NORMED_VALUES}"] = [sc]
     # entropy summaries: uniform level, reduction of the last layer vs layer 0 and vs uniform
     unif = float(np.mean([math.log(i + 1) for i in range(1, tokens.shape[1])]))
     h0, hl = metrics[mn.layer(mn.ATTN_ENTROPY, 0)], metrics[mn.layer(mn.ATTN_ENTROPY, n_layer - 1)]
@@ -175,3 +185,28 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         [metrics[mn.layer(mn.ATTN_ENTROPY, l)] for l in range(n_layer)])) / unif
     out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
     return {"metrics": metrics, "arrays": out_arrays}
+
+
+def normed_value_geometry(normed: torch.Tensor, h_bayes: np.ndarray, onehot: np.ndarray, r2: bool = True,
+                          n_plot: int = 0) -> tuple[dict, np.ndarray | None]:
+    """The authors' read-out: the final normed hidden state ``normed`` (B, T, C) at the L value
+    positions 2k+1, each labelled with H_Bayes of its pair's value given the earlier pairs
+    (``h_bayes[:, k]``, nats in, **bits** used), against the position one-hot ``onehot`` (B·L, L)
+    (partial R² beyond position, ordering null).  Returns the ``manifold/normed_values/…`` metrics
+    and the PC1/PC2 scores of the first ``n_plot`` sequences (or None)."""
+    B, T, _ = normed.shape
+    L = (T - 1) // 2
+    x = normed[:, 1:2 * L:2].double().reshape(B * L, -1).numpy()
+    h = np.asarray(h_bayes)[:, :L].reshape(-1) / math.log(2)             # bits
+    p = pca(x, orient_by=h)
+    pre = mn.bijection_manifold(mn.BIJECTION_NORMED_VALUES)
+    out = {pre + k: v for k, v in manifold_metrics(x, h, r2=r2, pca_result=p).as_dict().items()
+           if k not in ("n", "d")}
+    c = baseline_comparison(x, h, onehot, pca_result=p)
+    out.update({pre + k: v for k, v in c.items()})                      # baseline_* in bits, too
+    if not n_plot:
+        return out, None
+    sc = np.full((n_plot * L, 2), np.nan)
+    k2 = min(2, p.scores.shape[1])
+    sc[:, :k2] = p.scores[:n_plot * L, :k2]
+    return out, sc

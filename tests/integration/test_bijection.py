@@ -139,3 +139,25 @@ def test_evaluate_matches_a_direct_computation():
     assert ev["loss"] == pytest.approx(loss, rel=1e-10)
     assert ev["entropy_per_position"].shape == (cfg.L + 1,)
     assert (ev["entropy_per_position"] <= math.log(cfg.V) + 1e-9).all()
+
+
+def test_authors_task_end_to_end(tmp_path):
+    """The authors' options on the ci size: pointer head, query-only loss, keys with replacement,
+    the normed value read-out (in bits) beside the position baseline, step 0 kept."""
+    assert main(CI + ["--out", str(tmp_path), "--name", "au", "--with_replacement=true", "--task.head=pointer",
+                      "--task.loss=query", "--task.readout=normed_values", "--heldout_seqs=64",
+                      "--analysis_seqs=64"]) == 0
+    r = dyntool.open_run(tmp_path / "au")
+    assert r.config["task"] == {"head": "pointer", "loss": "query", "aux_weight": 1.0, "readout": "normed_values"}
+    rec = r.metrics.dropna(subset=["manifold/normed_values/r2_linear"]).set_index("step")
+    assert list(rec.index) == [0, 6, 11]
+    assert rec["manifold/normed_values/r2_partial"].notna().all()       # H varies within a position
+    assert (rec["manifold/pos_onehot/r2_linear"] < 0.99).all()
+    assert r.arrays["bij_pcs_normed_values"].shape == (3, 1, 4 * 19, 2)
+    h = data.posterior_entropy(data.sample(64, 20, 19, torch.Generator().manual_seed(42 + 10000), True)[0].numpy(), 20)
+    assert r.meta["bayes_loss"] == pytest.approx(h.mean())
+    assert r.meta["bayes_accuracy_keys"] == pytest.approx(np.exp(-h[:, :19]).mean())
+    geo = r.meta["final"]["geometry"]
+    assert geo["step0"]["manifold/normed_values/r2_partial"] == pytest.approx(rec.loc[0, "manifold/normed_values/r2_partial"])
+    # the query-only loss leaves the key positions untrained: their held-out loss stays near log V
+    assert abs(r.meta["final"]["loss_keys"] - math.log(20)) < 0.05
