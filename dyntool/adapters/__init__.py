@@ -42,6 +42,19 @@ class Adapter:
         return {"adapter": self.name}
 
 
+class BlocksAdapter(Adapter):
+    """TransformerLens layouts (``HookedTransformer`` and ``TransformerBridge``): one attention per
+    ``model.blocks[i].attn``, one site each."""
+
+    def __init__(self, model):
+        self.model = model
+        self.attns = [b.attn for b in model.blocks]
+        self._handles: list = []
+
+    def sites(self):
+        return [Site(i, id(a), type(a).__name__, name=f"blocks.{i}.attn") for i, a in enumerate(self.attns)]
+
+
 def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
     """The adapter for ``model``; ``attention`` (class name(s) or classes) forces the SDPA one."""
     from . import core, hf, sdpa, tlens, torch_mha

@@ -31,22 +31,13 @@ import inspect
 
 import torch
 
-from ..observe import Site
-from . import Adapter, AdapterError
+from . import AdapterError, BlocksAdapter
 
 _WRAPPED = ("calculate_attention_scores", "calculate_z_scores")
 
 
-class TLAdapter(Adapter):
+class TLAdapter(BlocksAdapter):
     name = "tlens"
-
-    def __init__(self, model):
-        self.model = model
-        self.attns = [b.attn for b in model.blocks]
-        self._handles: list = []
-
-    def sites(self):
-        return [Site(i, id(a), type(a).__name__, name=f"blocks.{i}.attn") for i, a in enumerate(self.attns)]
 
     def attach(self, observer) -> None:
         for site, a in zip(self.sites(), self.attns):

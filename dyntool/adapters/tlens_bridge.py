@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from ..observe import Site
-from . import Adapter, AdapterError
+from . import AdapterError, BlocksAdapter
 
 _Q = ("q.hook_out", "hook_q_normed", "hook_rot_q")
 _K = ("k.hook_out", "hook_k_normed", "hook_rot_k")
@@ -55,16 +54,8 @@ def _heads(x: torch.Tensor, n: int | None, T: int, d: int | None = None) -> torc
     return x.transpose(1, 2)
 
 
-class BridgeAdapter(Adapter):
+class BridgeAdapter(BlocksAdapter):
     name = "tlens-bridge"
-
-    def __init__(self, model):
-        self.model = model
-        self.attns = [b.attn for b in model.blocks]
-        self._handles: list = []
-
-    def sites(self):
-        return [Site(i, id(a), type(a).__name__, name=f"blocks.{i}.attn") for i, a in enumerate(self.attns)]
 
     def attach(self, observer) -> None:
         for site, a in zip(self.sites(), self.attns):

@@ -12,12 +12,7 @@ from dyntool.capture import Capture, CaptureError
 from .reference import check, per_layer
 
 
-@pytest.fixture(autouse=True)
-def float64_default():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")     # tests/conftest.py
 
 
 class NanoAttention(nn.Module):

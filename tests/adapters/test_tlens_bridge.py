@@ -20,12 +20,7 @@ except ImportError:                                                     # pragma
     pytest.skip("this transformer-lens has no TransformerBridge", allow_module_level=True)
 
 
-@pytest.fixture(autouse=True)
-def float64_default():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")     # tests/conftest.py
 
 
 def _bridge(arch):

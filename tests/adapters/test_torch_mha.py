@@ -15,12 +15,7 @@ from .reference import check, per_layer
 E, NH = 8, 2
 
 
-@pytest.fixture(autouse=True)
-def float64_default():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")     # tests/conftest.py
 
 
 def _ref_forward(m, store):

@@ -18,13 +18,7 @@ from dyntool.quantities import head_quantities
 TOL = dict(rtol=1e-9, atol=1e-11)
 
 
-@pytest.fixture(autouse=True)
-def float64_default():
-    """float64 for every test here, restored afterwards (a global default leaks into other files)."""
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")     # tests/conftest.py
 
 
 def reference_grads(q, k, v, allowed, downstream):
