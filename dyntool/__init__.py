@@ -6,7 +6,7 @@ Public API::
     run = dyntool.open_run("runs/sticky/seed42-em")   # config, meta, metrics (DataFrame), lazy arrays
     run.arrays["attn"][-1, 0, 0, 0]                     # last recorded α of layer 0, head 0, seq 0
     dyntool.list_runs("runs")
-    with dyntool.Capture(model) as cap:                 # any supported model, see README
+    with dyntool.Capture(model) as cap:                 # any supported model, see docs/recording.md
         loss.backward()
     cap.compute()                                       # name -> (layer, head, seq, ...) tensors
 """
