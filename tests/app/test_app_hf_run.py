@@ -97,3 +97,29 @@ def test_browser_renders_the_matrices_of_an_hf_recorded_run(hf_root, tmp_path):
         if browser is not None:
             browser.close()
         server.stop()
+
+
+def test_pickers_name_the_model_heads_of_a_selection(tmp_path, monkeypatch):
+    """A run that recorded ``heads="L1H1"`` stores one layer and one head; the Matrices pickers
+    and titles say L1 H1 (the model's numbers), not the stored index 0."""
+    torch.manual_seed(0)
+    T = 8
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=len(fixtures.WORDS), n_positions=T, n_embd=16, n_layer=2, n_head=2,
+        attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, bos_token_id=0, eos_token_id=1))
+    probe = torch.arange(T).view(1, T) % len(fixtures.WORDS)
+    with RunRecorder(model, tmp_path, max_steps=2, every=1, name="sel", heads="L0H1,L1H*",
+                     probe={"input_ids": probe, "labels": probe}) as rec:
+        for step in range(2):
+            rec.probe_step(step)
+            rec.log(step, loss=1.0)
+    at = _app(tmp_path, monkeypatch, "matrices", "sel")
+    layer, head = at.selectbox(key="mx_layer"), at.selectbox(key="mx_head")
+    assert layer.options == ["L0", "L1"]                       # AppTest lists the formatted options
+    assert head.options[0] == "H1" and "(empty slot" in head.options[1]
+    layer.set_value(1)
+    at.run()
+    head = at.selectbox(key="mx_head")
+    assert head.options == ["H0", "H1"]
+    titles = " | ".join(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart"))
+    assert "L1 H0" in titles, titles

@@ -177,8 +177,9 @@ def body() -> None:
         raise AppInputError("This run recorded no attention matrices (`attn`, `compat`, `advantage`, "
                             "`score_grad`, `scores`); add them to `record.arrays`.")
     g = geometry(info, avail[0])
-    layer = ui.pick_index("Layer", g["L"], "mx_layer", top[1])
-    head = ui.pick_index("Head", g["H"], "mx_head", top[2])
+    at = info["attrs"]                                 # pickers name the model's layer/head (a selection stores some)
+    layer = ui.pick_index("Layer", g["L"], "mx_layer", top[1], fmt=lambda l: site_label(at, l))
+    head = ui.pick_index("Head", g["H"], "mx_head", top[2], fmt=lambda h: head_label(at, layer, h))
     seq = ui.pick_index("Sequence", g["S"], "mx_seq", top[3])
 
     default = [k for k in ("attn", "compat", "advantage", "score_grad") if k in avail] or avail[:1]

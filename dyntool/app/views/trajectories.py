@@ -77,8 +77,9 @@ def body() -> None:
     vec = top[4].selectbox("Vectors", avail, key="tr_vec", format_func=lambda v: VECTORS[v][2])
     ref = arrs["values" if vec == "head_outputs" else vec]
     n, L, H, S = ref["shape"][:4]
-    layer = ui.pick_index("Layer", L, "tr_layer", top[1])
-    head = ui.pick_index("Head", H, "tr_head", top[2])
+    at = info.get("attrs", {})                          # pickers name the model's layer/head
+    layer = ui.pick_index("Layer", L, "tr_layer", top[1], fmt=lambda l: site_label(at, l))
+    head = ui.pick_index("Head", H, "tr_head", top[2], fmt=lambda h: head_label(at, layer, h))
     seq = ui.pick_index("Sequence", S, "tr_seq", top[3])
     steps = data.steps(path, mark)
     if not len(steps):
