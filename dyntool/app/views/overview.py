@@ -93,13 +93,13 @@ def curves(path: str) -> None:
     with right:
         if "val_ppl" in cols or "loss" in cols:
             p = pd.DataFrame({"step": df["step"]})
-            names = {}
-            if "val_ppl" in cols:
-                p["val_ppl"] = df["val_ppl"]
-                names["val_ppl"] = "validation"
+            names = {}                 # train first, as in the loss plot, so the colours match
             if "loss" in cols:
                 p["train_ppl"] = np.exp(df["loss"].astype(float).clip(upper=50))
                 names["train_ppl"] = "train = exp(loss)"
+            if "val_ppl" in cols:
+                p["val_ppl"] = df["val_ppl"]
+                names["val_ppl"] = "validation"
             fig = plots.curves(p, list(names), "Perplexity", names=names, y_title="perplexity", log_y=True)
             st.plotly_chart(fig, key="ov-ppl", config=plots.CONFIG)
             export.download(fig, "ov-ppl", "perplexity", [], [path])
