@@ -9,8 +9,10 @@ A. the cheap tier every step on dyntool's GPT at the ``small`` preset's shape (s
    read (``FlightRecorder``: with, result, metrics, reset) vs recording off.  Target ≤ 1.05.
 B. the same mhsa + cheap tier vs the plain nanoGPT-style reference (bench/nanogpt_ref.py):
    tokens/s of both and their ratio.
-C. a GPT-2-shaped Hugging Face model (GPT2LMHeadModel, SDPA; the dimensions are printed): step
-   with the cheap tier vs without.  Target ≤ 1.10.
+C. a GPT-2-shaped Hugging Face model (GPT2LMHeadModel, SDPA; 12 × 12 × 768 at T = 256, B = 1;
+   ``--quick``: 4 × 4 × 256, B = 4): step with the cheap tier vs without.  Target ≤ 1.10.  Reference
+   in the same rounds: TransformerLens on the same shape, ``run_with_cache`` + backward hooks vs
+   its plain step.
 D. the full tier's memory at T = 8192, one layer, one head: peak resident memory (sampled every
    0.5 ms) above what the forward/backward left, for today's dense full tier (the per-layer
    ``head_quantities`` that ``Capture.compute()`` runs), in a child process so peaks do not mix.
@@ -109,8 +111,12 @@ def bench_gpt(reps: int, steps: int) -> dict:
 
 
 def bench_hf(reps: int, steps: int, quick: bool) -> dict:
+    """C: GPT-2 small's shape (12 × 12 × 768, T = 256, B = 1) or, with ``--quick``, 4 × 4 × 256.
+    The reference beside it, in the same rounds: TransformerLens on the same shape, a plain step
+    vs ``run_with_cache(..., incl_bwd=True)`` (its forward cache + backward hooks on the
+    attention's q, k, v, scores, pattern and z), the way a TL user records these quantities."""
     import transformers
-    L, C, nh, T, B = (4, 256, 4, 256, 4) if quick else (6, 384, 6, 512, 4)
+    L, C, nh, T, B = (4, 256, 4, 256, 4) if quick else (12, 768, 12, 256, 1)
     cfg = transformers.GPT2Config(n_layer=L, n_embd=C, n_head=nh, n_positions=T, vocab_size=50257,
                                   attn_pdrop=0, resid_pdrop=0, embd_pdrop=0)
     cfg._attn_implementation = "sdpa"
@@ -124,9 +130,43 @@ def bench_hf(reps: int, steps: int, quick: bool) -> dict:
         models[name] = transformers.GPT2LMHeadModel(cfg).train()
     arms = {"off": trainer(models["off"], batch, loss),
             "cheap": trainer(models["cheap"], batch, loss, FlightRecorder(models["cheap"]))}
+    arms.update(tl_arms(L, C, nh, T, ids))
     t = interleave(arms, reps, steps)
-    return {"shape": f"GPT2LMHeadModel L={L} nh={nh} C={C} B={B} T={T} V=50257 (sdpa)",
-            "step_s": {n: statistics.median(v) for n, v in t.items()}, "cheap_over_off": ratio(t, "cheap", "off")}
+    out = {"shape": f"GPT2LMHeadModel L={L} nh={nh} C={C} B={B} T={T} V=50257 (sdpa)",
+           "step_s": {n: statistics.median(v) for n, v in t.items()}, "cheap_over_off": ratio(t, "cheap", "off")}
+    if "tl_cache" in t:
+        out["tl_cache_over_tl_off"] = ratio(t, "tl_cache", "tl_off")
+        out["cheap_over_tl_cache"] = ratio(t, "cheap", "tl_cache")
+    return out
+
+
+def tl_arms(L, C, nh, T, ids) -> dict:
+    """TransformerLens' way, same shape: a plain training step, and one with ``run_with_cache``
+    and backward hooks on every attention's internals (empty if TransformerLens is missing)."""
+    try:
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+    except ImportError:
+        return {}
+    cfg = HookedTransformerConfig(n_layers=L, d_model=C, n_heads=nh, d_head=C // nh, n_ctx=T, d_vocab=50257,
+                                  act_fn="gelu_new", normalization_type="LN", d_mlp=4 * C)
+    keep = ("hook_q", "hook_k", "hook_v", "hook_attn_scores", "hook_pattern", "hook_z")
+
+    def arm(cache: bool):
+        torch.manual_seed(0)
+        model = HookedTransformer(cfg).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def run(n):
+            for _ in range(n):
+                if cache:                              # forward cache + backward hooks; it calls backward
+                    model.run_with_cache(ids, return_type="loss", incl_bwd=True,
+                                         names_filter=lambda name: name.endswith(keep))
+                else:
+                    model(ids, return_type="loss").backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+        return run
+    return {"tl_off": arm(False), "tl_cache": arm(True)}
 
 
 _CHILD = r"""
