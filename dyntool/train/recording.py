@@ -134,12 +134,18 @@ class RecordingCallback(Callback):
         try:
             with self.rec.capture(model) as cap:
                 _, loss = model(x, y)
-                loss.backward()
+                (loss / self.probe_divisor).backward()
             qs = self.rec.record_capture(step, cap, extra={"probe_loss": loss.item()})
             self._summarise(qs)
-            self._extra["probe_loss"] = loss.item()
+            self._extra["probe_loss"] = self._probe_loss(loss)
         finally:
             model.zero_grad(set_to_none=True)
+
+    probe_divisor = 1         # the probe loss is split over this many processes (FSDP ranks: sharded.py)
+
+    def _probe_loss(self, loss) -> float:
+        """The probe loss of the whole probe (one process: its own)."""
+        return loss.item()
 
     def micro_step_context(self, step: int, micro: int):
         return self._micro(step, micro)

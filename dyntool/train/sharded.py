@@ -102,23 +102,12 @@ class ShardedRecordingCallback(RecordingCallback):
                                                                     for row in x.tolist()]})
             self.probe = (x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
 
-    def on_step_start(self, step: int) -> None:
-        self._lmax, self._extra = None, {}
-        if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
-            return
-        model = self.trainer.raw
-        x, y = self.probe
-        try:
-            with self.rec.capture(model) as cap:
-                _, loss = model(x, y)
-                (loss / self.dist.world).backward()     # this shard's share of the probe mean loss
-            qs = cap.compute()
-            self.rec.record(step, qs, extra={"probe_loss": loss.item()})
-            self._summarise(qs)
-            mean = fsdp.all_reduce(loss.detach().double().reshape(1), "mean")
-            self._extra["probe_loss"] = float(mean)
-        finally:
-            model.zero_grad(set_to_none=True)
+    @property
+    def probe_divisor(self) -> int:
+        return self.dist.world            # each rank backpropagates its shard's share of the probe mean loss
+
+    def _probe_loss(self, loss) -> float:
+        return float(fsdp.all_reduce(loss.detach().double().reshape(1), "mean"))
 
     def _summarise(self, qs: dict) -> None:
         ent = fsdp.all_reduce(qs["attn_entropy"].double().mean(dim=(2, 3)), "mean")   # equal shards
