@@ -38,7 +38,11 @@ def _inside_run(p: Path) -> Path | None:
 
 
 def check_out(out: str | Path, what: str = "--out") -> Path:
-    """``out`` can be created (or exists) and is writable, and is not inside a run. Creates nothing."""
+    """``out`` can be created (or exists) and is writable, and is not inside a run. Creates nothing.
+    An object-store URL (``s3://``, ``file://``) must answer a LIST instead (:mod:`.record.remote_train`)."""
+    if isinstance(out, str) and out.startswith(("s3://", "file://")):
+        from .record.remote_train import check_out as check_url
+        return check_url(out)
     if not str(out).strip():
         raise ConfigError(what, "is empty; give a folder (\".\" for the current one)")
     p = Path(out).expanduser()
@@ -74,6 +78,11 @@ def cleanup_on_reject(out: str | Path | None):
     """
     if out is None:
         yield
+        return
+    if isinstance(out, str) and out.startswith(("s3://", "file://")):
+        from .record.remote_train import cleanup_on_reject as cleanup_url
+        with cleanup_url(out):
+            yield
         return
     p = Path(out).absolute()
     start = time.time() - 1

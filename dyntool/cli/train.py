@@ -26,7 +26,10 @@ def cmd_train(args) -> int:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
-    out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
+    if args.out is None and args.resume and args.resume.startswith(("s3://", "file://")):
+        out = args.resume.rstrip("/").rsplit("/", 1)[0]        # beside the run it resumes
+    else:
+        out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
     if args.out is None:                     # the generic guard only saw an explicit --out
         paths.check_out(out)
     try:

@@ -12,8 +12,13 @@ With ``cheap_every=N`` the cheap tier (:mod:`dyntool.flight`) watches the traini
 N-th step, from ``on_step_begin`` to ``on_pre_optimizer_step`` (all micro-batches, after the
 probe), and its per-head statistics join that step's metrics row.  Its gradients are of the loss
 the Trainer backpropagates (divided by the accumulation steps unless the model takes
-``num_items_in_batch``).  Only the world-process-zero writes; the run directory is created at ``on_train_begin`` with
-``max_steps`` from the Trainer state.
+``num_items_in_batch``).  The run directory is created at ``on_train_begin`` with ``max_steps``
+from the Trainer state.  Under DDP only the world-process-zero writes.  Under FSDP2 (a model
+sharded at load time, ``from_pretrained(..., distributed_config=DistributedConfig(fsdp_size=N))``,
+or by ``fully_shard``) every rank runs the probe forward/backward together and records its own
+shard of it into the same run (:mod:`dyntool.integrations.ranked`); ``seqs`` must then be the
+probe's number of sequences, a multiple of the world size.  The cheap tier watches rank 0's
+training batches.
 """
 from __future__ import annotations
 
@@ -31,7 +36,8 @@ class HFRecorderCallback(TrainerCallback):
         self.rec: RunRecorder | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kw):
-        if not state.is_world_process_zero:
+        from .ranked import is_sharded, world_rank
+        if not state.is_world_process_zero and not (world_rank()[0] > 1 and is_sharded(model)):
             return
         probe = self.kw["probe"]
         if isinstance(probe, dict):

@@ -25,7 +25,9 @@ a dict of keyword arguments (Hugging Face: ``model(**probe).loss``), a tuple ``(
 returning ``(logits, loss)`` or a loss, and a single tensor of token ids (next-token loss on
 ``logits``).  The probe runs in eval mode (no dropout: α recomputed must be the α used), with the
 model's current gradients set aside and restored, so training is not touched.  Under DDP pass the
-unwrapped model; ranks other than 0 record nothing.
+unwrapped model; ranks other than 0 record nothing.  On a model sharded with FSDP2 every rank
+must construct the recorder and call ``probe_step`` (a sharded forward is a collective): each
+records its own shard of the probe (:mod:`dyntool.integrations.ranked`).
 """
 from __future__ import annotations
 
@@ -76,7 +78,16 @@ class RunRecorder:
             raise ValueError("batch='probe' needs a probe batch (probe=...)")
         _check_heads(model, self.cfg.heads, attention)
         self.max_steps = int(max_steps)
-        self.active = rank() == 0
+        from . import ranked
+        self.world, self.rank = ranked.world_rank()
+        self.sharded = self.world > 1 and ranked.is_sharded(model)   # FSDP2: every rank records
+        if self.sharded:
+            if batch != "probe":
+                raise ranked.ShardError("under FSDP, RunRecorder records a probe batch only "
+                                        "(pass probe=...); batch='train' is not supported there")
+            self.probe = ranked.split_probe(probe, self.rank, self.world, seqs)
+        self.active = self.sharded or rank() == 0
+        self.writes_metrics = self.rank == 0 or not self.sharded
         self.run = self.rec = None
         self.tokens = tokens
         self._wanted = set(int(s) for s in schedule(self.cfg, self.max_steps))
@@ -86,7 +97,7 @@ class RunRecorder:
         self._cheap_step: int | None = None       # the step the cheap tier is accumulating
         if not self.active:
             return
-        if self.cfg.cheap_every > 0:
+        if self.cfg.cheap_every > 0 and self.writes_metrics:    # under FSDP: rank 0's batch
             self.flight = FlightRecorder(model, seqs=self.cfg.cheap_seqs or None,
                                          max_block_mib=self.cfg.max_block_mib, attention=attention)
         from ..run_writer import RunWriter
@@ -94,8 +105,19 @@ class RunRecorder:
                 "model": _model_config(model, attention), "record": asdict(self.cfg), **(config or {})}
         # the kind says how the run was recorded ("loop", "hf-callback", "lightning"): `dyntool ls`
         # shows it and the figures pick by it (a user's model is not a `dyntool train` run)
-        self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
         self.t0 = time.perf_counter()
+        if not self.sharded:
+            self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
+            return
+        from dataclasses import replace
+        from ..record.ranks import RankRun
+        full["world_size"], full["parallel"] = self.world, "fsdp"
+        self.run, path = ranked.create_run(self.rank, lambda: RunWriter.create(
+            out_dir, kind, full, name=name, device=_device(model),
+            extra_meta={"world_size": self.world, "parallel": "fsdp"}))
+        if self.run is None:
+            self.run = RankRun(path, self.rank)
+        self.cfg = replace(self.cfg, seqs=seqs // self.world)      # this rank's sequences
 
     # -- schedule -------------------------------------------------------------------------
     def wants(self, step: int) -> bool:
@@ -109,10 +131,16 @@ class RunRecorder:
             sel, _ = plan(self.cfg, cap, k1 - k0)    # a bad selection or budget: refused before the store
             dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=slot.q.shape[-1], d_v=slot.v.shape[-1])
             check_budget(self.cfg, len(self._wanted), self.run.path, **dims)
-            store = self.run.open_store(self.cfg.chunk_steps, self.cfg.flush_seconds,
-                                        attrs={"task": "custom", "record_batch": self.cfg.batch, "block_size": T})
-            if self.tokens:
-                store.group.attrs.update({"probe_tokens": self.tokens[: self.cfg.seqs]})
+            attrs = {"task": "custom", "record_batch": self.cfg.batch, "block_size": T}
+            if self.sharded:
+                from .ranked import rank_attrs
+                attrs.update(rank_attrs(self.rank, self.world, self.cfg.seqs))
+            store = self.run.open_store(self.cfg.chunk_steps, self.cfg.flush_seconds, attrs=attrs)
+            if self.sharded:
+                from ..record.ranks import declare_reducers
+                declare_reducers(store)
+            if self.tokens and self.rank == 0:     # under FSDP rank 0 labels the merged view
+                store.group.attrs.update({"probe_tokens": self.tokens[: self.cfg.seqs * self.world]})
             self.rec = Recorder(store, self.cfg, self.max_steps, T)
             self.rec._wanted = self._wanted
         return self.rec
@@ -121,11 +149,19 @@ class RunRecorder:
         rec = self._recorder(cap)
         if not self._attrs_done:
             rec.store.group.attrs.update(rec.selection_attrs(cap, cap.attrs))
-            self.run.update_meta(adapter=cap.attrs.get("adapter"))
+            if self.writes_metrics:
+                self.run.update_meta(adapter=cap.attrs.get("adapter"))
             self._attrs_done = True
         qs = rec.record_capture(step, cap, extra=extra, grad_scale=grad_scale)
         ent = qs["attn_entropy"].float().mean(dim=(2, 3))               # (L, nh)
         lmax = qs["logit_max"].float()
+        if self.sharded:                                   # every rank: small all-reduces
+            from .ranked import combine_row
+            ent, lmax, loss = combine_row(ent, lmax, (extra or {}).get("probe_loss", 0.0))
+            if extra and "probe_loss" in extra:
+                extra = {**extra, "probe_loss": loss}
+            if not self.writes_metrics:
+                return
         row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, h, v in rec.head_values(ent.tolist())}
         row.update({mn.head(mn.LOGIT_MAX, l, h): v for l, h, v in rec.head_values(lmax.tolist())})
         row["recorded_logit_max"] = max(v for _, _, v in rec.head_values(lmax.tolist()))
@@ -147,7 +183,8 @@ class RunRecorder:
             model.eval()
             with torch.enable_grad(), Capture(model, seqs=self.cfg.seqs, attention=self.attention) as cap:
                 loss = self.loss_fn(model, self.probe)
-                loss.backward()
+                # under FSDP: this shard's share of the probe's mean loss (equal shards)
+                (loss / self.world if self.sharded else loss).backward()
             self._store(step, cap, extra={"probe_loss": loss.item()})
         finally:
             for p, g in saved:
@@ -224,7 +261,7 @@ class RunRecorder:
             self._pending = (step, row)
 
     def log(self, step: int, **metrics) -> None:
-        if not self.active:
+        if not self.active or not self.writes_metrics:
             return
         if self._cheap_step == step and not self.flight._attached:
             self._cheap_close()
@@ -244,6 +281,9 @@ class RunRecorder:
             self.flight.__exit__(None, None, None)
             if self._cheap_step is not None and status == "finished":
                 self._cheap_close()
+        if self.active and self.run is not None and not self.writes_metrics:   # rank > 0 of FSDP
+            self.run.close()
+            self.active = False
         if self.active and self.run is not None:
             self._flush_pending()
             self.run.finish(status, steps_recorded=self.rec.n_recorded if self.rec else 0)

@@ -23,6 +23,8 @@ statistic only declares its ``rank_reduce``); nothing is gathered across ranks w
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from .store import RecordError
@@ -42,6 +44,35 @@ def declare_reducers(store, extra: dict | None = None) -> None:
     """Give every known per-rank scalar its ``rank_reduce`` attribute before the first append."""
     for name, how in {**REDUCE, **(extra or {})}.items():
         store.declare(name, attrs={"rank_reduce": how})
+
+
+class RankRun:
+    """What a rank > 0 writes into the run rank 0 created (a local path, or an ``s3://``/``file://``
+    URL): its own recording ``record.rank{r}.zarr``, nothing else."""
+
+    def __init__(self, path, rank: int):
+        from .remote import is_url
+        self.rank, self.store = rank, None
+        self.path = str(path).rstrip("/") if is_url(str(path)) else Path(path)
+
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
+        from .remote import Remote, is_url
+        from .store_writer import StoreWriter
+        where = Remote(self.path).zarr_store(rank_dir(self.rank), read_only=False) \
+            if is_url(self.path) else self.path / rank_dir(self.rank)
+        self.store = StoreWriter(where, chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 def _combine(parts: list[np.ndarray], how: str) -> np.ndarray:

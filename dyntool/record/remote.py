@@ -172,6 +172,8 @@ def create_run(out_url: str, kind: str, config: dict, name: str | None = None, *
     if remote.get("meta.json") is not None:
         raise RunError(f"run {remote.url} already exists; choose another name (existing runs are never overwritten)")
     remote.put("config.json", json.dumps(_jsonable(config), indent=2).encode(), create=True)
+    from .remote_train import CREATED
+    CREATED.append(remote)                   # deleted again if this command is rejected (exit 2)
     meta = {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
             "seeds": list(kw.get("seeds") or []), "tags": list(kw.get("tags") or []),
             "device": kw.get("device", "cpu"), **environment(), **(kw.get("extra_meta") or {})}

@@ -65,18 +65,35 @@ def restore_rng(r: dict) -> None:
 
 def save(sd: dict, path: Path) -> None:
     """Write ``sd`` to ``path`` atomically (:func:`dyntool.atomic.replacing`): never a half-written
-    checkpoint; on failure (e.g. disk full) the previous checkpoint is kept."""
+    checkpoint; on failure (e.g. disk full) the previous checkpoint is kept.  An object-store
+    ``path`` (``s3://…/RUN/checkpoint.pt``) is one PUT, visible whole or not at all."""
+    from ..record.remote import is_url
+    if is_url(str(path)):
+        from ..record.remote_train import parent, put_checkpoint
+        put_checkpoint(parent(str(path)), {"format_version": FORMAT_VERSION, **sd})
+        return
     with replacing(path) as tmp:
         torch.save({"format_version": FORMAT_VERSION, **sd}, tmp)
 
 
 def load(path: Path) -> dict:
     """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError."""
-    path = Path(path)
     from .. import safeio
+    from ..record.remote import is_url
+    url = is_url(str(path))
+    path = str(path) if url else Path(path)
     try:
-        safeio.check_regular(path)                 # a FIFO or device would hang torch.load
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        if url:
+            from ..record.remote_train import get_checkpoint, parent
+            src = get_checkpoint(parent(path))
+            if src is None:
+                raise RunError(f"checkpoint {path} is missing")
+        else:
+            safeio.check_regular(path)             # a FIFO or device would hang torch.load
+            src = path
+        sd = torch.load(src, map_location="cpu", weights_only=True)
+    except RunError:
+        raise
     except safeio.BadFile as e:
         raise RunError(f"checkpoint {path} refused: {e}") from None
     except OSError as e:

@@ -32,10 +32,14 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
             raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
                                           "(overrides like --train.max_steps=N still apply)")
         path = Path(resume) / "config.json"
-        try:
-            base = safeio.read_json(path)
-        except (OSError, ValueError) as e:
-            raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
+        if _is_url(resume):                               # s3://…/RUN (record/remote_train.py)
+            from ..record.remote_train import get_json
+            base = get_json(resume, "config.json")
+        else:
+            try:
+                base = safeio.read_json(path)
+            except (OSError, ValueError) as e:
+                raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
         if not isinstance(base, dict):
             raise RunError(f"cannot resume {resume}: {path} is not a config object")
         base.setdefault("train", {})["stop_at"] = 0       # a resumed run goes on to max_steps
@@ -82,6 +86,8 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     Raises :class:`RunError` with the reason when there is nothing to resume from, and
     :class:`NothingToDo` when the checkpoint is already at ``train.max_steps``."""
     from . import checkpoint
+    if _is_url(resume):
+        return _resume_url(resume, cfg)
     run = Path(resume)
     src = run / "checkpoint.pt"
     if not src.is_file():
@@ -106,6 +112,28 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     base = f"{run.name}-resume{step}"
     name, i = base, 2
     while (run.parent / name).exists():                # a second resume gets a fresh name
+        name, i = f"{base}-{i}", i + 1
+    return ck, name
+
+
+def _is_url(p) -> bool:
+    return isinstance(p, str) and p.startswith(("s3://", "file://"))
+
+
+def _resume_url(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
+    """:func:`resume_source` for a run in object storage: its checkpoint.pt is one GET."""
+    from . import checkpoint
+    from ..record.remote import join
+    from ..record.remote_train import CHECKPOINT, exists, parent
+    src = join(resume, CHECKPOINT)
+    ck = checkpoint.load(src)
+    step = checkpoint.validate(ck, src, max(cfg.train.max_steps, _is_step(ck.get("step"))))
+    if step >= cfg.train.max_steps:
+        raise NothingToDo(f"{resume} is already at step {step} = train.max_steps: nothing to do "
+                          f"(to train on, pass --max-steps N with N > {step})")
+    base = f"{resume.rstrip('/').rsplit('/', 1)[-1]}-resume{step}"
+    name, i = base, 2
+    while exists(join(parent(resume), name)):
         name, i = f"{base}-{i}", i + 1
     return ck, name
 
@@ -166,7 +194,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                 "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
         if ckpt is not None:
-            meta["resumed_from"] = {"run": str(Path(resume).resolve()), "step": int(ckpt["step"])}
+            meta["resumed_from"] = {"run": resume if _is_url(resume) else str(Path(resume).resolve()),
+                                    "step": int(ckpt["step"])}
         run = None
         if dist.is_main:
             try:
@@ -179,18 +208,20 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                 raise
         rank_run = None
         if sharded:                                    # every rank records its own shard
-            from .sharded import RankRun, ShardedRecordingCallback, share_run
+            from ..record.ranks import RankRun
+            from .sharded import ShardedRecordingCallback, share_run
             path = share_run(run, dist)
             rank_run = run if run is not None else RankRun(path, dist.rank)
         with run if run is not None else (rank_run or _Null()):
             cbs = [ShardedRecordingCallback(rank_run, cfg, dist)] if sharded else []
             if run is not None:
-                shown = [TrainProgress(f"{run.path.name} "), ConsoleCallback(stream=sys.stderr)]
+                shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]
                 cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
                       [MetricsLogger(run, cfg.train.log_interval)]
             ck_path = None
             if cfg.train.checkpoint:
-                ck_path = run.path / "checkpoint.pt" if run is not None else Path(os.devnull)
+                ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \
+                    if _is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
             trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
             trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
@@ -217,6 +248,11 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
 def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
     """The command that continues an interrupted run (or why there is none)."""
     import shlex
+    if _is_url(str(run_path)) and ck_path is not None:
+        from ..record.remote import Remote
+        if Remote(str(run_path)).list("checkpoint.pt"):
+            return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(run_path))}"
+        ck_path = None
     if ck_path is None or not Path(ck_path).is_file():
         return f"stopped at step {step} with no checkpoint (train.checkpoint=false or none written yet)"
     try:

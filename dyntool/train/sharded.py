@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ConfigError, RunError
 from ..record import metric_names as mn
-from ..record.ranks import declare_reducers, rank_dir
+from ..record.ranks import declare_reducers
 from . import fsdp
 from .recording import RecordingCallback
 
@@ -35,33 +35,15 @@ def check(cfg, world: int) -> None:
                                          f"over {world} ranks under train.parallel=fsdp; use a multiple of {world}")
 
 
-class RankRun:
-    """What a rank > 0 writes into the run rank 0 created: its own recording, nothing else."""
-
-    def __init__(self, path: Path, rank: int):
-        self.path, self.rank, self.store = Path(path), rank, None
-
-    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
-        from ..record.store_writer import StoreWriter
-        self.store = StoreWriter(self.path / rank_dir(self.rank), chunk_steps, flush_seconds, attrs)
-        return self.store
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if self.store is not None:
-            self.store.close()
-        return False
-
-
-def share_run(run, dist) -> Path:
-    """Rank 0's run path on every rank (or rank 0's error, raised on every rank)."""
+def share_run(run, dist) -> "Path | str":
+    """Rank 0's run path on every rank (an object-store URL stays a string), or rank 0's error
+    raised on every rank."""
     msg = fsdp.broadcast(("ok", str(run.path)) if run is not None else None) if dist.is_main else \
         fsdp.broadcast(None)
     if msg is None or msg[0] != "ok":
         raise RunError(msg[1] if msg else "rank 0 could not create the run")
-    return Path(msg[1])
+    from ..record.remote import is_url
+    return msg[1] if is_url(msg[1]) else Path(msg[1])
 
 
 class ShardedRecordingCallback(RecordingCallback):
