@@ -7,6 +7,9 @@ import os
 from . import add_n_seeds, common_output_options, config_option, config_values
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
+# --controls without --seeds / --n-seeds / a preset: ten seeds (the README's five first), paired tests
+# over ten; arrays on disk for the first two seeds only (the rest log metrics)
+CONTROL_SEEDS = [42, 2024, 1337, 7777, 9999, 1, 2, 3, 4, 5]
 OVERRIDES = "Any config key can also be set as --key=value or --section.key=value"
 
 
@@ -20,6 +23,10 @@ def cmd_sticky(args) -> int:
         if "arms" in values:
             raise ConfigError("--controls", "give either --arms LIST or --controls, not both")
         values["arms"] = CONTROL_ARMS
+        if args.preset is None and "seeds" not in values and not any(
+                o.split("=")[0].lstrip("-") in ("seeds", "record_seeds") for o in args.overrides or []):
+            values["seeds"] = CONTROL_SEEDS
+            values.setdefault("record_seeds", 2)
     cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
     study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())

@@ -256,6 +256,8 @@ def f8_dynamics(runs, **opts):
                f"targets) and log V; held-out loss {v_loss[0]:.3f} → {v_loss[-1]:.3f} nats over "
                f"{int(s_loss[-1])} steps. (b–e) Per layer on recorded steps: residual-stream PC1 share "
                f"(last block {sh[0]:.2f} → {sh[-1]:.2f}), r(PC1, H_Bayes) (last block {rr[0]:.2f} → "
-               f"{rr[-1]:.2f}), key mean |cos| and attention entropy. (f) Mean absolute gap between the model's "
-               f"predictive entropy and H_Bayes over target positions: {v_mae[0]:.3f} → {v_mae[-1]:.3f} bits.")
+               f"{rr[-1]:.2f}), key mean |cos| and attention entropy. (f) |H_model − H_Bayes| averaged over the "
+               f"L + 1 target positions (the L key positions 0, 2, …, 2L − 2 and the query at 2L), where "
+               f"H_model is first averaged over the held-out sequences at each position: "
+               f"{v_mae[0]:.3f} → {v_mae[-1]:.3f} bits.")
     return fig, cols, caption

@@ -325,6 +325,13 @@ def _evaluate(ev, W, causal, tile, pool) -> dict:
     return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, pool=pool), xe.shape[1])
 
 
+def evaluate(W: Weights, x: torch.Tensor, y: torch.Tensor, causal: bool = True, tile: int = 32) -> dict:
+    """Forward-only loss / entropy / accuracy ((R,) float64 each) of weights ``W`` on ``x``, ``y``."""
+    R, N, _ = x.shape
+    with _workers(None, R * N * N < _SMALL_PROBLEM) as (pool, _):
+        return _evaluate((x.to(W.W_Q.dtype), y), W, causal, tile, pool)
+
+
 def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32, pool=None) -> torch.Tensor:
     """Head outputs g_i = (α V)_i (R, N, d_v) of weights ``W`` on inputs ``x`` (R, N, d_x), forward only
     (e.g. on held-out positions for the manifold metrics).  ``pool``: worker threads to borrow (a

@@ -10,8 +10,9 @@ Arms: ``sgd`` (all learning rates ``lr``), ``em`` (the paper's EM-like schedule:
 W_V given fixed responsibilities; not the paper's method), and the learning-rate CONTROLS that
 ask whether EM's gain is specific to the values: ``readout`` (W_O at ``lr × control_mult``),
 ``routing`` (W_Q and W_K at ``lr × control_mult``), ``all`` (every learning rate × control_mult),
-``sgd_tuned`` (one uniform learning rate, picked from ``tuned_grid`` by the mean final HELD-OUT
-loss over seeds; the grid runs are written as ``seed{S}-lr{g}`` and the pick is in summary.json).
+``sgd_tuned`` (one uniform learning rate, picked from ``tuned_grid`` by the mean final VALIDATION
+loss over seeds, on a third sequence ``generate(seed + validation_offset)``; the held-out sequence
+only reports; the grid runs are written as ``seed{S}-lr{g}`` and the pick is in summary.json).
 
 Held-out evaluation: seed s is evaluated on a second sequence of the same chain,
 ``generate(s + heldout_offset)`` (10000 as in the authors' deep variant), every
@@ -40,7 +41,7 @@ from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
 from .summary import geometry_summary, summarise
-from .sticky_data import (HELDOUT_OFFSET, filter_entropy, filter_nll, generate, h_min, stationary,
+from .sticky_data import (HELDOUT_OFFSET, VALIDATION_OFFSET, filter_entropy, filter_nll, generate, h_min, stationary,
                           transition_matrix)
 
 ARMS = ("sgd", "em", "readout", "routing", "all", "sgd_tuned", "em_closed_form")
@@ -81,7 +82,10 @@ class StickyConfig:
     heldout: bool = True                # evaluate on a second sequence of the same chain
     heldout_offset: int = HELDOUT_OFFSET
     heldout_every: int = 10             # held-out metrics every this many steps (and at the end)
+    validation_offset: int = VALIDATION_OFFSET   # sgd_tuned picks on generate(seed + this), final weights
+    target_fracs: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])  # of SGD's loss drop
     record_arms: list[str] = field(default_factory=lambda: ["sgd", "em"])  # arrays on disk for these
+    record_seeds: int = 0               # arrays on disk only for the first this many seeds (0 = all)
     window: int = 200                   # recorded query/key window: the last `window` positions
     dtype: str = "float32"
     record: RecordConfig = field(default_factory=_default_record)
@@ -105,6 +109,12 @@ class StickyConfig:
             raise ConfigError(p + "tuned_grid", "sgd_tuned needs a non-empty grid of learning rates > 0")
         if "sgd_tuned" in self.arms and not self.heldout:
             raise ConfigError(p + "heldout", "sgd_tuned picks its learning rate on held-out loss; keep heldout on")
+        if not self.target_fracs or any(not 0 < f <= 1 for f in self.target_fracs):
+            raise ConfigError(p + "target_fracs", "fractions of SGD's loss drop in (0, 1]")
+        if self.record_seeds < 0:
+            raise ConfigError(p + "record_seeds", f"must be >= 0 (0 = all seeds), got {self.record_seeds}")
+        if self.validation_offset in (0, self.heldout_offset):
+            raise ConfigError(p + "validation_offset", "must differ from 0 and from heldout_offset")
         if self.heldout_every < 1:
             raise ConfigError(p + "heldout_every", f"must be >= 1, got {self.heldout_every}")
         for key in ("lr", "value_lr_mult", "init_std", "noise_std", "control_mult"):
@@ -214,7 +224,9 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         rec_cfg.key_window = list(rec_cfg.query_window)
     arms, grid = _arms(cfg)
     runs = [(seed, a) for seed in cfg.seeds for a in arms]
-    recorded = [a.name in cfg.arms and a.name in cfg.record_arms for _, a in runs]   # others: metrics only
+    rec_seeds = set(cfg.seeds[:cfg.record_seeds] if cfg.record_seeds else cfg.seeds)
+    recorded = [a.name in cfg.arms and a.name in cfg.record_arms and s in rec_seeds
+                for s, a in runs]                                                    # others: metrics only
     est = check_budget(rec_cfg, (len(range(0, cfg.steps + 1, max(rec_cfg.every, 1))) + 1) * sum(recorded),
                        out, L=1, H=1, T=N, d_k=cfg.d_k, d_v=cfg.d_v) if rec_cfg.enabled else 0
     study.mkdir()
@@ -258,7 +270,10 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
     with ExitStack() as stack:
         writers, recorders = [], []
         for (seed, a), rec_on in zip(runs, recorded):
-            run_cfg = {**to_dict(cfg), "seed": seed, "arm": a.arm, "value_lr_mult": a.mult,
+            # value_lr_mult: the W_V multiplier this run really has (1 for sgd and the controls,
+            # whose own multiplier is control_mult); lr_mult: the arm's multiplier on its groups
+            run_cfg = {**to_dict(cfg), "seed": seed, "arm": a.arm, "lr_mult": a.mult,
+                       "value_lr_mult": a.mult if a.arm in ("em", "em_closed_form") else a.lrs[2] / cfg.lr,
                        "lrs": dict(zip(engine.PARAMS, a.lrs)),
                        "heldout_seed": seed + cfg.heldout_offset if cfg.heldout else None}
             w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=f"seed{seed}-{a.name}",
@@ -340,7 +355,15 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
                            "heldout": bayes_nll.get(s + cfg.heldout_offset) if cfg.heldout else None}
                           for s in cfg.seeds],
              "h_bayes": _entropy_stats(data, held_h if cfg.heldout else None, hmin)}
-    summary = summarise(cfg, runs, result, hmin, heldout_curves, grid, bayes=bayes)
+    validation = None
+    if grid:                  # sgd_tuned picks on a third sequence: final weights, forward only
+        val = {s: generate(s + cfg.validation_offset, cfg.T, cfg.n_symbols, cfg.d_x, P, cfg.embed_seed,
+                           cfg.noise_std) for s in cfg.seeds}
+        vx = torch.stack([val[s].x for s, _ in runs]).to(dtype)
+        vy = torch.stack([val[s].y for s, _ in runs])
+        vl = engine.evaluate(result.weights, vx, vy)["loss"]
+        validation = vl.masked_fill(~torch.isfinite(result.final["loss"]), float("nan")).numpy()
+    summary = summarise(cfg, runs, result, hmin, heldout_curves, grid, bayes=bayes, validation=validation)
     if geometry:
         summary["geometry"] = geometry_summary(cfg, runs, geometry, GEOMETRY_KEYS)
     _write_json_atomic(study / "summary.json", summary)

@@ -22,12 +22,16 @@ from dataclasses import dataclass
 import torch
 
 __all__ = ["StickyData", "transition_matrix", "h_min", "stationary", "generate", "single_observation_entropy",
-           "filter_log_predictive", "filter_entropy", "filter_nll", "HELDOUT_OFFSET"]
+           "filter_log_predictive", "filter_entropy", "filter_nll", "HELDOUT_OFFSET",
+           "VALIDATION_OFFSET"]
 
 # The held-out sequence of seed s is ``generate(s + HELDOUT_OFFSET, ...)``: the same chain and the same
 # symbol means μ (drawn under embed_seed), a different path and noise.  The offset follows the
 # authors' deep variant, which draws its evaluation sequence under ``manual_seed(seed + 10000)``.
 HELDOUT_OFFSET = 10000
+# sgd_tuned picks its learning rate on a third sequence, generate(s + VALIDATION_OFFSET): the held-out
+# sequence then only reports (a pick on the reported losses would be optimistic by construction)
+VALIDATION_OFFSET = 20000
 
 
 def _circular_distance(i: int, j: int, n: int) -> int:

@@ -13,13 +13,13 @@ from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import routing_residual, step_record
 from dyntool.sims.frame_precision import describe_change, interval_measures
 from dyntool.sims.sticky import StickyConfig, _arms
-from dyntool.sims.sticky_data import (HELDOUT_OFFSET, generate, h_min, single_observation_entropy, stationary,
+from dyntool.sims.sticky_data import (HELDOUT_OFFSET, VALIDATION_OFFSET, generate, h_min, single_observation_entropy, stationary,
                                       transition_matrix)
 from tests.engine_fixtures import engine_state
 
 ARMS = "sgd,em,readout,routing,all,sgd_tuned"
 SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--window", "20",
-         "--record.every=10", "--record.pool=16", "--heldout_every=5", "--quiet", "--arms", ARMS]
+         "--record.every=10", "--record.pool=16", "--heldout_every=5", "--quiet", "--arms", ARMS, "--record_seeds=1"]
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +65,30 @@ def test_study_with_controls(study):
         lrs = dyntool.open_run(study / rid).config["lrs"]
         assert tuple(lrs[n] for n in ("W_Q", "W_K", "W_V", "W_O")) == pytest.approx(want)
     t = s["sgd_tuned"]
-    means = t["mean_final_heldout_loss"]
+    # the pick is made on the VALIDATION sequence (seed + 20000), not on the held-out one it reports
+    means = t["mean_final_validation_loss"]
     assert t["picked_lr"] == pytest.approx(float(min(means, key=lambda g: means[g] if math.isfinite(means[g]) else 1e9)))
+    assert "VALIDATION" in t["rule"] and set(t["mean_final_heldout_loss"]) == set(means)
+    # validation loss of the 0.03 run == an independent forward of its final weights on generate(s + 20000)
+    ref = []
+    for seed in (42, 7):
+        res = engine.train(generate(seed, 60).x[None], generate(seed, 60).y[None],
+                           engine.init_weights([seed]), [(0.03,) * 4], 30)
+        v = generate(seed + VALIDATION_OFFSET, 60)
+        ref.append(engine.evaluate(res.weights, v.x[None], v.y[None])["loss"].item())
+    assert means["0.03"] == pytest.approx(float(np.mean(ref)), rel=1e-6)
+    assert means["0.03"] != pytest.approx(t["mean_final_heldout_loss"]["0.03"], rel=1e-6)
+    # the recorded fact about the value learning rate is true of each run
+    for rid, want in (("seed7-readout", 1.0), ("seed7-routing", 1.0), ("seed7-all", 10.0), ("seed7-em", 10.0),
+                      ("seed7-sgd", 1.0)):
+        c = dyntool.open_run(study / rid).config
+        assert c["value_lr_mult"] == pytest.approx(want) == pytest.approx(c["lrs"]["W_V"] / c["lr"])
+    # arrays on disk only for the first record_seeds seeds
+    assert dyntool.open_run(study / "seed42-em").steps.size and not dyntool.open_run(study / "seed7-em").steps.size
+    # steps to 25/50/75/100 % of SGD's drop, train and held-out, with paired tests against em
+    assert set(s["targets"]["train"]) == {"0.25", "0.5", "0.75", "1"}
+    assert s["targets"]["train"]["1"] == s["sgd_final_threshold"]
+    assert s["arms"]["readout"]["targets"]["train"]["1"]["per_seed"] == s["arms"]["readout"]["steps_to_target"]["per_seed"]
     for row in s["per_seed"]:
         assert row["sgd_tuned"]["lrs"] == [t["picked_lr"]] * 4
     for a in ARMS.split(","):
