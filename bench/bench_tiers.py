@@ -169,11 +169,8 @@ def tl_arms(L, C, nh, T, ids) -> dict:
     return {"tl_off": arm(False), "tl_cache": arm(True)}
 
 
-_CHILD = r"""
-import sys, threading, time, torch
-sys.path.insert(0, {root!r})
-torch.manual_seed(0)
-T, d = {T}, 64
+# resident memory of a child process, and a thread sampling its peak every 0.5 ms
+_PEAK = r"""
 def now():                                                                   # resident MiB
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
 peak = [0.0]
@@ -182,7 +179,14 @@ def watch():                                                                 # s
         peak[0] = max(peak[0], now())
         time.sleep(0.0005)
 threading.Thread(target=watch, daemon=True).start()
-x = torch.randn(1, T, d, requires_grad=True)
+"""
+
+_CHILD = r"""
+import sys, threading, time, torch
+sys.path.insert(0, {root!r})
+torch.manual_seed(0)
+T, d = {T}, 64
+{peak}x = torch.randn(1, T, d, requires_grad=True)
 wq, wk, wv = (torch.randn(d, d) / d ** 0.5 for _ in range(3))
 def attn(x):
     q, k, v = ((x @ w).unsqueeze(1) for w in (wq, wk, wv))                     # (1, 1, T, d)
@@ -205,7 +209,7 @@ print(peak[0] - base)
 def bench_memory(T: int) -> dict:
     out = {}
     for mode in ("none", "full"):
-        r = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT), T=T, mode=mode)],
+        r = subprocess.run([sys.executable, "-c", _CHILD.format(root=str(ROOT), T=T, mode=mode, peak=_PEAK)],
                            capture_output=True, text=True, timeout=600)
         out[mode] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else f"failed: {r.stderr[-200:]}"
     return {"T": T, "full_tier_dense_extra_mib": out["full"], "baseline_extra_mib": out["none"],
@@ -223,15 +227,7 @@ from dyntool.record.recorder import Recorder
 from dyntool.record.store_writer import StoreWriter
 from dyntool.train.config import ModelConfig
 from dyntool.train.gpt import GPT
-def now():                                                                   # resident MiB
-    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
-peak = [0.0]
-def watch():                                                                 # sample the peak
-    while True:
-        peak[0] = max(peak[0], now())
-        time.sleep(0.0005)
-threading.Thread(target=watch, daemon=True).start()
-def record(T, mib, heads):
+{peak}def record(T, mib, heads):
     torch.manual_seed(0)
     m = GPT(ModelConfig(n_layer=1, n_head=1, n_embd=64), 64, T)            # one layer, one head, float32
     x = torch.randint(0, 64, (1, T), generator=torch.Generator().manual_seed(1))
@@ -273,7 +269,7 @@ def bench_memory_streamed(T: int) -> dict:
     several blocks), the stored values against the dense ``Capture.compute()``."""
     out = {}
     for mode in ("stream", "check"):
-        r = subprocess.run([sys.executable, "-c", _STREAM_CHILD.format(root=str(ROOT), T=T, mode=mode)],
+        r = subprocess.run([sys.executable, "-c", _STREAM_CHILD.format(root=str(ROOT), T=T, mode=mode, peak=_PEAK)],
                            capture_output=True, text=True, timeout=900)
         out[mode] = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else f"failed: {r.stderr[-300:]}"
     st, ck = out["stream"], out["check"]
