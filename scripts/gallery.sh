@@ -6,7 +6,7 @@
 # 1. simulates what is missing under $RUNS (default runs/gallery, git-ignored):
 #      dyntool sim toy           --config sims/toy.toml            -> $RUNS/toy/toy            (seconds)
 #      dyntool sim sticky-markov --config sims/sticky_markov.toml --controls  -> $RUNS/sticky-markov/controls
-#        (10 seeds x 7 arms x 1000 steps at T = 2000: ~35 minutes on 2 shared CPU cores; its sgd
+#        (10 seeds x every arm x 1000 steps at T = 2000: ~35 minutes on 2 shared CPU cores; its sgd
 #        and em runs at the README seeds equal the default study's; the controls figure needs the
 #        control arms.  The committed PNGs are from the earlier 5-seed study)
 #    An incomplete run/study left by an interrupted earlier call is removed and redone.
