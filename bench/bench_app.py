@@ -107,8 +107,8 @@ def main() -> int:
             t0 = time.perf_counter()
             fixtures.make_big(root, "big", steps=args.steps)
             print(f"fixture written in {time.perf_counter() - t0:.1f} s")
-        from dyntool.record.store import _dir_size
-        size = _dir_size(big / "record.zarr")
+        from common import dir_size
+        size = dir_size(big / "record.zarr")
         print(f"recording: {big} — {size / 2**30:.2f} GiB on disk, attn (steps={args.steps}, 2, 4, 1, 1024, 1024) float16")
         pkg = fixtures.load_app_package()
         os.environ["DYNTOOL_RUNS_DIR"] = str(root)            # the app reads only inside RUNS_DIR

@@ -21,7 +21,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common import hardware
+from common import dir_size, hardware
 
 from dyntool.attention import CausalSelfAttention
 from dyntool.record.policy import RecordConfig
@@ -56,18 +56,6 @@ class TinyLM(nn.Module):
         for b in self.blocks:
             x = b(x)
         return self.head(x)
-
-
-def _dir_size(path: Path) -> int:
-    """Bytes of every file under ``path`` (what the store costs on disk)."""
-    total = 0
-    for p in path.rglob("*"):
-        try:
-            if p.is_file():
-                total += p.stat().st_size
-        except OSError:
-            pass
-    return total
 
 
 def bench_overhead(steps: int, every: int, tmp: Path) -> dict:
@@ -124,7 +112,7 @@ def bench_write(tmp: Path, T: int, H: int, steps: int) -> dict:
     w.close()
     dt = time.perf_counter() - t0
     raw = base.nbytes * steps
-    disk = _dir_size(tmp / "write.zarr")
+    disk = dir_size(tmp / "write.zarr")
     return {"MB_per_s": raw / dt / 1e6, "raw_MB": raw / 1e6, "disk_MB": disk / 1e6,
             "compression_ratio": raw / disk}
 
@@ -136,7 +124,7 @@ def bench_read(tmp: Path, T: int, H: int, steps: int) -> dict:
     for s in range(steps):
         w.append(s, {"attn": pats[s % 4]})
     w.close()
-    disk = _dir_size(path)
+    disk = dir_size(path)
     r = StoreReader(path)
     a = r["attn"]
     rng = np.random.default_rng(0)

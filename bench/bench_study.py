@@ -21,10 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sticky import time_reference  # noqa: E402
-from common import hardware  # noqa: E402
+from common import dir_size, hardware  # noqa: E402
 
 from dyntool.config import load  # noqa: E402
-from dyntool.record.store import _dir_size  # noqa: E402
 from dyntool.sims.sticky import StickyConfig, run_study  # noqa: E402
 
 
@@ -45,7 +44,7 @@ def main() -> None:
         t0 = time.perf_counter()
         study = run_study(cfg, str(tmp), name="bench", quiet=True)
         study_wall = time.perf_counter() - t0
-        size = _dir_size(study)
+        size = dir_size(study)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2

@@ -5,6 +5,7 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 
 def hardware() -> str:
@@ -30,3 +31,15 @@ def median_time(fn, repeat: int = 5, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def dir_size(path: Path) -> int:
+    """Bytes of every file under ``path`` (what the store costs on disk)."""
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            if p.is_file():
+                total += p.stat().st_size
+        except OSError:
+            pass
+    return total
