@@ -15,6 +15,7 @@ import torch
 
 from .. import safeio
 from ..errors import ConfigError, RunError
+from ..record.remote import is_url
 from .config import TrainConfig
 
 DEFAULT_OUT = os.path.join("runs", "wikitext")
@@ -32,7 +33,7 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
             raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
                                           "(overrides like --train.max_steps=N still apply)")
         path = Path(resume) / "config.json"
-        if _is_url(resume):                               # s3://…/RUN (record/remote_train.py)
+        if is_url(resume):                               # s3://…/RUN (record/remote_train.py)
             from ..record.remote_train import get_json
             base = get_json(resume, "config.json")
         else:
@@ -85,8 +86,7 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
 
     Raises :class:`RunError` with the reason when there is nothing to resume from, and
     :class:`NothingToDo` when the checkpoint is already at ``train.max_steps``."""
-    from . import checkpoint
-    if _is_url(resume):
+    if is_url(resume):
         return _resume_url(resume, cfg)
     run = Path(resume)
     src = run / "checkpoint.pt"
@@ -104,36 +104,29 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
             why = (f"it stopped before its first checkpoint (written {every}at the end and on "
                    f"SIGTERM/SIGINT; a kill -9 before step {iv or 'the end'} leaves none)")
         raise RunError(f"cannot resume {resume}: no checkpoint.pt, {why}")
-    ck = checkpoint.load(src)
-    step = checkpoint.validate(ck, src, max(cfg.train.max_steps, _is_step(ck.get("step"))))
-    if step >= cfg.train.max_steps:
-        raise NothingToDo(f"{resume} is already at step {step} = train.max_steps: nothing to do "
-                          f"(to train on, pass --max-steps N with N > {step})")
-    base = f"{run.name}-resume{step}"
-    name, i = base, 2
-    while (run.parent / name).exists():                # a second resume gets a fresh name
-        name, i = f"{base}-{i}", i + 1
-    return ck, name
-
-
-def _is_url(p) -> bool:
-    return isinstance(p, str) and p.startswith(("s3://", "file://"))
+    return _load_checkpoint(src, resume, cfg, run.name, lambda name: (run.parent / name).exists())
 
 
 def _resume_url(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     """:func:`resume_source` for a run in object storage: its checkpoint.pt is one GET."""
-    from . import checkpoint
     from ..record.remote import join
     from ..record.remote_train import CHECKPOINT, exists, parent
-    src = join(resume, CHECKPOINT)
+    return _load_checkpoint(join(resume, CHECKPOINT), resume, cfg, resume.rstrip("/").rsplit("/", 1)[-1],
+                            lambda name: exists(join(parent(resume), name)))
+
+
+def _load_checkpoint(src, resume: str, cfg: TrainConfig, run_name: str, taken) -> tuple[dict, str]:
+    """The checkpoint at ``src``, validated, and the new run's default name: ``RUN-resumeSTEP``, or
+    ``-2``, ``-3`` … while ``taken(name)`` (a second resume gets a fresh name)."""
+    from . import checkpoint
     ck = checkpoint.load(src)
     step = checkpoint.validate(ck, src, max(cfg.train.max_steps, _is_step(ck.get("step"))))
     if step >= cfg.train.max_steps:
         raise NothingToDo(f"{resume} is already at step {step} = train.max_steps: nothing to do "
                           f"(to train on, pass --max-steps N with N > {step})")
-    base = f"{resume.rstrip('/').rsplit('/', 1)[-1]}-resume{step}"
+    base = f"{run_name}-resume{step}"
     name, i = base, 2
-    while exists(join(parent(resume), name)):
+    while taken(name):
         name, i = f"{base}-{i}", i + 1
     return ck, name
 
@@ -194,7 +187,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                 "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
                 **(extra_meta or {})}
         if ckpt is not None:
-            meta["resumed_from"] = {"run": resume if _is_url(resume) else str(Path(resume).resolve()),
+            meta["resumed_from"] = {"run": resume if is_url(resume) else str(Path(resume).resolve()),
                                     "step": int(ckpt["step"])}
         run = None
         if dist.is_main:
@@ -221,7 +214,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             ck_path = None
             if cfg.train.checkpoint:
                 ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \
-                    if _is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
+                    if is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
             trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
             trainer.quiet = quiet or not dist.is_main
             if ckpt is not None:
@@ -248,7 +241,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
 def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
     """The command that continues an interrupted run (or why there is none)."""
     import shlex
-    if _is_url(str(run_path)) and ck_path is not None:
+    if is_url(str(run_path)) and ck_path is not None:
         from ..record.remote import Remote
         if Remote(str(run_path)).list("checkpoint.pt"):
             return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(run_path))}"
