@@ -8,7 +8,7 @@
 #      dyntool sim sticky-markov --config sims/sticky_markov.toml --controls  -> $RUNS/sticky-markov/controls
 #        (10 seeds x every arm x 1000 steps at T = 2000: ~35 minutes on 2 shared CPU cores; its sgd
 #        and em runs at the README seeds equal the default study's; the controls figure needs the
-#        control arms.  The committed PNGs are from the earlier 5-seed study)
+#        control arms.  The committed PNGs are from that 10-seed study)
 #    An incomplete run/study left by an interrupted earlier call is removed and redone.
 # 2. draws every figure those runs support as small PNGs (dpi $DPI, default 110) and copies only
 #    the PNGs into $OUT (default figures/); data files and captions are dropped (run

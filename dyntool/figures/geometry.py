@@ -22,9 +22,10 @@ from .registry import figure
 KIND = "sticky-markov"
 
 
-def _representatives(runs) -> dict[str, object]:
-    """arm -> the run of the smallest seed present in every arm (else each arm's first)."""
-    arms = arms_of(runs)
+def _representatives(runs, has=None) -> dict[str, object]:
+    """arm -> the run of the smallest seed present in every arm (else each arm's first), among the
+    runs for which ``has(run)`` holds (a study records arrays for a few seeds and arms only)."""
+    arms = arms_of([r for r in runs if has is None or has(r)])
     common = set.intersection(*[{seed_arm(r)[0] for r in rs} for rs in arms.values()]) if arms else set()
     out = {}
     for arm, rs in arms.items():
@@ -68,8 +69,7 @@ def _entropy_curve(run) -> tuple[np.ndarray, np.ndarray]:
               "the sorted view; diag_attn_entropy or attn_entropy for the entropy curve",
         group="dynamics", pick=main_study, check=_check_f5)
 def f5_attention(runs, **opts):
-    reps = {a: r for a, r in _representatives(runs).items()
-            if array(r, "attn") is not None or array(r, "attn_pooled") is not None}
+    reps = _representatives(runs, has=lambda r: array(r, "attn") is not None or array(r, "attn_pooled") is not None)
     arms = list(reps)
     n = len(arms)
     fig = style.figure(style.DOUBLE, 3.9)
@@ -271,7 +271,7 @@ def _values_entropy(run, idx=-1):
 def f6_value_pca(runs, **opts):
     from . import manifold_panel as mp
     per_run, shown = [], {}
-    reps = _representatives(runs)
+    reps = _representatives(runs, has=lambda r: array(r, "values") is not None)
     for arm, rs in arms_of(runs).items():
         for r in rs:
             got, why = _values_entropy(r)

@@ -112,9 +112,10 @@ def ordering_phrase(steps, attn, values, arm: str, frac: float = 0.1) -> str:
     """Caption phrase, from the data: does attention drift settle before value drift?"""
     a, v = settle_step(steps, attn, frac), settle_step(steps, values, frac)
     pk = int(np.asarray(steps)[np.nanargmax(np.asarray(attn, dtype=np.float64))]) if np.isfinite(attn).any() else None
-    def w(x):
-        return f"step {x}" if x is not None else "never (within the record)"
+    def settled(name, x):
+        return (f"{name} stays below {frac:.0%} of its peak from step {x}" if x is not None else
+                f"{name} never stays below {frac:.0%} of its peak within the record")
     verdict = ("attention settles first" if a is not None and (v is None or a < v) else
                "attention does NOT settle before the values")
-    return (f"{arm}: attention drift peaks at step {pk}, falls below {frac:.0%} of its peak for good at {w(a)}; "
-            f"value drift at {w(v)}: {verdict}")
+    return (f"{arm}: attention drift peaks at step {pk}; {settled('attention drift', a)}; "
+            f"{settled('value drift', v)}: {verdict}")

@@ -200,3 +200,20 @@ def test_interval_measures_are_endpoint_free():
     assert df2.attn_drift.iloc[0] == df.attn_drift.iloc[0] and df2.value_drift.iloc[0] == df.value_drift.iloc[0]
     assert describe_change([0, 5], [0.19, 0.85], "routing share") == \
         "routing share rose from 0.19 (step 0) to 0.85 (step 5)"
+
+
+def test_study_figures_pick_the_seeds_that_recorded_arrays(study):
+    """Arrays exist for seed 42 only (record_seeds=1) while seed 7 is the smallest seed of every
+    arm: F5/F6 must show seed 42's recorded runs instead of failing on seed 7's empty ones, and F7
+    draws its drifts from the recorded runs and its η-weighted shares from every seed."""
+    from dyntool.figures import FIGURES, render
+    runs = dyntool.list_runs(study)
+    for name in ("f5_attention", "f6_value_pca"):
+        fig, data, caption = render(FIGURES[name], runs)
+        seeds = ({d["seed"] for d in data["arms"].values()} if name == "f5_attention" else
+                 {d["seed"] for d in data["runs"]})
+        assert 42 in seeds and caption
+    fig, long, caption = render(FIGURES["f7_frame_precision"], runs)
+    drift, share = long[long.table == "drift"], long[long.table == "share"]
+    assert set(drift.seed) == {42} and set(share.seed) == {42, 7} and set(share.arm) == {"sgd", "em"}
+    assert "η_p‖∂L/∂W_p‖²" in caption and "2 seeds" not in caption.split("(c)")[0]

@@ -60,3 +60,29 @@ def test_settle_step_and_ordering_phrase():
     ph = ordering_phrase(steps, [0.1, 0.2, 0.5, 1.0], [1.0, 0.05, 0.01, 0.01], "EM-like")
     assert "does NOT settle before" in ph and "peaks at step 40" in ph
     assert "attention settles first" in ordering_phrase(steps, [1.0, 0.01, 0.01, 0.01], [1.0, 1.0, 0.05, 0.01], "x")
+
+
+def test_f7_shares_are_learning_rate_weighted():
+    """Panel (c) of F7: each group's share of Σ η_p‖g_p‖² (the first-order loss decrease), against
+    the closed form from the logged gradient norms and the run's own learning rates."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from dyntool.figures.frame_precision import descent_shares
+    g = {"diag_grad_norm_qk": [0.3, 0.2], "diag_grad_norm_v": [0.1, 0.4], "diag_grad_norm_o": [0.2, 0.2]}
+    metrics = pd.DataFrame({"step": [0, 10], **g, "diag_share_qk": [0.5, 0.5], "diag_share_v": [0.25, 0.25],
+                            "diag_share_o": [0.25, 0.25]})
+    lrs = {"W_Q": 0.01, "W_K": 0.01, "W_V": 0.1, "W_O": 0.01}
+    df, weighted = descent_shares(SimpleNamespace(config={"lrs": lrs}, metrics=metrics))
+    assert weighted
+    e = np.array([[0.01 * 0.3 ** 2, 0.1 * 0.1 ** 2, 0.01 * 0.2 ** 2], [0.01 * 0.2 ** 2, 0.1 * 0.4 ** 2, 0.01 * 0.2 ** 2]])
+    want = e / e.sum(1, keepdims=True)
+    np.testing.assert_allclose(df[["share_routing", "share_values", "share_readout"]].to_numpy(), want, rtol=1e-12)
+    # no learning rates recorded (an older run): the unweighted logged shares, flagged as such
+    df, weighted = descent_shares(SimpleNamespace(config={}, metrics=metrics))
+    assert not weighted and df["share_routing"].tolist() == [0.5, 0.5]
+    # W_Q and W_K at different rates can't be weighted from ‖g_Q‖² + ‖g_K‖²: unweighted, flagged
+    _, weighted = descent_shares(SimpleNamespace(config={"lrs": {**lrs, "W_K": 0.1}}, metrics=metrics))
+    assert not weighted
