@@ -7,7 +7,7 @@ import os
 from . import add_n_seeds, common_output_options, config_option, config_values
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
-# --controls without --seeds / --n-seeds / a preset: ten seeds (the README's five first), paired tests
+# --controls without --seeds / --n-seeds / a preset / a config file of the user's setting seeds: ten seeds (the README's five first), paired tests
 # over ten; arrays on disk for the first two seeds only (the rest log metrics)
 CONTROL_SEEDS = [42, 2024, 1337, 7777, 9999, 1, 2, 3, 4, 5]
 OVERRIDES = "Any config key can also be set as --key=value or --section.key=value"
@@ -23,8 +23,7 @@ def cmd_sticky(args) -> int:
         if "arms" in values:
             raise ConfigError("--controls", "give either --arms LIST or --controls, not both")
         values["arms"] = CONTROL_ARMS
-        if args.preset is None and "seeds" not in values and not any(
-                o.split("=")[0].lstrip("-") in ("seeds", "record_seeds") for o in args.overrides or []):
+        if args.preset is None and "seeds" not in values and not _user_seeds(args):
             values["seeds"] = CONTROL_SEEDS
             values.setdefault("record_seeds", 2)
     cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
@@ -33,6 +32,18 @@ def cmd_sticky(args) -> int:
     print(table(summary))
     print(f"study written to {study}")
     return 0
+
+
+def _user_seeds(args) -> bool:
+    """Did the user choose the seeds: an override, or a config file of their own that sets them?
+    (The packaged default file's five README seeds are not a choice; --controls runs ten.)"""
+    from .. import config
+    if any(o.split("=")[0].lstrip("-") in ("seeds", "record_seeds") for o in args.overrides or []):
+        return True
+    if args.config is None:
+        return False
+    path = config.resolve_file(args.config)
+    return path.resolve().parent != config.PRESETS.resolve() and "seeds" in config.read_file(path)
 
 
 def cmd_sim_toy(args) -> int:

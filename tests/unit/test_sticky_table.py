@@ -86,3 +86,20 @@ def test_f7_shares_are_learning_rate_weighted():
     # W_Q and W_K at different rates can't be weighted from ‖g_Q‖² + ‖g_K‖²: unweighted, flagged
     _, weighted = descent_shares(SimpleNamespace(config={"lrs": {**lrs, "W_K": 0.1}}, metrics=metrics))
     assert not weighted
+
+
+def test_controls_keep_the_seeds_a_user_config_sets(tmp_path):
+    """--controls runs ten seeds unless the user chose seeds: an override or their own config file
+    that sets them (the packaged default file's five README seeds are not a choice)."""
+    from types import SimpleNamespace
+
+    from dyntool.cli.sim import _user_seeds
+    mine = tmp_path / "mine.toml"
+    mine.write_text("seeds = [3, 4]\nsteps = 5\n")
+    other = tmp_path / "other.toml"
+    other.write_text("steps = 5\n")
+    assert _user_seeds(SimpleNamespace(overrides=[], config=str(mine)))
+    assert not _user_seeds(SimpleNamespace(overrides=[], config=str(other)))
+    assert not _user_seeds(SimpleNamespace(overrides=[], config="sims/sticky_markov.toml"))
+    assert not _user_seeds(SimpleNamespace(overrides=[], config=None))
+    assert _user_seeds(SimpleNamespace(overrides=["--seeds=1,2"], config="sims/sticky_markov.toml"))
