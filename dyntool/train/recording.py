@@ -226,7 +226,7 @@ class RecordingCallback(Callback):
                 for h, v in enumerate(row):
                     metrics[mn.head(mn.LOGIT_MAX, l, h)] = v
                 metrics[mn.layer(mn.LOGIT_MAX, l)] = max(row)
-            metrics["logit_max"] = max(max(r) for r in lm)
+            metrics[mn.LOGIT_MAX] = max(max(r) for r in lm)
         metrics.update(self._extra)
         metrics.update(self._cheap)
 
