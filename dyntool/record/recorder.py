@@ -16,7 +16,7 @@ import torch
 from ..capture import Capture
 from ..errors import ConfigError
 from . import names
-from .policy import RecordConfig, schedule, storage_dtype, windows
+from .policy import RecordConfig, crops, schedule, storage_dtype
 from .selection import Selection, resolve
 from .store_writer import TARGET_CHUNK_BYTES, StoreWriter
 
@@ -78,7 +78,7 @@ class Recorder:
         self.store, self.cfg = store, cfg
         self.steps = schedule(cfg, max_steps)
         self._wanted = set(int(s) for s in self.steps)
-        (self.q0, self.q1), (self.k0, self.k1) = windows(cfg, T)
+        (self.q0, self.q1), (self.k0, self.k1) = crops(cfg, T)
         self.T = T
         self.n_recorded = 0
         self.dtype = np.float16 if cfg.dtype == "float16" else np.float32

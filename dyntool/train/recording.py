@@ -237,8 +237,8 @@ class RecordingCallback(Callback):
 class MetricsLogger(Callback):
     """Writes one metrics.jsonl row per logged step; keep it last in the callback list."""
 
-    def __init__(self, run, log_interval: int = 1):
-        self.run, self.every = run, log_interval
+    def __init__(self, run, log_every: int = 1):
+        self.run, self.every = run, log_every
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         recorded, cheap = metrics.pop("recorded", False), metrics.pop("cheap_tier", False)

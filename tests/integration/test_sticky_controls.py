@@ -18,7 +18,7 @@ from dyntool.sims.sticky_data import (HELDOUT_OFFSET, VALIDATION_OFFSET, generat
 from tests.engine_fixtures import engine_state
 
 ARMS = "sgd,em,readout,routing,all,sgd_tuned"
-SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--window", "20",
+SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--crop", "20",
          "--record.every=10", "--record.pool=16", "--heldout_every=5", "--quiet", "--arms", ARMS, "--record_seeds=1"]
 
 
