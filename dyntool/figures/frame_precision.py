@@ -48,7 +48,7 @@ def dissociation(run, hm: float | None = None) -> pd.DataFrame | None:
 
 
 @figure("f7_dissociation", "Frame and precision: attention drift, value drift, gradient-energy shares", KIND,
-        needs="a sticky-markov study recording attn (window or pooled) and values at ≥ 3 steps; the "
+        needs="a sticky-markov study recording attn (crop or pooled) and values at ≥ 3 steps; the "
               "diag_share_* metrics add the energy-share panel", group="dynamics", pick=main_study,
         check=_check_f7)
 def f7_dissociation(runs, **opts):

@@ -161,12 +161,12 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
     return out, grid
 
 
-def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=None) -> list[dict]:
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, executor=None, base=None) -> list[dict]:
     """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j,
     each with its baselines (the raw input x: its own metrics, the partial R² beyond it, the
     ordering score's permutation null).  ``base``: per run, manifold_metrics of x (fixed data)."""
     from ..manifold import baseline_comparison, manifold_metrics, pca
-    g = engine.head_outputs(W, x_ho, pool=pool).double().numpy()           # (R, N, d_v)
+    g = engine.head_outputs(W, x_ho, executor=executor).double().numpy()           # (R, N, d_v)
     v = (x_ho @ W.W_V).double().numpy()
     xb = x_ho.double().numpy()
 
@@ -186,9 +186,9 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=N
     # (N, d_v) SVDs and least squares are tiny: one BLAS thread each, runs spread over Python threads
     # (OpenBLAS's own threads spin on small problems; docs/performance.md)
     with threadpool_limits(1):
-        if pool is None:                      # no engine workers to borrow: run them here
+        if executor is None:                  # no engine workers to borrow: run them here
             return [one(r) for r in range(g.shape[0])]
-        return list(pool.map(one, range(g.shape[0])))
+        return list(executor.map(one, range(g.shape[0])))
 
 
 def _entropy_stats(data, held, hmin: float) -> dict:
@@ -309,7 +309,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             prev_attn["a"] = attn_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
             if cfg.heldout:
-                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.pool,
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.executor,
                                                             base_runs)):
                     rows[i].update(extra)
                 geometry[step] = [{k: v for k, v in r.items() if k.startswith("heldout_")} for r in rows]
