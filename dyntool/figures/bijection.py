@@ -214,7 +214,7 @@ def f8_dynamics(runs, **opts):
     run = runs[0]
     n_layer = _n_layer(run)
     bayes = float(run.meta.get("bayes_loss", float("nan")))
-    s_loss, v_loss = metric(run, "heldout/loss")
+    s_loss, v_loss = metric(run, mn.bijection_heldout("loss"))
     s_tr, v_tr = metric(run, "loss")
     key_orth = lambda l: mn.key_orth("ctx", l)                      # noqa: E731
     panels = [(_resid("pc1_share"), "residual PC1 share"),
@@ -246,7 +246,7 @@ def f8_dynamics(runs, **opts):
         bx.ticklabel_format(axis="y", useOffset=False)
         style.panel_label(bx, "bcde"[p_i])
     axes[1].legend(fontsize=5.5)
-    s_mae, v_mae = metric(run, "heldout/entropy_mae_bits")
+    s_mae, v_mae = metric(run, mn.bijection_heldout("entropy_mae_bits"))
     fx = axes[5]
     fx.plot(s_mae, v_mae, color=style.CYCLE[1], lw=1.2)
     fx.set_xlabel(f"{style.STEP} [steps]")

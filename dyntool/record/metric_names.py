@@ -13,7 +13,7 @@ Forms (``BASE`` is e.g. ``logit_max`` or ``attn_entropy``):
 * ``grad_norm/{group}``       gradient norm of a parameter group (``emb``, ``L{l}.attn``, ...)
 
 Simulations add their own structured names, formatted here too: the wind tunnel's
-``manifold/{rep}/L{l}/{stat}`` and ``key_orth/{keys}/L{l}``, the sticky study's
+``manifold/{rep}/L{l}/{stat}``, ``key_orth/{keys}/L{l}`` and ``heldout/{stat}``, the sticky study's
 ``heldout_{rep}_{stat}``.  ``tests/unit/test_metric_names.py`` scans the package for any of these
 forms spelled by hand outside this module.
 """
@@ -56,6 +56,11 @@ def sticky_manifold(rep: str, stat: str = "") -> str:
     return f"heldout_{rep}_{stat}"
 
 
+def bijection_heldout(stat: str) -> str:
+    """The wind tunnel's held-out evaluation ``heldout/{stat}`` (loss, entropy_mae_bits, excess_loss, ...)."""
+    return f"heldout/{stat}"
+
+
 MANIFOLD = "manifold"    # the wind tunnel's geometry metrics: manifold/{rep}/[L{l}/]{stat}
 
 
@@ -80,10 +85,6 @@ def key_orth(keys: str, l: int, signed: bool = False) -> str:
     if keys not in KEY_SETS:
         raise ValueError(f"key set must be one of {KEY_SETS}, got {keys!r}")
     return f"{KEY_ORTH}/{keys}{'_signed' if signed else ''}/L{int(l)}"
-
-
-def is_key_orth(name: str) -> bool:
-    return name.startswith(KEY_ORTH + "/")
 
 
 # the wind tunnel's attention-entropy summaries beside attn_entropy/L{l}: the uniform level, and the

@@ -230,8 +230,8 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
                 ev = evaluate(model, ho_tok, ho_tgt, cfg.V, head=task.head)
                 ent = ev.pop("entropy_per_position")
                 last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
-                row.update({f"heldout/{k}": v for k, v in last_eval.items()})
-                row["heldout/excess_loss"] = ev["loss"] - bayes_loss
+                row.update({mn.bijection_heldout(k): v for k, v in last_eval.items()})
+                row[mn.bijection_heldout("excess_loss")] = ev["loss"] - bayes_loss
             if rec.wants(step) or over:
                 an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h, readout=task.readout)
                 row.update(an["metrics"])

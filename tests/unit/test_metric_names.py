@@ -27,6 +27,7 @@ def test_simulation_names_are_pinned():
     assert mn.bijection_manifold(mn.BIJECTION_NORMED_VALUES) == "manifold/normed_values/"
     assert mn.is_bijection_manifold("manifold/resid/L0/r_pc1") and not mn.is_bijection_manifold("key_orth/ctx/L0")
     assert mn.sticky_manifold("g", "r2_linear") == "heldout_g_r2_linear" and mn.sticky_manifold("x") == "heldout_x_"
+    assert mn.bijection_heldout("loss") == "heldout/loss"
     assert (mn.ATTN_ENTROPY_UNIFORM, mn.ATTN_ENTROPY_REDUCTION_LAST, mn.ATTN_ENTROPY_REDUCTION_MEAN) == (
         "attn_entropy/uniform", "attn_entropy/reduction_last_vs_L0", "attn_entropy/reduction_mean_vs_uniform")
 
@@ -71,6 +72,7 @@ HAND_FORMATTED = [re.compile(p) for p in (
     r"/L(\d|\{|\(|\\d)",
     r"^(manifold|key_orth|attn_entropy|logit_max|grad_norm|" + "|".join(mn.CHEAP_TIER) + r")/",
     r"^heldout_(\{\}|[gvx])_",
+    r"^heldout/",
 )]
 
 
@@ -104,7 +106,8 @@ def hand_formatted(source: str) -> list[tuple[int, str]]:
 @pytest.mark.parametrize("line", ['x = f"key_orth/ctx/L{l}"', 'x = "manifold/resid/L{l}/r_pc1"',
                                   'x = "key_orth/ctx/L0"', 'x = rf"{name}/L(\\d+)H(\\d+)"',
                                   'x = f"heldout_{rep}_{k}"', "x = 'heldout_g_r2_linear'",
-                                  'x = f"{base}/L{l}H{h}"', 'x = "attn_entropy/uniform"', 'x = f"logit_max/L{l}"'])
+                                  'x = f"{base}/L{l}H{h}"', 'x = "attn_entropy/uniform"', 'x = f"logit_max/L{l}"',
+                                  'x = f"heldout/{k}"'])
 def test_the_scan_catches_a_hand_formatted_name(line):
     assert hand_formatted(line)
 
