@@ -175,7 +175,9 @@ def _coerce_base(key: str, base: Any, value: Any) -> Any:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    """The annotations of a schema's fields (not its ClassVars or InitVars)."""
+    """The annotations of a schema's fields (not its ClassVars or InitVars); none for a leaf type."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
     names = {f.name for f in dataclasses.fields(cls)}
     return {k: v for k, v in typing.get_type_hints(cls, include_extras=True).items() if k in names}
 

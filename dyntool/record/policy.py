@@ -8,8 +8,8 @@ import math
 import shutil
 import warnings
 from dataclasses import InitVar, dataclass, field
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
