@@ -148,7 +148,7 @@ def bench_parts(cfg, corpus, reps: int) -> dict:
 
 
 def bench_recording(args, reps: int, steps: int) -> dict:
-    base = [f"--train.max_steps={steps}", "--train.eval_interval=0", "--train.final_eval=false",
+    base = [f"--train.max_steps={steps}", "--train.eval_every=0", "--train.final_eval=false",
             "--train.checkpoint=false"]
     variants = {"on": ["--record.every=50", "--train.logit_stat=exact"],
                 "off": ["--record.enabled=false", "--train.logit_stat=off"]}

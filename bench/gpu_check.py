@@ -254,8 +254,8 @@ def check_throughput(device, args, tmp: Path) -> None:
         name = torch.cuda.get_device_name(device)
         peak_tf = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
     dpath = data_path(tmp)
-    base = [f"--train.max_steps={steps}", "--train.eval_interval=0", "--train.final_eval=false",
-            "--train.checkpoint=false", f"--data.path={dpath}", "--train.log_interval=1",
+    base = [f"--train.max_steps={steps}", "--train.eval_every=0", "--train.final_eval=false",
+            "--train.checkpoint=false", f"--data.path={dpath}", "--train.log_every=1",
             f"--device={'cuda' if gpu else 'cpu'}"] + ([] if gpu else TINY)
     rec = {"off": ["--record.enabled=false", "--train.logit_stat=off"],
            "every50": ["--record.every=50", "--train.logit_stat=exact"]}
@@ -313,7 +313,7 @@ def check_resume(device, args, tmp: Path) -> None:
     gpu = device.type == "cuda"
     n = 20 if gpu else 6
     det = _deterministic(set(TrainLoopConfig.__dataclass_fields__), gpu)
-    base = [f"--data.path={data_path(tmp)}", f"--train.max_steps={n}", "--train.eval_interval=0",
+    base = [f"--data.path={data_path(tmp)}", f"--train.max_steps={n}", "--train.eval_every=0",
             "--train.final_eval=false", "--record.every=0", f"--device={'cuda' if gpu else 'cpu'}"] + det
     if not gpu:
         base += TINY
@@ -343,7 +343,7 @@ def check_ddp(device, args, tmp: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dyntool",
            "train", "--config", str(ROOT / "sims" / "wikitext_mhsa.toml"), "--preset", "small",
            "--out", str(tmp / "ddp"), "--name", "ddp", "--quiet", f"--data.path={data_path(tmp)}",
-           f"--device={dev}", "--train.max_steps=4", "--train.eval_interval=0", "--train.final_eval=false",
+           f"--device={dev}", "--train.max_steps=4", "--train.eval_every=0", "--train.final_eval=false",
            "--record.every=0"] + TINY
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)

@@ -13,7 +13,10 @@ This module is the one validation layer every schema goes through:
 - bounds and choices are declared on the field's annotation, e.g. ``d_k: Annotated[int, Range(1)]``
   or the aliases :data:`Seed` (the RNG range ``0 .. 2**32 - 1`` that numpy and torch both accept),
   :data:`Device`;
-- cross-field rules live in each schema's ``validate(prefix)``, called after every update.
+- cross-field rules live in each schema's ``validate(prefix)``, called after every update;
+- renamed keys: a schema's ``RENAMED = {"old": "new"}`` (a ClassVar) keeps the old key working in
+  TOML files, presets and ``--overrides`` with one :class:`DeprecatedKeyWarning` line, and silently
+  in a run's recorded ``config.json`` (``base``), so old runs still resume.
 
 Preset files ship inside the package (``dyntool/presets/*.toml``); :func:`resolve_file` finds
 them by name (``--config sticky_markov``) or by their old repository path (``sims/NAME.toml``).
@@ -27,6 +30,7 @@ import re
 import tomllib
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -171,7 +175,53 @@ def _coerce_base(key: str, base: Any, value: Any) -> Any:
 
 
 def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)
+    """The annotations of a schema's fields (not its ClassVars or InitVars); none for a leaf type."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in typing.get_type_hints(cls, include_extras=True).items() if k in names}
+
+
+class DeprecatedKeyWarning(FutureWarning):
+    """A config key given under its old name (still accepted)."""
+
+
+def renamed(cls: Any) -> dict[str, str]:
+    """A schema's renamed keys, old name -> new name."""
+    return dict(getattr(cls, "RENAMED", {}) or {})
+
+
+def _default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
+
+def rename(cls: type, tree: dict[str, Any], prefix: str = "", warn: bool = True) -> dict[str, Any]:
+    """``tree`` (nested values for schema ``cls``) with every old key under its new name.
+
+    Both names in one tree: a value left at the default yields to the other (a recorded
+    config.json holds both, one of them unset); two different settings are refused."""
+    out = dict(tree)
+    for old, new in renamed(cls).items():
+        if old not in out:
+            continue
+        value = out.pop(old)
+        if warn:
+            warnings.warn(f"config key {prefix}{old} is deprecated, use {prefix}{new}", DeprecatedKeyWarning,
+                          stacklevel=3 + prefix.count("."))       # the caller of load()
+        if new in out and out[new] != value:
+            unset = _default(cls, new)
+            if value == unset:
+                continue
+            if out[new] != unset:
+                raise ConfigError(prefix + new, f"{prefix}{old} is its older name; give one of them")
+        out[new] = value
+    hints = _hints(cls)
+    for name, value in out.items():
+        tp = hints.get(name)
+        if isinstance(value, dict) and tp is not None and dataclasses.is_dataclass(tp):
+            out[name] = rename(tp, value, prefix + name + ".", warn)
+    return out
 
 
 def _unknown_key(key: str, name: str, names, prefix: str) -> ConfigError:
@@ -294,24 +344,26 @@ def load(cls: type, path: str | Path | None = None, preset: str | None = None,
          base: dict[str, Any] | None = None) -> Any:
     """Build a ``cls`` config: defaults ← ``base`` (e.g. a run's config.json) ← TOML file ←
     preset ← ``--a.b=c`` overrides ← ``values`` (typed, nested or dotted keys, from named flags)."""
-    tree: dict[str, Any] = dict(base or {})
+    # old key names become new ones layer by layer, before merging: a new key in a later layer
+    # overrides an old one in an earlier layer (a resumed run's config.json, quietly) as it would its own
+    tree: dict[str, Any] = rename(cls, dict(base or {}), warn=False)
     presets: dict[str, Any] = {}
     if path is not None:
         file_values = read_file(path)
         presets = file_values.pop("preset", {})
-        tree = merge(tree, file_values)
+        tree = merge(tree, rename(cls, file_values))
     if preset is not None:
         if preset not in presets:
             where = f" in {resolve_file(path)}" if path is not None else " (no --config file given)"
             raise ConfigError("--preset", f"unknown preset {preset!r}{where} "
                                           f"(available: {', '.join(presets) or 'none'})")
-        tree = merge(tree, presets[preset])
+        tree = merge(tree, rename(cls, presets[preset]))
     if overrides:
-        parsed = parse_overrides(overrides)
+        parsed = rename(cls, parse_overrides(overrides))
         _check_sections(cls(), parsed)       # before typed flags could replace a bad sub-key unseen
         tree = merge(tree, parsed)
     if values:
-        tree = merge(tree, nest(values))
+        tree = merge(tree, rename(cls, nest(values)))
     return update(cls(), tree)
 
 

@@ -5,7 +5,7 @@ opening reads only the ``step`` array; a slice reads only the chunks it touches,
 the commit marker like :class:`~dyntool.record.store.RecordedArray`.  Dimension names come from
 the store's ``dimension_names``; ``step`` is the coordinate of the leading axis.  Per-run
 arrays without a step axis (``record.zarr/static/NAME``) appear as ``static_NAME``.  Arrays
-whose dimension names collide with a different size (e.g. a recorded window vs the whole
+whose dimension names collide with a different size (e.g. a recorded crop vs the whole
 sequence) get the array name prefixed to that dimension (``NAME_dim``).
 
 ``export_run(run, out, formats)`` writes, in ``out``:
@@ -82,7 +82,7 @@ def _lazy(arr, n: int | None = None):
 
 def _resolve_dims(specs: dict[str, tuple[tuple[str, ...], tuple[int, ...]]]) -> dict[str, tuple[str, ...]]:
     """Dimension names per array.  A name used with several sizes (e.g. ``query`` of a recorded
-    window and of the whole sequence) keeps its plain name for its most common size; the
+    crop and of the whole sequence) keeps its plain name for its most common size; the
     others become ``{dim}_{size}``, shared by every array of that size."""
     from collections import Counter
     count = Counter((d, n) for dims, shape in specs.values() for d, n in zip(dims, shape))
@@ -118,7 +118,7 @@ def to_xarray(run, arrays: list[str] | None = None, steps: str | None = None, st
     specs["step"] = (("step",), (len(step),))
     names_ = _resolve_dims(specs)
     data = {n: xr.Variable(names_[n], _lazy(a), attrs=dict(a.attrs)) for n, a in srcs.items()}
-    ds = xr.Dataset(data, coords={"step": ("step", step), **_window_coords(specs, names_, srcs)},
+    ds = xr.Dataset(data, coords={"step": ("step", step), **_crop_coords(specs, names_, srcs)},
                     attrs={"run_id": run.id, "kind": run.kind, "status": run.status,
                            "config": json.dumps(run.config), "meta": json.dumps(run.meta, default=str)})
     if steps is not None:
@@ -126,8 +126,8 @@ def to_xarray(run, arrays: list[str] | None = None, steps: str | None = None, st
     return ds
 
 
-def _window_coords(specs, names_, srcs) -> dict:
-    """Sequence positions of windowed matrices (attributes ``query_offset``/``key_offset``) as
+def _crop_coords(specs, names_, srcs) -> dict:
+    """Sequence positions of cropped matrices (attributes ``query_offset``/``key_offset``) as
     coordinates of their query/key dimensions, where every array on that dimension agrees."""
     offsets: dict[str, set] = {}
     for n, (dims, _) in specs.items():

@@ -3,7 +3,7 @@
 * :func:`make_toy` — a real ``dyntool sim toy`` run;
 * :func:`make_sticky_study` — a sticky-chain study (``summary.json`` + ``seed{S}-{arm}`` runs) with
   the lead's layout: per-step ``loss``/``entropy``/``accuracy`` metrics, ``diag_*`` on recorded
-  steps, ``attn`` (and friends) on a query/key window, ``attn_pooled``, ``values``/``upstream`` at
+  steps, ``attn`` (and friends) on a query/key crop, ``attn_pooled``, ``values``/``upstream`` at
   every position, statics ``bayes_entropy``/``targets``/``prev_symbol``; with ``heldout`` (default)
   also ``heldout_loss``/``heldout_entropy`` every 5 steps and ``heldout_{g,v}_*`` manifold metrics;
   the learning-rate control arms (readout, routing, all) where ``arms`` names them.  The data (inputs, Bayes
@@ -104,10 +104,10 @@ _FAST = {"sgd": 0.0, "em": 1.0, "em_like": 1.0, "readout": 0.9, "routing": 1.4, 
 
 
 def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("sgd", "em"), T: int = 120,
-                      steps: int = 60, every: int = 5, window: int = 24, pool: int = 8, d_v: int = 6,
+                      steps: int = 60, every: int = 5, crop: int = 24, pool: int = 8, d_v: int = 6,
                       sweep: bool = True, dtype=np.float32, summary: bool = True, heldout: bool = True) -> Path:
     """A sticky-markov study directory; see the module docstring.  Recorded steps: 0, every, ...,
-    and steps − 1.  Matrices (attn, compat, advantage, score_grad) on queries/keys [N − window, N)."""
+    and steps − 1.  Matrices (attn, compat, advantage, score_grad) on queries/keys [N − crop, N)."""
     study = Path(out) / name
     study.mkdir(parents=True)
     rec_steps = sorted(set(range(0, steps, every)) | {steps - 1})
@@ -115,7 +115,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
     for seed in seeds:
         x, y, prev, H, P, h_min = sticky_data(seed, T)
         N = len(y)
-        q0 = k0 = N - window
+        q0 = k0 = N - crop
         rng_w = np.random.default_rng(100 + seed)
         W0 = 0.1 * rng_w.standard_normal((x.shape[1], d_v))
         Wf = W0 + 0.4 * rng_w.standard_normal((x.shape[1], d_v))
@@ -129,7 +129,7 @@ def make_sticky_study(out, name: str = "sticky-study", seeds=(0, 1, 2), arms=("s
             floor = 2.06 - 0.05 * fast - 0.003 * seed
             run = RunWriter.create(study, "sticky-markov",
                                    {"seed": seed, "arm": arm, "steps": steps, "T": T, "n": 8, "rho": 0.3,
-                                    "record": {"every": every, "window": window, "pool": pool}},
+                                    "crop": crop, "record": {"every": every, "pool": pool}},
                                    name=f"seed{seed}-{arm}", seeds=[seed], tags=["sticky", arm])
             with run:
                 st = run.open_store(chunk_steps=16, attrs={"task": "sticky-markov"})
@@ -247,7 +247,7 @@ def make_train_run(out, name: str, attention: str = "mhsa", seed: int = 0, steps
            "span": {"candidate": "c1_orthogonal", "alpha_q": 1.0, "beta_q": 1.0, "alpha_k": 1.0, "beta_k": 1.0,
                     "alpha0": 0.0, "alpha0_col": 0.0, "apply_q": True, "apply_k": True, "eps": 1e-6,
                     "impl": "auto", **(span or {})},
-           "optim": {"lr": 2e-3}, "train": {"max_steps": steps, "eval_interval": val_every},
+           "optim": {"lr": 2e-3}, "train": {"max_steps": steps, "eval_every": val_every},
            "record": {"every": record_every}}
     rng = np.random.default_rng(seed * 31 + len(attention) + window + n_local)
     growth = {"mhsa": 2.2, "ls": 0.7, "qknorm": 0.25, "span": 2.0}.get(attention, 1.0) * (block_size / 64) ** 0.5

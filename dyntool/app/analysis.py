@@ -61,8 +61,8 @@ def head_outputs(attn: np.ndarray, values: np.ndarray, key_offset: int = 0) -> n
 
 
 def dominant_users(attn: np.ndarray, query_offset: int, key_offset: int, n_keys: int) -> np.ndarray:
-    """For each key j: the query that attends to it most (attn (q, k), window offsets); −1 where the
-    key lies outside the recorded window."""
+    """For each key j: the query that attends to it most (attn (q, k), crop offsets); −1 where the
+    key lies outside the recorded crop."""
     out = np.full(n_keys, -1, dtype=np.int64)
     top = np.nanargmax(np.nan_to_num(attn, nan=-1.0), axis=0) + query_offset
     out[key_offset:key_offset + attn.shape[1]] = top

@@ -289,7 +289,7 @@ def vectors(path: str, mark: int, name: str, layer: int, head: int, seq: int, id
 @st.cache_data(max_entries=64, show_spinner=False)
 def head_outputs(path: str, mark: int, layer: int, head: int, seq: int, idx: tuple[int, ...]) -> np.ndarray:
     """(len(idx), recorded queries, d_v) head outputs g_i = Σ_j α_ij v_j, from ``attn`` (over its
-    key window) and ``values``; exact when the key window holds every key the queries can see."""
+    key crop) and ``values``; exact when the key crop holds every key the queries can see."""
     from .analysis import head_outputs as g
     a, v = _array(path, mark, "attn"), _array(path, mark, "values")
     k0 = int(a.attrs.get("key_offset", 0))

@@ -105,7 +105,8 @@ def register(sub, simsub) -> None:
                   help="EM-like arm: W_V learning rate = lr × X (default 10)")
     config_option(p, StickyConfig, "sweep", metavar="X[,X...]",
                   help="extra EM-like runs at these value-LR multipliers, e.g. 1,2,5,10,20 (default none)")
-    config_option(p, StickyConfig, "window", help="recorded window of the last positions (default 200)")
+    config_option(p, StickyConfig, "crop", "--crop", "--window",
+                  help="recorded crop: the last N positions (default 200; --window is its old name)")
     _config_file_options(p, "sticky_markov.toml")
     common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
     p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)

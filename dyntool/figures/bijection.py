@@ -51,14 +51,19 @@ def _check_pcs(runs):
 
 def _check_metrics(runs):
     r = runs[0]
-    need(len(metric(r, "key_orth/ctx/L0")[0]) > 0, "the bijection run logged no per-layer analyses")
+    need(len(metric(r, mn.key_orth("ctx", 0))[0]) > 0, "the bijection run logged no per-layer analyses")
     need(array(r, "bij_model_entropy") is not None, "the bijection run recorded no bij_model_entropy")
     return True, ""
 
 
-def _layer_series(run, name: str, n_layer: int):
-    """{layer: (steps, values)} of ``name.format(l=layer)``."""
-    return {l: metric(run, name.format(l=l)) for l in range(n_layer)}
+def _layer_series(run, name, n_layer: int):
+    """{layer: (steps, values)} of the metric ``name(layer)``."""
+    return {l: metric(run, name(l)) for l in range(n_layer)}
+
+
+def _resid(stat: str):
+    """The residual stream's manifold metric ``stat`` as a function of the layer."""
+    return lambda l: mn.bijection_manifold("resid", l, stat)
 
 
 def _at(run, name: str, step: int) -> float:
@@ -86,8 +91,8 @@ def f8_manifold(runs, **opts):
         step = int(steps[si])
         for l in range(n_layer):
             ax = axes[r_i, l]
-            share = _at(run, f"manifold/resid/L{l}/pc1_share", step)
-            r = _at(run, f"manifold/resid/L{l}/r_pc1", step)
+            share = _at(run, _resid("pc1_share")(l), step)
+            r = _at(run, _resid("r_pc1")(l), step)
             stats[(step, l)] = (share, r)
             sc = ax.scatter(z[l, :, 0], z[l, :, 1], c=h, cmap=style.SEQ_CMAP, s=3, lw=0, alpha=0.8,
                             vmin=float(h.min()), vmax=float(h.max()), rasterized=True)
@@ -123,13 +128,13 @@ def f8_manifold(runs, **opts):
 def f8_wind_tunnel(runs, **opts):
     run = runs[0]
     n_layer = _n_layer(run)
-    s_all, _ = metric(run, "key_orth/ctx/L0")
+    s_all, _ = metric(run, mn.key_orth("ctx", 0))
     first, last = int(s_all[0]), int(s_all[-1])
     layers = np.arange(n_layer)
-    ko = {st: [_at(run, f"key_orth/ctx/L{l}", st) for l in layers] for st in (first, last)}
-    kov = {st: [_at(run, f"key_orth/vocab/L{l}", st) for l in layers] for st in (first, last)}
+    ko = {st: [_at(run, mn.key_orth("ctx", l), st) for l in layers] for st in (first, last)}
+    kov = {st: [_at(run, mn.key_orth("vocab", l), st) for l in layers] for st in (first, last)}
     ae = {st: [_at(run, mn.layer(mn.ATTN_ENTROPY, l), st) for l in layers] for st in (first, last)}
-    unif = _at(run, "attn_entropy/uniform", last)
+    unif = _at(run, mn.ATTN_ENTROPY_UNIFORM, last)
     ent = array(run, "bij_model_entropy")
     rec_steps = run.steps[: len(ent)]
     hb = run.static("bayes_entropy_target")
@@ -209,12 +214,13 @@ def f8_dynamics(runs, **opts):
     run = runs[0]
     n_layer = _n_layer(run)
     bayes = float(run.meta.get("bayes_loss", float("nan")))
-    s_loss, v_loss = metric(run, "heldout/loss")
+    s_loss, v_loss = metric(run, mn.bijection_heldout("loss"))
     s_tr, v_tr = metric(run, "loss")
-    panels = [("manifold/resid/L{l}/pc1_share", "residual PC1 share"),
-              ("manifold/resid/L{l}/r_pc1", "r(PC1, H_Bayes)"),
-              ("key_orth/ctx/L{l}", "key mean |cos|"),
-              ("attn_entropy/L{l}", f"attention {style.ENTROPY}")]
+    key_orth = lambda l: mn.key_orth("ctx", l)                      # noqa: E731
+    panels = [(_resid("pc1_share"), "residual PC1 share"),
+              (_resid("r_pc1"), "r(PC1, H_Bayes)"),
+              (key_orth, "key mean |cos|"),
+              (lambda l: mn.layer(mn.ATTN_ENTROPY, l), f"attention {style.ENTROPY}")]
     fig = style.figure(style.DOUBLE, 3.6)
     axes = fig.subplots(2, 3).ravel()
     ax = axes[0]
@@ -232,15 +238,15 @@ def f8_dynamics(runs, **opts):
         bx = axes[p_i + 1]
         for l, (s, v) in _layer_series(run, name, n_layer).items():
             bx.plot(s, v, "o-", ms=2, lw=0.9, color=cmap(l / max(n_layer - 1, 1)), label=f"layer {l}")
-            cols[name.format(l=l)] = {"step": s.tolist(), "value": v.tolist()}
-        if name.startswith("key_orth"):
+            cols[name(l)] = {"step": s.tolist(), "value": v.tolist()}
+        if name is key_orth:
             style.hline(bx, random_abs_cos(_head_dim(run)), "random", ls=":")
         bx.set_xlabel(f"{style.STEP} [steps]")
         bx.set_ylabel(lab)
         bx.ticklabel_format(axis="y", useOffset=False)
         style.panel_label(bx, "bcde"[p_i])
     axes[1].legend(fontsize=5.5)
-    s_mae, v_mae = metric(run, "heldout/entropy_mae_bits")
+    s_mae, v_mae = metric(run, mn.bijection_heldout("entropy_mae_bits"))
     fx = axes[5]
     fx.plot(s_mae, v_mae, color=style.CYCLE[1], lw=1.2)
     fx.set_xlabel(f"{style.STEP} [steps]")
@@ -249,8 +255,8 @@ def f8_dynamics(runs, **opts):
     style.panel_label(fx, "f")
     cols["entropy_mae_bits"] = {"step": s_mae.tolist(), "value": v_mae.tolist()}
     lastL = n_layer - 1
-    sh = metric(run, f"manifold/resid/L{lastL}/pc1_share")[1]
-    rr = metric(run, f"manifold/resid/L{lastL}/r_pc1")[1]
+    sh = metric(run, _resid("pc1_share")(lastL))[1]
+    rr = metric(run, _resid("r_pc1")(lastL))[1]
     caption = (f"(a) Cross-entropy on the training batch and on {run.config.get('heldout_seqs')} held-out "
                f"sequences, against the Bayes-optimal loss {bayes:.3f} nats (mean of H_Bayes over the L + 1 "
                f"targets) and log V; held-out loss {v_loss[0]:.3f} → {v_loss[-1]:.3f} nats over "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..record import metric_names as mn
 from . import style
 from .common import array, metric, need
 from .registry import figure
@@ -109,7 +110,7 @@ def f2_toy(runs, **opts):
     labels = _labels(run, T)
     dom = _dominant_class(alpha[-1], labels)
     s_loss, loss = metric(run, "loss")
-    s_ent, ent = metric(run, "attn_entropy")
+    s_ent, ent = metric(run, mn.ATTN_ENTROPY)
 
     fig = style.figure(style.DOUBLE, 3.5)
     gs = fig.add_gridspec(2, 6, width_ratios=[1, 1, 1, 0.08, 0.22, 1.45])

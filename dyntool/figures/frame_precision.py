@@ -92,7 +92,7 @@ def frame_precision_data(runs) -> dict:
 
 @figure("f7_frame_precision", "Frame and precision measures: attention drift, value drift, η-weighted "
         "gradient-energy shares", KIND,
-        needs="a sticky-markov study recording attn (window or pooled) and values at ≥ 3 steps; the "
+        needs="a sticky-markov study recording attn (crop or pooled) and values at ≥ 3 steps; the "
               "diag_grad_norm_* metrics (and config.lrs) add the energy-share panel", group="dynamics",
         pick=main_study, check=_check_f7)
 def f7_frame_precision(runs, **opts):

@@ -1,6 +1,6 @@
 """Sticky-chain study figures, structure (arXiv 2512.22473: figures F5–F6; diagnostics D5–D7):
 
-* ``f5_attention`` — α on the recorded window at the end, per arm, raw and sorted by the previous
+* ``f5_attention`` — α on the recorded crop at the end, per arm, raw and sorted by the previous
   symbol (content routing shows as blocks), plus mean attention entropy per step;
 * ``f6_value_pca`` — PCA of the values of the training sequence at the final step (one basis per
   run), coloured by the Bayes posterior-predictive entropy of each position, with r(PC1, entropy) ≥ 0
@@ -46,7 +46,7 @@ def _check_arrays(*names, static=None):
 
 def _check_f5(runs):
     ok = [r for r in runs if array(r, "attn") is not None or array(r, "attn_pooled") is not None]
-    need(ok, "no run of the study recorded attn (window) or attn_pooled")
+    need(ok, "no run of the study recorded attn (crop) or attn_pooled")
     return True, ""
 
 
@@ -65,7 +65,7 @@ def _entropy_curve(run) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------------------------
 
 @figure("f5_attention", "Attention structure on the sticky chain", KIND,
-        needs="a sticky-markov study recording attn on a window (or attn_pooled); static prev_symbol for "
+        needs="a sticky-markov study recording attn on a crop (or attn_pooled); static prev_symbol for "
               "the sorted view; diag_attn_entropy or attn_entropy for the entropy curve",
         group="dynamics", pick=main_study, check=_check_f5)
 def f5_attention(runs, **opts):
@@ -193,12 +193,12 @@ def f5_attention(runs, **opts):
     rng = "; ".join(f"{style.arm_label(a)} {2 ** d['log2_ratio_to_uniform_p1_p99'][0]:.2f}–"
                     f"{2 ** d['log2_ratio_to_uniform_p1_p99'][1]:.2f}× uniform" for a, d in data["arms"].items())
     ent = "; ".join(f"{style.arm_label(a)} {e['mean'][0]:.3f} → {e['mean'][-1]:.3f}" for a, e in data["entropy"].items())
-    caption = ("(a) Attention weights on the recorded window at the last recorded step "
+    caption = ("(a) Attention weights on the recorded crop at the last recorded step "
                f"({data['arms'][arms[0]]['step']}), per arm (seed {data['arms'][arms[0]]['seed']}), shown as "
                "log₂ of α_ij over the uniform weight 1/(i+1) of a causal row (0 = chance; blank: masked). "
                f"1st–99th percentile of α/uniform: {rng}. (b) The same rows and columns sorted by the previous "
                "symbol each input encodes (tick labels); content routing would show as brighter diagonal "
-               "blocks" + (f"; fraction of each row's window mass on same-symbol keys: {sm}" if sm else "") +
+               "blocks" + (f"; fraction of each row's crop mass on same-symbol keys: {sm}" if sm else "") +
                (f", against {ch:.2f} under uniform attention" if ch else "") +
                ". (c) Mean attention entropy per step, mean ± std over seeds (dotted: uniform attention): " +
                ent + " nats." + _sharpening(data["entropy"]))

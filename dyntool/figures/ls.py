@@ -136,8 +136,8 @@ def _check_heat(runs):
 
 
 @figure("ls_logit_heatmap", "Layer × step max logit (local vs global heads)", KIND,
-        needs="train runs (mhsa / ls / qknorm) logging logit_max/L{l} (LS: logit_max/L{l}H{h} or "
-              "/local,/global) or recording the logit_max array", group="ls", pick=_ls_runs, check=_check_heat)
+        needs="train runs (mhsa / ls / qknorm) logging logit_max/L{l} (LS: logit_max/L{l}H{h}) "
+              "or recording the logit_max array", group="ls", pick=_ls_runs, check=_check_heat)
 def ls_logit_heatmap(runs, **opts):
     from matplotlib.colors import LogNorm
     panels = []

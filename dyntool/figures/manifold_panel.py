@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..record import metric_names as mn
 from . import style
 from .common import arms_of, diag, mean_std, metric
 
@@ -32,9 +33,9 @@ def heldout_row(run) -> dict:
     row = {}
     for tag in ("g", "v"):
         for k in HELDOUT_KEYS:
-            step, val = _last(run, f"heldout_{tag}_{k}")
+            step, val = _last(run, mn.sticky_manifold(tag, k))
             if val is not None:
-                row[f"heldout_{tag}_{k}"] = val
+                row[mn.sticky_manifold(tag, k)] = val
                 row["heldout_step"] = step
     ds, dv = diag(run, "diag_r_pc1_entropy")
     if len(dv) and np.isfinite(dv).any():
@@ -44,8 +45,8 @@ def heldout_row(run) -> dict:
 
 def draw(bx, runs, per_run: list[dict], arms: list[str]) -> list[str]:
     """r(PC1, H_Bayes) per seed (dots) and mean ± std (black), per group and arm; returns the groups drawn."""
-    keys = {"train_v": "r_pc1_entropy", "train_g": "train_g_r_pc1", "heldout_v": "heldout_v_r_pc1",
-            "heldout_g": "heldout_g_r_pc1"}
+    keys = {"train_v": "r_pc1_entropy", "train_g": "train_g_r_pc1", "heldout_v": mn.sticky_manifold("v", "r_pc1"),
+            "heldout_g": mn.sticky_manifold("g", "r_pc1")}
     present = [(g, lab) for g, lab in GROUPS if any(p.get(keys[g]) is not None for p in per_run)]
     w = 0.8 / max(len(arms), 1)
     order = list(arms_of(runs))
@@ -83,13 +84,13 @@ def caption_numbers(per_run: list[dict], arms: list[str]) -> str:
              f"r = {m(a, 'r_pc1_entropy', '.2f')}")
         if m(a, "train_g_r_pc1", ".2f") is not None:
             t += f", training-sequence outputs r = {m(a, 'train_g_r_pc1', '.2f')}"
-        if m(a, "heldout_g_r_pc1", ".2f") is not None:
-            t += (f"; held-out outputs PC1 {m(a, 'heldout_g_pc1_share', '.0%')}, r = {m(a, 'heldout_g_r_pc1', '.2f')}"
-                  + (f", best r(PC1..5) {m(a, 'heldout_g_r_best', '.2f')}" if m(a, "heldout_g_r_best", ".2f") else "")
-                  + (f", linear R² {m(a, 'heldout_g_r2_linear', '.2f')}" if m(a, "heldout_g_r2_linear", ".2f") else "")
-                  + (f", ordering score {m(a, 'heldout_g_ordering_score', '.2f')}"
-                     if m(a, "heldout_g_ordering_score", ".2f") else ""))
-        if m(a, "heldout_v_r_pc1", ".2f") is not None:
-            t += f"; held-out values r = {m(a, 'heldout_v_r_pc1', '.2f')}"
+        g = lambda stat, fmt=".2f": m(a, mn.sticky_manifold("g", stat), fmt)    # noqa: E731
+        if g("r_pc1") is not None:
+            t += (f"; held-out outputs PC1 {g('pc1_share', '.0%')}, r = {g('r_pc1')}"
+                  + (f", best r(PC1..5) {g('r_best')}" if g("r_best") else "")
+                  + (f", linear R² {g('r2_linear')}" if g("r2_linear") else "")
+                  + (f", ordering score {g('ordering_score')}" if g("ordering_score") else ""))
+        if m(a, mn.sticky_manifold("v", "r_pc1"), ".2f") is not None:
+            t += f"; held-out values r = {m(a, mn.sticky_manifold('v', 'r_pc1'), '.2f')}"
         parts.append(t)
     return " | ".join(parts)

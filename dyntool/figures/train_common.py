@@ -11,7 +11,6 @@ from .common import align, array, by_parent, mean_std, metric
 KIND = "train"
 _LAYER = mn.regex(mn.LOGIT_MAX, "layer")
 _HEAD = mn.regex(mn.LOGIT_MAX, "head")
-_SPLIT = mn.regex(mn.LOGIT_MAX, "group")
 
 
 def model_cfg(run) -> dict:
@@ -39,7 +38,7 @@ def best_group(runs: list, score) -> list:
 def logit_series(run) -> tuple[np.ndarray, np.ndarray]:
     """Model max|logit| per step: metric ``logit_max``, else the max of per-layer/head metrics,
     else the recorded ``logit_max`` array (recorded steps only)."""
-    s, v = metric(run, "logit_max")
+    s, v = metric(run, mn.LOGIT_MAX)
     if len(s):
         return s, v
     cols = [c for c in run.metrics.columns if _LAYER.match(c) or _HEAD.match(c)]
@@ -54,15 +53,13 @@ def logit_series(run) -> tuple[np.ndarray, np.ndarray]:
 
 
 def layer_logits(run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """heads-group ("all" | "local" | "global") -> (steps, (n_layer, n_steps) max|logit|)."""
+    """heads-group ("all" | "local" | "global") -> (steps, (n_layer, n_steps) max|logit|).
+
+    An LS run's local / global maxima are taken over its per-head columns (``logit_max/L{l}H{h}``,
+    heads < ``model.n_local`` local), else over the recorded ``logit_max`` array."""
     m = model_cfg(run)
     df = run.metrics
     n_local = int(m.get("n_local", 0)) if attention(run) == "ls" else 0
-    split = {}
-    for c in df.columns:
-        g = _SPLIT.match(c)
-        if g:
-            split.setdefault(g.group(2), {})[int(g.group(1))] = c
     heads = {}
     for c in df.columns:
         g = _HEAD.match(c)
@@ -70,10 +67,7 @@ def layer_logits(run) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             heads.setdefault(int(g.group(1)), {})[int(g.group(2))] = c
     layers = {int(g.group(1)): c for c in df.columns if (g := _LAYER.match(c))}
     out = {}
-    if split:
-        for grp, cols in split.items():
-            out[grp] = _matrix(df, [cols[k] for k in sorted(cols)])
-    elif heads and n_local > 0:
+    if heads and n_local > 0:
         L = sorted(heads)
         for grp, pick in (("local", lambda h: h < n_local), ("global", lambda h: h >= n_local)):
             sel = [[heads[l][h] for h in sorted(heads[l]) if pick(h)] for l in L]

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..capture import Capture
 from ..flight import FlightRecorder
 from ..record import metric_names as mn
-from ..record.policy import RecordConfig, check_budget, cheap_wants, schedule, windows
+from ..record.policy import RecordConfig, check_budget, cheap_wants, crops, schedule
 from ..record.recorder import Recorder, plan
 
 
@@ -127,7 +127,7 @@ class RunRecorder:
         if self.rec is None:
             from ..stream import size
             slot, T = next(iter(cap.slots.values())), size(cap)
-            (_, _), (k0, k1) = windows(self.cfg, T)
+            (_, _), (k0, k1) = crops(self.cfg, T)
             sel, _ = plan(self.cfg, cap, k1 - k0)    # a bad selection or budget: refused before the store
             dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=slot.q.shape[-1], d_v=slot.v.shape[-1])
             check_budget(self.cfg, len(self._wanted), self.run.path, **dims)

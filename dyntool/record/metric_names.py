@@ -1,7 +1,7 @@
 """Stable names of structured metrics (``metrics.jsonl`` columns), formatted and parsed here only.
 
 Array names live in :mod:`dyntool.record.names`; this module owns the *metric* columns that
-carry a layer / head / head-group in their name, so writers (``train/recording.py``) and
+carry a layer or head in their name, so writers (``train/recording.py``) and
 readers (figures, app, studies, exports) can't drift apart.  Pinned by
 ``tests/unit/test_metric_names.py``.
 
@@ -10,8 +10,12 @@ Forms (``BASE`` is e.g. ``logit_max`` or ``attn_entropy``):
 * ``BASE``                    model-level value
 * ``BASE/L{l}``               one layer (e.g. max over its heads)
 * ``BASE/L{l}H{h}``           one head
-* ``BASE/L{l}/{group}``       one group of heads of a layer (``local`` / ``global``)
 * ``grad_norm/{group}``       gradient norm of a parameter group (``emb``, ``L{l}.attn``, ...)
+
+Simulations add their own structured names, formatted here too: the wind tunnel's
+``manifold/{rep}/L{l}/{stat}``, ``key_orth/{keys}/L{l}`` and ``heldout/{stat}``, the sticky study's
+``heldout_{rep}_{stat}``.  ``tests/unit/test_metric_names.py`` scans the package for any of these
+forms spelled by hand outside this module.
 """
 from __future__ import annotations
 
@@ -21,7 +25,6 @@ from dataclasses import dataclass
 LOGIT_MAX = "logit_max"          # max |τ q·k| over allowed pairs (train.logit_stat)
 ATTN_ENTROPY = "attn_entropy"    # mean attention entropy of the recorded batch
 GRAD_NORM = "grad_norm"          # gradient norm per parameter group
-HEAD_GROUPS = ("local", "global")
 # the cheap tier (dyntool.flight, formulas in dyntool.cheap_stats), one column per layer × head
 SCORE_MAX = "score_max"                  # max s_ij the softmax sees (after soft-cap and bias)
 EXPECTED_COMPAT = "expected_compat"      # mean over queries of E_α[b]_i = u_i·o_i
@@ -47,21 +50,54 @@ BIJECTION_BASELINE = "pos_onehot"  # wind tunnel: a one-hot of the key position 
 BIJECTION_NORMED_VALUES = "normed_values"  # wind tunnel, the authors' read-out: final normed state at value positions
 
 
-def sticky_manifold(rep: str) -> str:
-    """Prefix of the sticky study's held-out manifold metrics of a representation (``g``, ``v``, ``x``)."""
-    return f"heldout_{rep}_"
+def sticky_manifold(rep: str, stat: str = "") -> str:
+    """The sticky study's held-out manifold metric ``stat`` of a representation (``g``, ``v``, ``x``),
+    or, without ``stat``, the prefix ``heldout_{rep}_`` they share."""
+    return f"heldout_{rep}_{stat}"
 
 
-def bijection_manifold(rep: str, l: int | None = None) -> str:
-    """Prefix of the wind tunnel's manifold metrics: ``manifold/{rep}/L{l}/`` per layer, or
-    ``manifold/{rep}/`` for a layer-free representation (the position one-hot baseline)."""
-    return f"manifold/{rep}/" if l is None else f"manifold/{rep}/L{int(l)}/"
+def bijection_heldout(stat: str) -> str:
+    """The wind tunnel's held-out evaluation ``heldout/{stat}`` (loss, entropy_mae_bits, excess_loss, ...)."""
+    return f"heldout/{stat}"
+
+
+MANIFOLD = "manifold"    # the wind tunnel's geometry metrics: manifold/{rep}/[L{l}/]{stat}
+
+
+def bijection_manifold(rep: str, l: int | None = None, stat: str = "") -> str:
+    """The wind tunnel's manifold metric ``stat`` of ``rep`` at layer ``l`` (``manifold/{rep}/L{l}/{stat}``),
+    ``manifold/{rep}/{stat}`` for a layer-free representation (the position one-hot baseline);
+    without ``stat`` the prefix they share."""
+    return f"{MANIFOLD}/{rep}/{stat}" if l is None else f"{MANIFOLD}/{rep}/L{int(l)}/{stat}"
+
+
+def is_bijection_manifold(name: str) -> bool:
+    return name.startswith(MANIFOLD + "/")
+
+
+# Key orthogonality per layer (dyntool.manifold.key_orthogonality): mean |cos| between the keys of the
+# sequence's distinct key tokens (``ctx``) or of the whole vocabulary E W_K (``vocab``); ``signed``: mean cos
+KEY_ORTH = "key_orth"
+KEY_SETS = ("ctx", "vocab")
+
+
+def key_orth(keys: str, l: int, signed: bool = False) -> str:
+    if keys not in KEY_SETS:
+        raise ValueError(f"key set must be one of {KEY_SETS}, got {keys!r}")
+    return f"{KEY_ORTH}/{keys}{'_signed' if signed else ''}/L{int(l)}"
+
+
+# the wind tunnel's attention-entropy summaries beside attn_entropy/L{l}: the uniform level, and the
+# reduction of the last layer vs layer 0 and of the layer mean vs uniform (fractions)
+ATTN_ENTROPY_UNIFORM = f"{ATTN_ENTROPY}/uniform"
+ATTN_ENTROPY_REDUCTION_LAST = f"{ATTN_ENTROPY}/reduction_last_vs_L0"
+ATTN_ENTROPY_REDUCTION_MEAN = f"{ATTN_ENTROPY}/reduction_mean_vs_uniform"
+
 
 _BASE = r"(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
 _REGEX = {
     "layer": re.compile(_BASE + r"/L(?P<layer>\d+)$"),
     "head": re.compile(_BASE + r"/L(?P<layer>\d+)H(?P<head>\d+)$"),
-    "group": re.compile(_BASE + r"/L(?P<layer>\d+)/(?P<group>" + "|".join(HEAD_GROUPS) + r")$"),
 }
 
 
@@ -73,30 +109,21 @@ def head(base: str, l: int, h: int) -> str:
     return f"{base}/L{int(l)}H{int(h)}"
 
 
-def group(base: str, l: int, grp: str) -> str:
-    if grp not in HEAD_GROUPS:
-        raise ValueError(f"head group must be one of {HEAD_GROUPS}, got {grp!r}")
-    return f"{base}/L{int(l)}/{grp}"
-
-
 def grad_norm(param_group: str) -> str:
     return f"{GRAD_NORM}/{param_group}"
 
 
 @dataclass(frozen=True)
 class MetricName:
-    """A parsed structured metric name; ``kind`` is ``layer``, ``head`` or ``group``."""
+    """A parsed structured metric name; ``kind`` is ``layer`` or ``head``."""
     base: str
     kind: str
     layer: int
     head: int | None = None
-    group: str | None = None
 
     def format(self) -> str:
         if self.kind == "head":
             return head(self.base, self.layer, self.head)
-        if self.kind == "group":
-            return group(self.base, self.layer, self.group)
         return layer(self.base, self.layer)
 
 
@@ -106,16 +133,14 @@ def parse(name: str) -> MetricName | None:
         m = rx.match(name)
         if m:
             g = m.groupdict()
-            return MetricName(g["base"], kind, int(g["layer"]),
-                              int(g["head"]) if g.get("head") else None, g.get("group"))
+            return MetricName(g["base"], kind, int(g["layer"]), int(g["head"]) if g.get("head") else None)
     return None
 
 
 def regex(base: str, kind: str) -> re.Pattern:
     """Compiled pattern for one base and kind, groups as positional captures:
-    layer -> (l,), head -> (l, h), group -> (l, group)."""
-    tail = {"layer": r"/L(\d+)$", "head": r"/L(\d+)H(\d+)$",
-            "group": r"/L(\d+)/(" + "|".join(HEAD_GROUPS) + r")$"}[kind]
+    layer -> (l,), head -> (l, h)."""
+    tail = {"layer": r"/L(\d+)$", "head": r"/L(\d+)H(\d+)$"}[kind]
     return re.compile("^" + re.escape(base) + tail)
 
 

@@ -9,7 +9,7 @@ HEAD = ("layer", "head", "seq")
 
 # name -> dimension names (after the leading "step" axis)
 DIMS: dict[str, tuple[str, ...]] = {
-    # T × T matrices (optionally restricted to a query/key window)
+    # T × T matrices (optionally restricted to a query/key crop)
     "attn": HEAD + ("query", "key"),
     "scores": HEAD + ("query", "key"),
     "compat": HEAD + ("query", "key"),

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import math
 import shutil
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
+from ..config import DeprecatedKeyWarning
 from ..errors import ConfigError
 from . import names
 from .selection import parse_heads
@@ -27,12 +30,9 @@ class RecordConfig:
     batch: str = "probe"              # "probe": a fixed probe batch; "train": the training batch
     seqs: int = 1                     # sequences of the batch to record
     arrays: list[str] = field(default_factory=lambda: list(DEFAULT_ARRAYS))
-    # the crop of the stored T×T matrices: [start, stop) of query / key positions; [] = all.
-    # query_window/key_window are their older names (a "window" is also the attention's own)
+    # the crop of the stored T×T matrices: [start, stop) of query / key positions; [] = all
     query_crop: list[int] = field(default_factory=list)
     key_crop: list[int] = field(default_factory=list)
-    query_window: list[int] = field(default_factory=list)
-    key_window: list[int] = field(default_factory=list)
     heads: str = "all"                # the full tier's heads: "all" or L0H3,L5H*,L*H0 (record/selection.py)
     pool: int = 0                     # block size of the pooled overview of full matrices (0: off)
     dtype: str = "float16"            # storage dtype of forward quantities (α, S, q/k/v, entropies)
@@ -47,6 +47,21 @@ class RecordConfig:
     cheap_every: int = 0              # every N steps (1: every step; 0: off)
     cheap_seqs: int = 0               # sequences of each micro-batch it reduces over (0: all)
     max_block_mib: float = 64.0       # memory of one query-row block of the tiers' T×T work
+    # the crop's old names: "window" is the attention's own (LS), so the crop is only called a crop.
+    # Accepted in configs (dyntool.config.rename) and, for code built on RecordConfig(...), here.
+    RENAMED: ClassVar[dict[str, str]] = {"query_window": "query_crop", "key_window": "key_crop"}
+    query_window: InitVar[list[int] | None] = None
+    key_window: InitVar[list[int] | None] = None
+
+    def __post_init__(self, query_window, key_window):
+        for old, value in (("query_window", query_window), ("key_window", key_window)):
+            if value is None:
+                continue
+            new = self.RENAMED[old]
+            warnings.warn(f"RecordConfig({old}=...) is deprecated, use {new}", DeprecatedKeyWarning, stacklevel=3)
+            if getattr(self, new) and list(getattr(self, new)) != list(value):
+                raise ConfigError(new, f"{old} is its older name; give one of them")
+            setattr(self, new, list(value))
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -60,13 +75,10 @@ class RecordConfig:
         unknown = [a for a in self.arrays if a not in names.DIMS or a.endswith("_pooled")]
         if unknown:
             raise ConfigError(p + "arrays", f"unknown array(s) {unknown} (known: {', '.join(DEFAULT_ARRAYS)})")
-        for key in ("query_crop", "key_crop", "query_window", "key_window"):
+        for key in ("query_crop", "key_crop"):
             w = getattr(self, key)
             if w and (len(w) != 2 or w[0] < 0 or w[1] <= w[0]):
                 raise ConfigError(p + key, f"must be [start, stop) with 0 <= start < stop, got {w}")
-        for crop, old in (("query_crop", "query_window"), ("key_crop", "key_window")):
-            if getattr(self, crop) and getattr(self, old) and getattr(self, crop) != getattr(self, old):
-                raise ConfigError(p + crop, f"{old} is its older name; give one of them")
         parse_heads(self.heads, p + "heads")
         if self.pool < 0 or self.seqs < 1 or self.chunk_steps < 1:
             raise ConfigError(p + "pool/seqs/chunk_steps", "pool >= 0, seqs >= 1, chunk_steps >= 1")
@@ -98,14 +110,14 @@ def cheap_wants(cfg: RecordConfig, step: int) -> bool:
     return cfg.enabled and cfg.cheap_every > 0 and step % cfg.cheap_every == 0
 
 
-def _window(w: list[int], T: int) -> tuple[int, int]:
+def _span(w: list[int], T: int) -> tuple[int, int]:
     return (min(w[0], T), min(w[1], T)) if w else (0, T)
 
 
-def windows(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
+def crops(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """The crop ``(q0, q1), (k0, k1)`` of the stored matrices at length ``T``."""
-    q0, q1 = _window(cfg.query_crop or cfg.query_window, T)
-    k0, k1 = _window(cfg.key_crop or cfg.key_window, T)
+    q0, q1 = _span(cfg.query_crop, T)
+    k0, k1 = _span(cfg.key_crop, T)
     if q1 <= q0 or k1 <= k0:
         raise ConfigError("record.query_crop/key_crop", f"the crop is empty for T={T}")
     return (q0, q1), (k0, k1)
@@ -114,7 +126,7 @@ def windows(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]
 def per_step_shapes(cfg: RecordConfig, L: int, H: int, T: int, d_k: int, d_v: int) -> dict[str, tuple]:
     """Shapes (without the step axis) of every array this config records."""
     S = cfg.seqs
-    (q0, q1), (k0, k1) = windows(cfg, T)
+    (q0, q1), (k0, k1) = crops(cfg, T)
     nq, nk = q1 - q0, k1 - k0
     dim = {"query": T, "key": T, "d_k": d_k, "d_v": d_v, "layer": L, "head": H, "seq": S}
     out = {}

@@ -1,9 +1,9 @@
-"""Glue between a captured step and the store: schedule, windows, pooling, dtype.
+"""Glue between a captured step and the store: schedule, crops, pooling, dtype.
 
 The training loop never sees this module: trainers call a callback, and the callback calls
 ``Recorder.wants(step)`` / ``Recorder.capture(...)`` / ``Recorder.record(step, quantities)``.
 Simulations that compute the quantities in closed form call ``write`` with the same names and
-(layer, head, seq, ...) layout, already cut to the window and pooled (chunk by chunk).
+(layer, head, seq, ...) layout, already cut to the crop and pooled (chunk by chunk).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import torch
 from ..capture import Capture
 from ..errors import ConfigError
 from . import names
-from .policy import RecordConfig, schedule, storage_dtype, windows
+from .policy import RecordConfig, crops, schedule, storage_dtype
 from .selection import Selection, resolve
 from .store_writer import TARGET_CHUNK_BYTES, StoreWriter
 
@@ -78,7 +78,7 @@ class Recorder:
         self.store, self.cfg = store, cfg
         self.steps = schedule(cfg, max_steps)
         self._wanted = set(int(s) for s in self.steps)
-        (self.q0, self.q1), (self.k0, self.k1) = windows(cfg, T)
+        (self.q0, self.q1), (self.k0, self.k1) = crops(cfg, T)
         self.T = T
         self.n_recorded = 0
         self.dtype = np.float16 if cfg.dtype == "float16" else np.float32
@@ -174,7 +174,7 @@ class Recorder:
         self.write(step, self.reduce(quantities), extra, grad_scale)
 
     def reduce(self, quantities: dict) -> dict[str, torch.Tensor]:
-        """Full T×T matrices -> their query/key window plus, with ``pool > 0``, the block-pooled
+        """Full T×T matrices -> their query/key crop plus, with ``pool > 0``, the block-pooled
         overview under the ``*_pooled`` name (mean over visible entries; masked scores are NaN)."""
         q = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(np.asarray(v)))
              for k, v in quantities.items()}
@@ -190,7 +190,7 @@ class Recorder:
         return out
 
     def write(self, step: int, arrays: dict, extra: dict | None = None, grad_scale: float = 1.0) -> None:
-        """Store arrays already in their recorded shape (window-cut matrices, ``*_pooled``
+        """Store arrays already in their recorded shape (crop-cut matrices, ``*_pooled``
         overviews): what :meth:`reduce` returns, or what a closed-form simulation produces chunk
         by chunk without ever holding a T×T matrix.  Keeps the names in ``cfg.arrays`` (and their
         pooled overviews) in the storage dtype; ``extra`` scalars (e.g. diagnostics) in float32."""

@@ -41,6 +41,7 @@ import torch
 from ..config import NonNegFloat, NonNegInt, PosFloat, PosInt, Seed
 from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
+from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, schedule
 from ..record.recorder import Recorder
 from ..run_writer import RunWriter, ensure_out_dir
@@ -174,7 +175,8 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
 
 
 # geometry numbers kept at step 0 and at the end in meta.final["geometry"], with their baselines
-_GEOMETRY = ("r2_linear", "r_pc1", "r_best", "ordering_score", "r2_partial", "ordering_null_mean", "ordering_null_p")
+_GEOMETRY = ("r2_linear", "r_pc1", "r_best", "ordering_score", mn.R2_PARTIAL, mn.ORDERING_NULL_MEAN,
+             mn.ORDERING_NULL_P)
 
 
 def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWriter:
@@ -228,12 +230,12 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
                 ev = evaluate(model, ho_tok, ho_tgt, cfg.V, head=task.head)
                 ent = ev.pop("entropy_per_position")
                 last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
-                row.update({f"heldout/{k}": v for k, v in last_eval.items()})
-                row["heldout/excess_loss"] = ev["loss"] - bayes_loss
+                row.update({mn.bijection_heldout(k): v for k, v in last_eval.items()})
+                row[mn.bijection_heldout("excess_loss")] = ev["loss"] - bayes_loss
             if rec.wants(step) or over:
                 an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h, readout=task.readout)
                 row.update(an["metrics"])
-                keep = {k: v for k, v in an["metrics"].items() if k.startswith("manifold/") and
+                keep = {k: v for k, v in an["metrics"].items() if mn.is_bijection_manifold(k) and
                         k.rsplit("/", 1)[-1] in _GEOMETRY}
                 geometry = {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}

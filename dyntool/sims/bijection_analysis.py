@@ -164,13 +164,13 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
                 sc[:, :k2] = p.scores[:n_plot * L, :k2]
                 arrays[f"pcs_{name}"].append(sc)
         ko = key_orthogonality(st["k"][:, :, kpos].double().numpy())       # groups: (B, nh)
-        metrics[f"key_orth/ctx/L{l}"] = ko["mean_abs"]
-        metrics[f"key_orth/ctx_signed/L{l}"] = ko["mean"]
+        metrics[mn.key_orth("ctx", l)] = ko["mean_abs"]
+        metrics[mn.key_orth("ctx", l, signed=True)] = ko["mean"]
         wk = model.h[l].attn.c_attn.weight[model.h[l].attn.n_embd:2 * model.h[l].attn.n_embd].double()
         kv = (wte @ wk.T).view(V, nh, hs).transpose(0, 1)                  # (nh, V, hs)
         kov = key_orthogonality(kv.numpy())
-        metrics[f"key_orth/vocab/L{l}"] = kov["mean_abs"]
-        metrics[f"key_orth/vocab_signed/L{l}"] = kov["mean"]
+        metrics[mn.key_orth("vocab", l)] = kov["mean_abs"]
+        metrics[mn.key_orth("vocab", l, signed=True)] = kov["mean"]
     if readout == "normed_values":
         m, sc = normed_value_geometry(resid["normed"], h_bayes, onehot, r2=r2, n_plot=n_plot)
         metrics.update(m)
@@ -179,9 +179,9 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     # entropy summaries: uniform level, reduction of the last layer vs layer 0 and vs uniform
     unif = float(np.mean([math.log(i + 1) for i in range(1, tokens.shape[1])]))
     h0, hl = metrics[mn.layer(mn.ATTN_ENTROPY, 0)], metrics[mn.layer(mn.ATTN_ENTROPY, n_layer - 1)]
-    metrics["attn_entropy/uniform"] = unif
-    metrics["attn_entropy/reduction_last_vs_L0"] = 1.0 - hl / h0 if h0 > 0 else float("nan")
-    metrics["attn_entropy/reduction_mean_vs_uniform"] = 1.0 - float(np.mean(
+    metrics[mn.ATTN_ENTROPY_UNIFORM] = unif
+    metrics[mn.ATTN_ENTROPY_REDUCTION_LAST] = 1.0 - hl / h0 if h0 > 0 else float("nan")
+    metrics[mn.ATTN_ENTROPY_REDUCTION_MEAN] = 1.0 - float(np.mean(
         [metrics[mn.layer(mn.ATTN_ENTROPY, l)] for l in range(n_layer)])) / unif
     out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
     return {"metrics": metrics, "arrays": out_arrays}

@@ -3,14 +3,14 @@ single-head runs.
 
 ``step_record(state, ...)`` makes ONE pass over query-row chunks of a
 :class:`~dyntool.sims.single_head.StepState` (R runs at once) and returns, per run, the recorded
-arrays in the (layer=1, head=1, seq=1, ...) layout of :mod:`dyntool.record.names` — window
+arrays in the (layer=1, head=1, seq=1, ...) layout of :mod:`dyntool.record.names` — cropped
 matrices, block-pooled overviews (means over *visible* entries), per-position vectors — plus the
 scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N).
 
 =========================  ===================================================================
 ``diag_b_mean/std``        D1 mean / std of b_ij over the attended support (all allowed pairs)
 ``diag_neg_b_mass``        D1 Σ_ij α_ij 1[b_ij < 0] / N: attention mass on useful values
-``diag_b_sv1``             D1 top singular value of B on the recorded window
+``diag_b_sv1``             D1 top singular value of B on the recorded crop
 ``diag_routing_drive``     D2 mean_i Var_{α_i}(b) = +mean_i Σ_j ∂L/∂s_ij · b_ij  (≥ 0: Σ_j α_ij(b_ij − E)b_ij
                            is a variance)
 ``diag_eff_columns``       D3 exp(H(c/Σc)), effective number of used value columns
@@ -25,7 +25,7 @@ scalar diagnostics below.  Nothing N×N is ever held whole: at most (R, chunk, N
 ``diag_same_symbol_mass``  D9 α mass on keys whose preceding symbol equals the query's
 ``diag_grad_norm_qk/v/o``  D10 ‖∂L/∂W_{Q,K}‖, ‖∂L/∂W_V‖, ‖∂L/∂W_O‖
 ``diag_share_qk/v/o``      D10 shares of Σ‖∂L/∂θ‖² (first-order ΔL split of arXiv 2512.22473, first-order loss change)
-``diag_js_drift``          D10 mean JS(α_i(t) ‖ α_i(previous record)) on the recorded window
+``diag_js_drift``          D10 mean JS(α_i(t) ‖ α_i(previous record)) on the recorded crop
 ``diag_entropy_gap``       D11 H_pred − H_min;  ``diag_excess_loss``: loss − H_min
 ``diag_routing_residual``  ‖∂L/∂S(autograd) − α⊙(B − E_α[b])‖ / ‖∂L/∂S(autograd)‖ on the recorded
                            query rows (autograd in float64 through the head): the engine checks itself
@@ -68,7 +68,7 @@ def _pca_stats(G: torch.Tensor, H_bayes: torch.Tensor) -> dict[str, torch.Tensor
 def routing_residual(state, q0: int, q1: int) -> torch.Tensor:
     """(R,) relative residual of the closed-form score gradient against autograd, rows [q0, q1).
 
-    Row i of S only feeds loss term i, so the rows of the window can be checked on their own:
+    Row i of S only feeds loss term i, so the rows of the block can be checked on their own:
     rebuild s for those rows in float64, run the head's readout and the (mean over all N) cross
     entropy through autograd, and compare ∂L/∂s with the engine's α ⊙ (B − E_α[b]).
     """
@@ -84,7 +84,7 @@ def routing_residual(state, q0: int, q1: int) -> torch.Tensor:
         loss = torch.nn.functional.cross_entropy(logits.transpose(1, 2), state.y[:, q0:q1], reduction="sum") / N
         (auto,) = torch.autograd.grad(loss, s)
     auto = auto.masked_fill(~m, 0.0)
-    closed = state.window(q0, q1, ("score_grad",))["score_grad"].double()
+    closed = state.row_block(q0, q1, ("score_grad",))["score_grad"].double()
     return (auto - closed).flatten(1).norm(dim=1) / auto.flatten(1).norm(dim=1).clamp_min(1e-300)
 
 
@@ -108,7 +108,7 @@ def _logit_sums(s: torch.Tensor, visible: torch.Tensor, last_full: int) -> tuple
     return mx, sq
 
 
-def _key_window(t: torch.Tensor, k0: int, k1: int, fill: float) -> torch.Tensor:
+def _key_crop(t: torch.Tensor, k0: int, k1: int, fill: float) -> torch.Tensor:
     """Keys [k0, k1) of a chunk that may stop before k1 (at its last visible key): padded with the
     masked value ``fill``."""
     if t.shape[-1] < k1:
@@ -116,18 +116,18 @@ def _key_window(t: torch.Tensor, k0: int, k1: int, fill: float) -> torch.Tensor:
     return t[..., k0:k1]
 
 
-# the recorded window of attn and compat is cut for every run (diagnostics); these only for stored runs
+# the recorded crop of attn and compat is cut for every run (diagnostics); these only for stored runs
 _STORED_ONLY = ("advantage", "score_grad", "scores")
 
 
 class _Arrays:
     """The recorded arrays of the runs in ``idx``, accumulated chunk by chunk (public names)."""
 
-    def __init__(self, state, idx: torch.Tensor, qwin, kwin, block: int):
+    def __init__(self, state, idx: torch.Tensor, qcrop, kcrop, block: int):
         self.st, self.idx, self.block = state, idx, block
         self.every_run = torch.equal(idx, torch.arange(state.upstream.shape[0]))
-        (self.q0w, self.q1w), (self.k0w, self.k1w) = qwin, kwin
-        self.win = {n: [] for n in _STORED_ONLY}
+        (self.q0c, self.q1c), (self.k0c, self.k1c) = qcrop, kcrop
+        self.crop = {n: [] for n in _STORED_ONLY}
         self.pooled = {n: [] for n in POOLED_NAMES}
         self.q, self.k, self.u, self.e = (self._pick(t) for t in (state.queries, state.keys, state.upstream,
                                                                    state.expected_compat))
@@ -140,13 +140,13 @@ class _Arrays:
         return t if self.every_run else t.index_select(0, self.idx)
 
     def add(self, q0: int, q1: int, vis: torch.Tensor, w: dict) -> None:
-        # scores are only stored on the window rows: not copied whole
+        # scores are only stored on the crop's rows: not copied whole
         w = {n: (t if n == "scores" else self._pick(t)) for n, t in w.items()}      # (r, c, k1) each
         # the advantage is only stored, never needed for a diagnostic: computed for these runs only
         w["advantage"] = Q.advantage(w["attn"], w["compat"], vis, expected=self.e[:, q0:q1])
         self.dQ.append(accumulate_grads(self.dK, self.dV, w["attn"], w["score_grad"], self.q, self.k, self.u,
                                         q0, q1, self.st.scale))
-        lo, hi = max(q0, self.q0w), min(q1, self.q1w)
+        lo, hi = max(q0, self.q0c), min(q1, self.q1c)
         if lo < hi:
             rows = slice(lo - q0, hi - q0)
             for n in _STORED_ONLY:
@@ -154,17 +154,17 @@ class _Arrays:
                 if n == "scores":
                     t = self._pick(t).masked_fill(~vis[rows], float("nan"))
                 fill = float("nan") if n == "scores" else 0.0
-                self.win[n].append(_key_window(t, self.k0w, self.k1w, fill))
+                self.crop[n].append(_key_crop(t, self.k0c, self.k1c, fill))
         if self.block > 0:       # chunks hold whole block rows, so per-chunk block means are final
             for n in POOLED_NAMES:
                 self.pooled[n].append(pool_to_width(w[n], self.block, vis, self.st.N))
 
 
-def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int, prev_sym: torch.Tensor,
-                H_bayes: torch.Tensor, h_min: float, prev_window_attn: torch.Tensor | None = None,
+def step_record(state, qcrop: tuple[int, int], kcrop: tuple[int, int], block: int, prev_sym: torch.Tensor,
+                H_bayes: torch.Tensor, h_min: float, prev_crop_attn: torch.Tensor | None = None,
                 chunk: int = 256, recorded=None) -> tuple[list[dict], dict[str, torch.Tensor], torch.Tensor]:
     """Returns (recorded arrays per run in ``recorded``, diagnostics {name: (R,)} for ALL runs,
-    α on the window (R, wq, wk)).
+    α on the crop (R, wq, wk)).
 
     ``recorded``: indices of the runs whose arrays are wanted (default all); the others only get
     their diagnostics, which need no N×N array kept.  ``prev_sym`` (R, N) previous symbol per
@@ -172,11 +172,11 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
     """
     R, N = state.upstream.shape[:2]
     dt = state.x.dtype
-    (q0w, q1w), (k0w, k1w) = qwin, kwin
+    (q0c, q1c), (k0c, k1c) = qcrop, kcrop
     idx = torch.arange(R) if recorded is None else torch.as_tensor(list(recorded), dtype=torch.long)
-    arrays = _Arrays(state, idx, qwin, kwin, block) if len(idx) else None
+    arrays = _Arrays(state, idx, qcrop, kcrop, block) if len(idx) else None
     rows = max(1, chunk // block) * block if block > 0 else chunk
-    ent, ent_n, win_attn, win_compat = [], [], [], []
+    ent, ent_n, crop_attn, crop_compat = [], [], [], []
     usage = torch.zeros(R, N, dtype=dt)
     # same-symbol mass Σ_j α_ij [prev_j = prev_i] as α @ onehot(prev): an (R, c, S) matmul, not (R, c, N)
     onehot = torch.nn.functional.one_hot(prev_sym, int(prev_sym.max()) + 1).to(dt)   # (R, N, S)
@@ -199,36 +199,36 @@ def step_record(state, qwin: tuple[int, int], kwin: tuple[int, int], block: int,
         smax, s2 = _logit_sums(s, m, q0 if state.causal else k1 - 1)
         sums["smax"] = torch.maximum(sums["smax"], smax)
         sums["s2"] += s2
-        lo, hi = max(q0, q0w), min(q1, q1w)
-        if lo < hi:          # the recorded window, every run (D1 top singular value, D10 JS drift)
-            win_attn.append(_key_window(a[:, lo - q0:hi - q0], k0w, k1w, 0.0))
-            win_compat.append(_key_window(b[:, lo - q0:hi - q0], k0w, k1w, 0.0))
+        lo, hi = max(q0, q0c), min(q1, q1c)
+        if lo < hi:          # the recorded crop, every run (D1 top singular value, D10 JS drift)
+            crop_attn.append(_key_crop(a[:, lo - q0:hi - q0], k0c, k1c, 0.0))
+            crop_compat.append(_key_crop(b[:, lo - q0:hi - q0], k0c, k1c, 0.0))
         if arrays is not None:
             arrays.add(q0, q1, m, w)
     ent, ent_n = torch.cat(ent, 1), torch.cat(ent_n, 1)
-    win_attn, win_compat = torch.cat(win_attn, 1), torch.cat(win_compat, 1)
+    crop_attn, crop_compat = torch.cat(crop_attn, 1), torch.cat(crop_compat, 1)
     value_norm = state.values.norm(dim=-1)
-    diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compat, H_bayes, h_min,
-                        prev_window_attn)
-    resid = routing_residual(state, q0w, q1w)
+    diag = _diagnostics(state, sums, usage, ent, ent_n, value_norm, crop_attn, crop_compat, H_bayes, h_min,
+                        prev_crop_attn)
+    resid = routing_residual(state, q0c, q1c)
     diag["diag_routing_residual"] = resid       # also stored as the routing_residual array
-    per_run = [] if arrays is None else _per_run(state, arrays, {"attn": win_attn, "compat": win_compat}, sums,
+    per_run = [] if arrays is None else _per_run(state, arrays, {"attn": crop_attn, "compat": crop_compat}, sums,
                                                  usage, ent, ent_n, value_norm, resid)
-    return per_run, diag, win_attn
+    return per_run, diag, crop_attn
 
 
 @contextlib.contextmanager
-def _pool_of(state, workers: int):
+def _executor_of(state, workers: int):
     """The engine's idle worker threads when it has enough (no new threads, no new malloc arenas),
-    else a pool for this call."""
-    if state.pool is not None:      # step_record_threaded never asks for more workers than it has
-        yield state.pool
+    else an executor for this call."""
+    if state.executor is not None:      # step_record_threaded never asks for more workers than it has
+        yield state.executor
         return
     with ThreadPoolExecutor(max_workers=workers) as own:
         yield own
 
 
-def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn=None,
+def step_record_threaded(state, qcrop, kcrop, block, prev_sym, H_bayes, h_min, prev_crop_attn=None,
                          chunk: int = 256, recorded=None, workers: int = 2):
     """:func:`step_record` with the runs dealt to ``workers`` Python threads, each on one torch
     thread; results in the same layout and order.  Why: every diagnostic is per run, and (as in the
@@ -236,9 +236,9 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     loaded machine (timings: docs/performance.md)."""
     R = state.upstream.shape[0]
     recorded = list(range(R)) if recorded is None else list(recorded)
-    workers = max(1, min(workers, R, state.pool.n_workers if state.pool is not None else workers))
+    workers = max(1, min(workers, R, state.executor.n_workers if state.executor is not None else workers))
     if workers == 1:
-        return step_record(state, qwin, kwin, block, prev_sym, H_bayes, h_min, prev_window_attn, chunk, recorded)
+        return step_record(state, qcrop, kcrop, block, prev_sym, H_bayes, h_min, prev_crop_attn, chunk, recorded)
     # deal recorded runs and the others round-robin, so every worker gets a similar share of both
     rec_set = set(recorded)
     order = recorded + [i for i in range(R) if i not in rec_set]
@@ -246,16 +246,16 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
 
     def one(g):
         gi = torch.as_tensor(g)
-        prev = None if prev_window_attn is None else prev_window_attn[gi]
+        prev = None if prev_crop_attn is None else prev_crop_attn[gi]
         local = [j for j, i in enumerate(g) if i in rec_set]
-        return step_record(state.select(g), qwin, kwin, block, prev_sym[gi], H_bayes[gi], h_min, prev,
+        return step_record(state.select(g), qcrop, kcrop, block, prev_sym[gi], H_bayes[gi], h_min, prev,
                            chunk, local)
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with _pool_of(state, workers) as pool:
-            parts = list(pool.map(one, groups))
+        with _executor_of(state, workers) as executor:
+            parts = list(executor.map(one, groups))
     finally:
         torch.set_num_threads(threads)
     arrays, diag, attn_w = {}, {}, None
@@ -269,17 +269,17 @@ def step_record_threaded(state, qwin, kwin, block, prev_sym, H_bayes, h_min, pre
     return [arrays[i] for i in recorded], diag, attn_w
 
 
-def _per_run(state, arrays: _Arrays, every_run_windows: dict, sums, usage, ent, ent_n, value_norm,
+def _per_run(state, arrays: _Arrays, every_run_crops: dict, sums, usage, ent, ent_n, value_norm,
              resid) -> list[dict]:
     """One dict per recorded run in the (layer=1, head=1, seq=1, ...) layout of record.names."""
-    W = {n: torch.cat(v, 1) for n, v in arrays.win.items()}
+    W = {n: torch.cat(v, 1) for n, v in arrays.crop.items()}
     P = {n: torch.cat(v, 1) for n, v in arrays.pooled.items() if v}      # NaN for fully masked blocks
     dQ = torch.cat(arrays.dQ, 1)
     out = []
     for j, r in enumerate(arrays.idx.tolist()):
         def one(t, i=r):
             return t[i][None, None, None]                                 # → (1, 1, 1, ...)
-        rec = {n: one(W[n], j) if n in W else one(every_run_windows[n]) for n in MATRIX_NAMES}
+        rec = {n: one(W[n], j) if n in W else one(every_run_crops[n]) for n in MATRIX_NAMES}
         rec.update({f"{n}_pooled": one(t, j) for n, t in P.items()})
         rec.update(upstream=one(state.upstream), values=one(state.values), queries=one(state.queries),
                    keys=one(state.keys), value_grad=one(arrays.dV, j), query_grad=one(dQ, j),
@@ -300,7 +300,7 @@ def _top_singular_value(B: torch.Tensor) -> torch.Tensor:
     return torch.linalg.eigvalsh(G)[:, -1].clamp_min(0).sqrt()
 
 
-def _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compat, H_bayes, h_min,
+def _diagnostics(state, sums, usage, ent, ent_n, value_norm, crop_attn, crop_compat, H_bayes, h_min,
                  prev_attn) -> dict:
     R, N = usage.shape
     mean_b = sums["b"] / sums["cnt"]
@@ -317,7 +317,7 @@ def _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compa
     diag = {
         "diag_b_mean": mean_b, "diag_b_std": torch.sqrt((sums["b2"] / sums["cnt"] - mean_b ** 2).clamp_min(0)),
         "diag_neg_b_mass": sums["neg"] / N,
-        "diag_b_sv1": _top_singular_value(win_compat.double()),
+        "diag_b_sv1": _top_singular_value(crop_compat.double()),
         "diag_routing_drive": sums["drive"] / N,
         "diag_eff_columns": torch.exp(-(c * torch.log(c.clamp_min(1e-300))).sum(-1)),
         "diag_max_usage": usage.double().amax(-1) / N, "diag_dead_values": (usage < 1e-3).sum(-1).double(),
@@ -328,7 +328,7 @@ def _diagnostics(state, sums, usage, ent, ent_n, value_norm, win_attn, win_compa
         "diag_same_symbol_mass": sums["same"] / N,
         "diag_grad_norm_qk": torch.sqrt(sq["qk"]), "diag_grad_norm_v": g["W_V"], "diag_grad_norm_o": g["W_O"],
         "diag_share_qk": sq["qk"] / total, "diag_share_v": sq["v"] / total, "diag_share_o": sq["o"] / total,
-        "diag_js_drift": (_js(win_attn.double(), prev_attn.double()).mean(-1) if prev_attn is not None
+        "diag_js_drift": (_js(crop_attn.double(), prev_attn.double()).mean(-1) if prev_attn is not None
                           else torch.full((R,), float("nan"), dtype=torch.float64)),
         "diag_entropy_gap": H_pred - h_min, "diag_excess_loss": state.loss.double() - h_min,
     }

@@ -44,7 +44,7 @@ def interval_measures(steps, attn: np.ndarray | None = None, values: np.ndarray 
                       shares: dict[str, np.ndarray] | None = None) -> pd.DataFrame:
     """One row per recorded step t (after the first): the interval [t−Δ, t] it closes.
 
-    ``steps`` (S,) recorded training steps; ``attn`` (S, queries, keys) (a window or a pooled
+    ``steps`` (S,) recorded training steps; ``attn`` (S, queries, keys) (a crop or a pooled
     overview; masked entries 0 or NaN); ``values`` (S, positions, d); ``grad_sq``
     {"routing"|"values"|"readout": (S,)} squared gradient norms, or ready ``shares`` (S,) each.
     Columns: step, interval (Δ in training steps), attn_drift, value_drift, share_* (at t).

@@ -52,14 +52,14 @@ def _workers(n: int | None, small: bool):
     prev = torch.get_num_threads()
     n = n or (1 if small else prev)
     torch.set_num_threads(1)
-    pool = ThreadPoolExecutor(max_workers=n) if n > 1 else None
-    if pool is not None:
-        pool.n_workers = n
+    executor = ThreadPoolExecutor(max_workers=n) if n > 1 else None
+    if executor is not None:
+        executor.n_workers = n
     try:
-        yield pool, prev
+        yield executor, prev
     finally:
-        if pool is not None:
-            pool.shutdown()
+        if executor is not None:
+            executor.shutdown()
         torch.set_num_threads(prev)
 
 
@@ -208,22 +208,22 @@ def _sweep(c: _Ctx, starts: list[int], tile: int, grads: bool, collect: bool, ht
     return acc, kept
 
 
-def _pass(c: _Ctx, tile: int, grads: bool, collect: bool = False, hth: bool = False, pool=None) -> dict:
+def _pass(c: _Ctx, tile: int, grads: bool, collect: bool = False, hth: bool = False, executor=None) -> dict:
     """One forward (and optionally backward) sweep over all query tiles.
 
     Returns sums over positions: loss, entropy, correct (R,); with ``grads`` the four weight
     gradients of the MEAN loss; with ``collect`` full G (R,N,d_v), P (R,N,C), U (R,N,d_v);
     with ``hth`` Σ_i h_i h_iᵀ of h_i = (αX)_i (R,d_x,d_x) for the closed-form value step.
-    With a thread ``pool`` the tiles are dealt round-robin to its workers (balances the causal
+    With a thread ``executor`` the tiles are dealt round-robin to its workers (balances the causal
     triangle) and the partial sums are added: one join per step instead of an OpenMP barrier per
     op, which keeps 2 cores busy even when other processes compete for them.
     """
     starts = list(range(0, c.X.shape[1], tile))
-    n = 1 if pool is None else min(pool.n_workers, len(starts))
+    n = 1 if executor is None else min(executor.n_workers, len(starts))
     if n == 1:
         parts = [_sweep(c, starts, tile, grads, collect, hth)]
     else:
-        futs = [pool.submit(_sweep, c, starts[w::n], tile, grads, collect, hth) for w in range(n)]
+        futs = [executor.submit(_sweep, c, starts[w::n], tile, grads, collect, hth) for w in range(n)]
         parts = [f.result() for f in futs]
     acc = parts[0][0]
     for other, _ in parts[1:]:
@@ -310,49 +310,49 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
     cf = torch.tensor([m == "em_closed_form" for m in modes])
     if not all(m in ("gd", "em_closed_form") for m in modes):
         raise ValueError(f"modes must be 'gd' or 'em_closed_form', got {modes}")
-    with _workers(workers, R * N * N < _SMALL_PROBLEM) as (pool, threads):
+    with _workers(workers, R * N * N < _SMALL_PROBLEM) as (executor, threads):
         ev = None
         if eval_x is not None:
             ev = (eval_x.to(dt), eval_y, eval_steps if eval_steps is not None else (lambda s: True), on_eval)
         return _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile,
-                     check_finite, pool, threads, on_metrics, ev)
+                     check_finite, executor, threads, on_metrics, ev)
 
 
-def _evaluate(ev, W, causal, tile, pool) -> dict:
+def _evaluate(ev, W, causal, tile, executor) -> dict:
     """Forward-only metrics of the current weights on the held-out sequences (no gradients)."""
     xe, ye = ev[0], ev[1]
     X1 = torch.cat([xe, torch.ones(*xe.shape[:2], 1, dtype=xe.dtype)], dim=-1)
-    return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, pool=pool), xe.shape[1])
+    return _final_metrics(_pass(_make_ctx(xe, X1, ye, W, causal), tile, False, executor=executor), xe.shape[1])
 
 
 def evaluate(W: Weights, x: torch.Tensor, y: torch.Tensor, causal: bool = True, tile: int = 32) -> dict:
     """Forward-only loss / entropy / accuracy ((R,) float64 each) of weights ``W`` on ``x``, ``y``."""
     R, N, _ = x.shape
-    with _workers(None, R * N * N < _SMALL_PROBLEM) as (pool, _):
-        return _evaluate((x.to(W.W_Q.dtype), y), W, causal, tile, pool)
+    with _workers(None, R * N * N < _SMALL_PROBLEM) as (executor, _):
+        return _evaluate((x.to(W.W_Q.dtype), y), W, causal, tile, executor)
 
 
-def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32, pool=None) -> torch.Tensor:
+def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 32, executor=None) -> torch.Tensor:
     """Head outputs g_i = (α V)_i (R, N, d_v) of weights ``W`` on inputs ``x`` (R, N, d_x), forward only
-    (e.g. on held-out positions for the manifold metrics).  ``pool``: worker threads to borrow (a
-    hook's ``StepState.pool``), else a pool of its own as in training."""
+    (e.g. on held-out positions for the manifold metrics).  ``executor``: worker threads to borrow (a
+    hook's ``StepState.executor``), else an executor of its own as in training."""
     X1 = torch.cat([x, torch.ones(*x.shape[:2], 1, dtype=x.dtype)], dim=-1)
     y = torch.zeros(x.shape[:2], dtype=torch.int64)           # labels unused for G
     ctx = _make_ctx(x, X1, y, W, causal)
     R, N, _ = x.shape
-    if pool is None:                                           # same threading as training
+    if executor is None:                                       # same threading as training
         with _workers(None, R * N * N < _SMALL_PROBLEM) as (own, _):
-            return _pass(ctx, tile, False, collect=True, pool=own)["G"]
+            return _pass(ctx, tile, False, collect=True, executor=own)["G"]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)                                   # borrowed workers: one torch thread each
     try:
-        return _pass(ctx, tile, False, collect=True, pool=pool)["G"]
+        return _pass(ctx, tile, False, collect=True, executor=executor)["G"]
     finally:
         torch.set_num_threads(threads)
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
-          pool, threads, on_metrics=None, ev=None):
+          executor, threads, on_metrics=None, ev=None):
     R, N, _ = x.shape
     X1 = torch.cat([x, torch.ones(R, N, 1, dtype=x.dtype)], dim=-1)
     losses = torch.empty(R, n_steps, dtype=torch.float64)
@@ -363,7 +363,7 @@ def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps
     for step in range(n_steps + 1):
         ctx = _make_ctx(x, X1, y, W, causal)
         rec = on_step is not None and _wants(record_steps, step)
-        acc = _pass(ctx, tile, step < n_steps or rec, rec, step < n_steps and bool(cf.any()), pool)
+        acc = _pass(ctx, tile, step < n_steps or rec, rec, step < n_steps and bool(cf.any()), executor)
         loss = acc["loss"] / N
         bad = ~torch.isfinite(loss) | dead
         if (bad & ~tolerate).any():
@@ -373,7 +373,7 @@ def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps
             _kill(W, acc, lrs, dead)
             loss = loss.masked_fill(dead, float("nan"))
         if ev is not None and (step == n_steps or _wants(ev[2], step)):
-            m = _evaluate(ev, W, causal, tile, pool)
+            m = _evaluate(ev, W, causal, tile, executor)
             m = {k: v.masked_fill(dead, float("nan")) for k, v in m.items()}
             if step == n_steps:
                 final_eval = m
@@ -382,7 +382,7 @@ def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps
         if rec:   # the hook runs under the caller's torch thread count
             torch.set_num_threads(threads)
             try:
-                on_step(step, StepState(step, ctx, acc, loss, pool))
+                on_step(step, StepState(step, ctx, acc, loss, executor))
             finally:
                 torch.set_num_threads(1)
         fm = _final_metrics(acc, N)

@@ -33,18 +33,18 @@ class StepState:
     Weights), ``queries``/``keys`` (R,N,d_k), ``values`` (R,N,d_v), ``head_out`` g (R,N,d_v),
     ``probs`` (R,N,C) class probabilities, ``upstream`` u = ∂L/∂g (R,N,d_v), ``expected_compat``
     (R,N) = E_α[b] = u·g (the identity saves an N×N pass), ``grads`` {W_Q, W_K, W_V, W_O: (R,·,·)}
-    weight gradients of the mean loss; ``pool`` the engine's idle worker threads (or None).
-    N×N quantities: :meth:`window`, :meth:`chunks`,
+    weight gradients of the mean loss; ``executor`` the engine's idle worker threads (or None).
+    N×N quantities: :meth:`row_block`, :meth:`chunks`,
     :meth:`pooled`, :meth:`positional`; never all rows at once unless asked.
     """
 
-    def __init__(self, step: int, ctx, acc: dict, loss: torch.Tensor, pool=None):
+    def __init__(self, step: int, ctx, acc: dict, loss: torch.Tensor, executor=None):
         self.step, self.loss = step, loss
         # the engine's worker threads, idle while the hook runs (None: single-threaded).  Hooks split
         # per-run work over them rather than starting threads of their own: every new thread gets
         # its own malloc arena, and a study's peak memory grew with each recorded step
         # (docs/performance.md).
-        self.pool = pool
+        self.executor = executor
         self.x, self.y, self.weights, self.causal = ctx.X, ctx.Y, ctx.W, ctx.causal
         self.d_k = ctx.qh.shape[-1]
         self.scale = 1.0 / math.sqrt(self.d_k)
@@ -80,14 +80,14 @@ class StepState:
         """Keys [0, key_end) hold every visible entry of query rows < q1."""
         return q1 if self.causal else self.N
 
-    def window(self, q0: int, q1: int, names=MATRIX_NAMES, k1: int | None = None) -> dict:
+    def row_block(self, q0: int, q1: int, names=MATRIX_NAMES, k1: int | None = None) -> dict:
         """Rows [q0, q1) × keys [0, k1) (default all N) of the named matrices, each (R, q1-q0, k1).
 
         ``scores`` S = τ q·k (−inf where masked), ``attn`` α = softmax(S), ``compat`` B = U Vᵀ,
         ``advantage`` A = E_α[b] − B, ``score_grad`` ∂L/∂S = α ⊙ (B − E_α[b]) = −α ⊙ A; masked
         entries of the last four are 0.  Same formulas as :mod:`dyntool.quantities` (its
         ``attention_weights``, ``advantage``, ``score_grad``), but the mask is applied in place and
-        only to keys > q0: every key ≤ q0 is visible to every row of the window, so for a chunk
+        only to keys > q0: every key ≤ q0 is visible to every row of the block, so for a chunk
         that stops at k1 = q1 only a (w × w) triangle is touched instead of the whole (w × k1)
         block (the recorded step is memory-bound, so untouched entries are time saved).
         """
@@ -113,12 +113,12 @@ class StepState:
             t[..., q0 + 1:].masked_fill_(~visible[:, q0 + 1:], fill)
 
     def chunks(self, rows: int, names=MATRIX_NAMES) -> Iterator[tuple[int, int, torch.Tensor, dict]]:
-        """Yield ``(q0, q1, visible, window)`` over query rows in chunks of ``rows``, each window
+        """Yield ``(q0, q1, visible, block)`` over query rows in chunks of ``rows``, each block
         only as wide as its visible keys (``key_end(q1)``): the causal upper triangle is skipped."""
         for q0 in range(0, self.N, rows):
             q1 = min(q0 + rows, self.N)
             k1 = self.key_end(q1)
-            yield q0, q1, self.mask(q0, q1, k1), self.window(q0, q1, names, k1)
+            yield q0, q1, self.mask(q0, q1, k1), self.row_block(q0, q1, names, k1)
 
     def pooled(self, block: int, names=POOLED_NAMES, rows_per_chunk: int = 256) -> dict:
         """Block means over b×b blocks of the full N×N matrices: each (R, ⌈N/b⌉, ⌈N/b⌉).
@@ -128,9 +128,9 @@ class StepState:
         """
         rows = max(1, rows_per_chunk // block) * block
         parts = {n: [] for n in names}
-        for _, _, vis, win in self.chunks(rows, names):
+        for _, _, vis, rb in self.chunks(rows, names):
             for n in names:
-                parts[n].append(pool_to_width(win[n], block, vis, self.N))
+                parts[n].append(pool_to_width(rb[n], block, vis, self.N))
         return {n: torch.cat(parts[n], dim=1) for n in names}
 
     def positional(self, rows_per_chunk: int = 256) -> dict:

@@ -24,7 +24,7 @@ import datetime as _dt
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ _ENGINE_ARM = {"sgd": "sgd", "em": "em_like", "em_closed_form": "em_closed_form"
 
 
 def _default_record() -> RecordConfig:
-    # everything on a 200 × 200 window of the last positions + a 50-block pooled overview
+    # everything on a 200 × 200 crop of the last positions + a 50-block pooled overview
     # float32: U ~ W_Oᵀ(p − e)/N is ~1e-4 at N = 1999, where float16 is subnormal and loses digits
     return RecordConfig(every=50, pool=50, dtype="float32", disk_budget_gb=4.0, batch="train")
 
@@ -86,9 +86,10 @@ class StickyConfig:
     target_fracs: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])  # of SGD's loss drop
     record_arms: list[str] = field(default_factory=lambda: ["sgd", "em"])  # arrays on disk for these
     record_seeds: int = 0               # arrays on disk only for the first this many seeds (0 = all)
-    window: int = 200                   # recorded query/key window: the last `window` positions
+    crop: int = 200                     # recorded query/key crop: the last `crop` positions
     dtype: str = "float32"
     record: RecordConfig = field(default_factory=_default_record)
+    RENAMED: ClassVar[dict[str, str]] = {"window": "crop"}   # "window" is the attention's own
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
@@ -124,8 +125,8 @@ class StickyConfig:
             raise ConfigError(p + "sweep", "multipliers must be > 0")
         if self.dtype not in ("float32", "float64"):
             raise ConfigError(p + "dtype", "float32 or float64")
-        if self.window < 1:
-            raise ConfigError(p + "window", "must be >= 1")
+        if self.crop < 1:
+            raise ConfigError(p + "crop", "must be >= 1")
 
 
 @dataclass
@@ -160,12 +161,12 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
     return out, grid
 
 
-def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=None) -> list[dict]:
+def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, executor=None, base=None) -> list[dict]:
     """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j,
     each with its baselines (the raw input x: its own metrics, the partial R² beyond it, the
     ordering score's permutation null).  ``base``: per run, manifold_metrics of x (fixed data)."""
     from ..manifold import baseline_comparison, manifold_metrics, pca
-    g = engine.head_outputs(W, x_ho, pool=pool).double().numpy()           # (R, N, d_v)
+    g = engine.head_outputs(W, x_ho, executor=executor).double().numpy()           # (R, N, d_v)
     v = (x_ho @ W.W_V).double().numpy()
     xb = x_ho.double().numpy()
 
@@ -185,9 +186,9 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, pool=None, base=N
     # (N, d_v) SVDs and least squares are tiny: one BLAS thread each, runs spread over Python threads
     # (OpenBLAS's own threads spin on small problems; docs/performance.md)
     with threadpool_limits(1):
-        if pool is None:                      # no engine workers to borrow: run them here
+        if executor is None:                  # no engine workers to borrow: run them here
             return [one(r) for r in range(g.shape[0])]
-        return list(pool.map(one, range(g.shape[0])))
+        return list(executor.map(one, range(g.shape[0])))
 
 
 def _entropy_stats(data, held, hmin: float) -> dict:
@@ -218,10 +219,10 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
     N = cfg.T - 1
     rec_cfg = cfg.record
-    if not rec_cfg.query_window:
-        rec_cfg.query_window = [max(0, N - cfg.window), N]
-    if not rec_cfg.key_window:
-        rec_cfg.key_window = list(rec_cfg.query_window)
+    if not rec_cfg.query_crop:
+        rec_cfg.query_crop = [max(0, N - cfg.crop), N]
+    if not rec_cfg.key_crop:
+        rec_cfg.key_crop = list(rec_cfg.query_crop)
     arms, grid = _arms(cfg)
     runs = [(seed, a) for seed in cfg.seeds for a in arms]
     rec_seeds = set(cfg.seeds[:cfg.record_seeds] if cfg.record_seeds else cfg.seeds)
@@ -303,12 +304,12 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
             want = [i for i, r in enumerate(recorders) if r is not None and r.wants(step)]
             # arrays only for the runs that store them; diagnostics for every run
             arrays, diag, attn_w = step_record_threaded(
-                state, tuple(rec_cfg.query_window), tuple(rec_cfg.key_window), rec_cfg.pool, prev, Hb, hmin,
+                state, tuple(rec_cfg.query_crop), tuple(rec_cfg.key_crop), rec_cfg.pool, prev, Hb, hmin,
                 prev_attn["a"], recorded=want, workers=torch.get_num_threads())
             prev_attn["a"] = attn_w
             rows = [{k: v[i].item() for k, v in diag.items()} for i in range(len(runs))]
             if cfg.heldout:
-                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.pool,
+                for i, extra in enumerate(_heldout_manifold(state.weights, ev["eval_x"], Hb_ho, state.executor,
                                                             base_runs)):
                     rows[i].update(extra)
                 geometry[step] = [{k: v for k, v in r.items() if k.startswith("heldout_")} for r in rows]

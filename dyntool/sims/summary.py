@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 
+from ..record import metric_names as mn
 from ..stats import mean_std
 
 
@@ -240,7 +241,7 @@ def geometry_summary(cfg, runs, geometry: dict[int, list[dict]], keys) -> dict:
         arm = {}
         for rep in ("g", "v", "x"):
             for k in keys:
-                name = f"heldout_{rep}_{k}"
+                name = mn.sticky_manifold(rep, k)
                 if name not in geometry[last][ii[0]]:
                     continue
                 arm[name] = {f"step{st}": _mean_std([geometry[st][i][name] for i in ii]) for st in (first, last)}
@@ -308,11 +309,12 @@ def table(summary: dict) -> str:
             def f(name, st):
                 v = g.get(name, {}).get(f"step{st}", {}).get("mean")
                 return f"{v:.2f}" if v is not None and math.isfinite(v) else "nan"
-            lines.append(f"{a} held-out geometry step {s0} -> {s1}: R²(H|g) {f('heldout_g_r2_linear', s0)} -> "
-                         f"{f('heldout_g_r2_linear', s1)} (raw x: {f('heldout_x_r2_linear', s1)}; partial beyond x "
-                         f"{f('heldout_g_r2_partial', s0)} -> {f('heldout_g_r2_partial', s1)}); ordering g "
-                         f"{f('heldout_g_ordering_score', s1)} (null {f('heldout_g_ordering_null_mean', s1)}, "
-                         f"p {f('heldout_g_ordering_null_p', s1)})")
+            out_g = lambda stat, st: f(mn.sticky_manifold("g", stat), st)         # noqa: E731
+            lines.append(f"{a} held-out geometry step {s0} -> {s1}: R²(H|g) {out_g('r2_linear', s0)} -> "
+                         f"{out_g('r2_linear', s1)} (raw x: {f(mn.sticky_manifold('x', 'r2_linear'), s1)}; partial beyond x "
+                         f"{out_g(mn.R2_PARTIAL, s0)} -> {out_g(mn.R2_PARTIAL, s1)}); ordering g "
+                         f"{out_g('ordering_score', s1)} (null {out_g(mn.ORDERING_NULL_MEAN, s1)}, "
+                         f"p {out_g(mn.ORDERING_NULL_P, s1)})")
     for s in summary.get("value_lr_sweep", []):
         lines.append(f"value-LR x{s['mult']:g}: steps to SGD final {s['steps_mean']:.0f} ± {s['steps_std']:.0f}")
     if "targets" in summary:

@@ -138,7 +138,7 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
             if cap is not None:
                 qs = cap.compute()
                 rec.record(step, qs)
-                metrics["attn_entropy"] = qs["attn_entropy"].mean().item()
+                metrics[mn.ATTN_ENTROPY] = qs["attn_entropy"].mean().item()     # metric column = array name
             run.log(step, **metrics)
             opt.step()
         with torch.no_grad():

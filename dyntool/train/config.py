@@ -9,7 +9,7 @@ floats and values outside the bounds annotated below are errors naming the key
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from ..config import Device, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from ..errors import ConfigError
@@ -102,24 +102,27 @@ class OptimConfig:
 class TrainLoopConfig:
     max_steps: PosInt = 500         # optimizer steps; the LR schedule spans these
     stop_at: int = 0                # stop (checkpointed) after this many steps; 0 = max_steps
-    eval_interval: int = 100        # validation every N steps and at the last; 0 = none (final_eval only)
-    checkpoint_interval: int = 100  # checkpoint every N steps (0 = only at the end, stop_at, signal)
+    eval_every: int = 100           # validation every N steps and at the last; 0 = none (final_eval only)
+    checkpoint_every: int = 100     # checkpoint every N steps (0 = only at the end, stop_at, signal)
     checkpoint: bool = True         # write checkpoint.pt (needed for --resume)
     final_eval: bool = True         # full validation + test perplexity at the end (meta.final)
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | float64 | bfloat16
     compile: bool = False           # torch.compile for non-recording steps (CUDA; eager reference kept)
     logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
-    log_interval: int = 1           # metrics row every N steps (recording steps always)
+    log_every: int = 1              # metrics row every N steps (recording steps always)
     threads: NonNegInt = 0          # torch.set_num_threads (0 = leave)
     deterministic: bool = False     # deterministic kernels (exact resume on CUDA; slower)
     parallel: str = "auto"          # under torchrun: auto (= ddp) | ddp | fsdp (FSDP2, dyntool/train/fsdp.py)
+    # "every N steps" is `every` in every config (record.every, eval_every of the sims); old names accepted
+    RENAMED: ClassVar[dict[str, str]] = {"eval_interval": "eval_every", "checkpoint_interval": "checkpoint_every",
+                                         "log_interval": "log_every"}
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
         if self.max_steps < 1 or self.stop_at < 0:
             raise ConfigError(p + "max_steps", "max_steps >= 1 and stop_at >= 0")
-        if self.eval_interval < 0 or self.checkpoint_interval < 0 or self.log_interval < 1:
-            raise ConfigError(p + "eval_interval", "intervals must be >= 0 (log_interval >= 1)")
+        if self.eval_every < 0 or self.checkpoint_every < 0 or self.log_every < 1:
+            raise ConfigError(p + "eval_every", "eval_every, checkpoint_every must be >= 0, log_every >= 1")
         if self.dtype not in ("auto", "float32", "float64", "bfloat16"):
             raise ConfigError(p + "dtype", f"auto, float32, float64 or bfloat16, got {self.dtype!r}")
         if self.logit_stat not in ("exact", "bound", "off"):

@@ -226,7 +226,7 @@ class RecordingCallback(Callback):
                 for h, v in enumerate(row):
                     metrics[mn.head(mn.LOGIT_MAX, l, h)] = v
                 metrics[mn.layer(mn.LOGIT_MAX, l)] = max(row)
-            metrics["logit_max"] = max(max(r) for r in lm)
+            metrics[mn.LOGIT_MAX] = max(max(r) for r in lm)
         metrics.update(self._extra)
         metrics.update(self._cheap)
 
@@ -237,8 +237,8 @@ class RecordingCallback(Callback):
 class MetricsLogger(Callback):
     """Writes one metrics.jsonl row per logged step; keep it last in the callback list."""
 
-    def __init__(self, run, log_interval: int = 1):
-        self.run, self.every = run, log_interval
+    def __init__(self, run, log_every: int = 1):
+        self.run, self.every = run, log_every
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         recorded, cheap = metrics.pop("recorded", False), metrics.pop("cheap_tier", False)

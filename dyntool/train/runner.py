@@ -99,7 +99,7 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
         if old.get("checkpoint") is False:
             why = "it was trained with train.checkpoint=false"
         else:
-            iv = old.get("checkpoint_interval", 0)
+            iv = old.get("checkpoint_every", old.get("checkpoint_interval", 0))   # the old name in older runs
             every = f"every {iv} steps, " if iv else ""
             why = (f"it stopped before its first checkpoint (written {every}at the end and on "
                    f"SIGTERM/SIGINT; a kill -9 before step {iv or 'the end'} leaves none)")
@@ -210,7 +210,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             if run is not None:
                 shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]
                 cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
-                      [MetricsLogger(run, cfg.train.log_interval)]
+                      [MetricsLogger(run, cfg.train.log_every)]
             ck_path = None
             if cfg.train.checkpoint:
                 ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \

@@ -14,7 +14,7 @@ gradient accumulation (loss / accum), bf16 autocast on CUDA, optional ``torch.co
 Checkpoints (:mod:`.checkpoint`, loaded with ``weights_only=True``) hold model, optimizer,
 scheduler, step and every RNG state (torch, numpy, python, and each rank's data generator and
 CUDA state), so ``resume`` continues bit for bit (tested on CPU; on CUDA with
-``train.deterministic``).  They are written every ``train.checkpoint_interval`` steps, at the end,
+``train.deterministic``).  They are written every ``train.checkpoint_every`` steps, at the end,
 and when SIGTERM/SIGINT stops the run (each step runs in a :func:`critical_section`, so the
 checkpoint is at the step reached).  Best validation loss (and its step) is tracked.  The loop
 makes one host sync per step (loss and grad norm read together).
@@ -236,7 +236,7 @@ class Trainer:
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
         self.train_seconds += dt
-        if (self.dist.is_main or self.fsdp) and cfg.eval_interval and (self.step % cfg.eval_interval == 0 or last):
+        if (self.dist.is_main or self.fsdp) and cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
             te = time.perf_counter()
             vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
                                desc=f"eval (valid) at step {self.step}")
@@ -250,8 +250,8 @@ class Trainer:
                 cb.on_eval(step, ev)
         for cb in self.callbacks:
             cb.on_step_end(step, metrics)
-        if self.ckpt_path is not None and cfg.checkpoint_interval and \
-                self.step % cfg.checkpoint_interval == 0 and self.step < stop:
+        if self.ckpt_path is not None and cfg.checkpoint_every and \
+                self.step % cfg.checkpoint_every == 0 and self.step < stop:
             self.save_checkpoint(self.ckpt_path)
 
     def fit(self) -> dict:

@@ -4,7 +4,7 @@
 * :func:`make_multihead` — a "train"-kind run, several layers × heads, probe tokens, WikiText-like
   metrics (``loss``, ``val_loss``, ``val_ppl``, ``lr``, ``grad_norm``, ``logit_max/L{l}``);
 * :func:`make_sticky_study` — a sticky-chain-like study: ``summary.json`` + one run per
-  (seed, arm), matrices on a query/key window plus pooled overviews, a ``static`` group;
+  (seed, arm), matrices on a query/key crop plus pooled overviews, a ``static`` group;
 * bad inputs: :func:`make_corrupted`, :func:`make_partial`, :func:`make_missing_arrays`;
 * :func:`make_big` — a ≥ 1 GB float16 ``attn`` recording for ``bench/bench_app.py``.
 
@@ -139,9 +139,9 @@ def make_multihead(out: str | Path, name: str = "train-a", L: int = 3, H: int = 
 
 
 def make_sticky_study(out: str | Path, name: str = "sticky-study", seeds=(0, 1), arms=("sgd", "em"),
-                      T: int = 96, window: tuple[int, int] = (64, 96), pool: int = 8,
+                      T: int = 96, crop: tuple[int, int] = (64, 96), pool: int = 8,
                       steps: int = 8, every: int = 5) -> Path:
-    """A sticky-chain-like study directory with windowed matrices, pooled overviews, statics."""
+    """A sticky-chain-like study directory with cropped matrices, pooled overviews, statics."""
     study = Path(out) / name
     study.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -156,7 +156,7 @@ def make_sticky_study(out: str | Path, name: str = "sticky-study", seeds=(0, 1),
                 loss = 1.83 + 0.25 * math.exp(-4 * x) + 0.01 * seed
                 return {"loss": loss, "entropy": loss + 0.01, "accuracy": 0.3 * (1 - math.exp(-3 * x)),
                         "diag_value_pc1": min(0.9, x)}
-            rc = _record_cfg(query_window=list(window), key_window=[0, window[1]], pool=pool,
+            rc = _record_cfg(query_crop=list(crop), key_crop=[0, crop[1]], pool=pool,
                              dtype="float16")
             _write_head_run(study, f"seed{seed}-{arm}", "sticky-markov", {"seed": seed, "arm": arm},
                             1, 1, T, 6, steps, rc, metrics, {"task": "sticky-markov"}, seed=seed,

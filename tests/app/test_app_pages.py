@@ -152,12 +152,12 @@ def test_matrices_step_layer_head_and_modes(runs, monkeypatch):
     assert at.session_state["mx_play"] is False
 
 
-def test_matrices_windowed_and_pooled(runs, monkeypatch):
+def test_matrices_cropped_and_pooled(runs, monkeypatch):
     at = ok(app(runs, monkeypatch, "matrices", "sticky/seed0-em"))
     assert len(charts(at)) == 8                              # overview + zoom for 4 quantities
     t = titles(at)
     assert "full T = 96, pooled 8×8" in t and "zoom (real entries)" in t
-    assert any("Recorded window: queries 64–95" in c.value for c in at.caption)
+    assert any("Recorded crop: queries 64–95" in c.value for c in at.caption)
     ok(at.select_slider(key="mx_step").set_value(0).run())
     ok(at.selectbox(key="mx-zoom-size").set_value(32).run())
     ok(at.slider(key="mx-zoom-k").set_value(10).run())

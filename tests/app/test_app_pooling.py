@@ -1,4 +1,4 @@
-"""The app's own overview (a run without ``*_pooled`` arrays and a window too big to draw entry by
+"""The app's own overview (a run without ``*_pooled`` arrays and a crop too big to draw entry by
 entry) pools like the recorder: the mean over visible entries only.  Masked α/B/A/∂L/∂s are stored
 as exact zeros, so the mask must come from the recorded scores (NaN where masked)."""
 from __future__ import annotations

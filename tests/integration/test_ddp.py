@@ -20,7 +20,7 @@ def test_two_process_ddp_cpu(tmp_path):
            "--preset", "small", "--max-steps", "6", "--out", str(out), "--name", "ddp", "--quiet",
            f"--data.path={TINY}", "--data.batch_size=2", "--data.block_size=16", "--model.n_layer=1",
            "--model.n_head=2", "--model.n_embd=16", "--optim.accum=2", "--record.every=2",
-           "--train.eval_interval=3", "--device=cpu"]
+           "--train.eval_every=3", "--device=cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1"}
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]

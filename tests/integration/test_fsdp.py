@@ -28,8 +28,8 @@ EQUAL_STEPS = 8                # compared with a single process (Adam amplifies 
 ARGS = ["--config", str(REPO / "sims" / "wikitext_mhsa.toml"), "--preset", "small", "--quiet",
         f"--data.path={TINY}", "--data.block_size=16", "--model.n_layer=2", "--model.n_head=2",
         "--model.n_embd=16", "--optim.accum=2", "--record.every=2", "--record.seqs=2",
-        "--record.dtype=float32", "--record.flush_seconds=0.2", "--train.eval_interval=4",
-        "--train.checkpoint_interval=2", "--train.final_eval=false", "--device=cpu"]
+        "--record.dtype=float32", "--record.flush_seconds=0.2", "--train.eval_every=4",
+        "--train.checkpoint_every=2", "--train.final_eval=false", "--device=cpu"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
 

@@ -63,7 +63,7 @@ def test_installed_package_runs_outside_the_repository(tmp_path):
     work.mkdir()
     run = lambda *a: subprocess.run([str(venv / "bin" / "dyntool"), *a], cwd=work, env=env,  # noqa: E731
                                     capture_output=True, text=True)
-    r = run("sim", "sticky-markov", "--preset", "ci", "--T", "30", "--steps", "5", "--window", "10",
+    r = run("sim", "sticky-markov", "--preset", "ci", "--T", "30", "--steps", "5", "--crop", "10",
             "--n-seeds", "2", "--out", "r", "--name", "s", "--quiet")
     assert r.returncode == 0, r.stderr
     assert (work / "r" / "s" / "summary.json").is_file()

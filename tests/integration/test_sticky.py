@@ -13,7 +13,7 @@ from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import step_record
 from dyntool.sims.sticky_data import filter_entropy, filter_nll, generate, transition_matrix
 
-SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "25", "--seeds", "42,7", "--window", "20",
+SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "25", "--seeds", "42,7", "--crop", "20",
          "--record.every=10", "--record.pool=16", "--quiet"]
 
 
@@ -128,7 +128,7 @@ def test_bad_input(tmp_path, capsys, argv, needle, code):
 
 def test_non_finite_loss_fails_cleanly_and_keeps_records(tmp_path, capsys):
     code = main(["sim", "sticky-markov", "--T", "40", "--steps", "60", "--seeds", "1", "--lr", "1e4",
-                 "--record.every=1", "--record.chunk_steps=2", "--window", "10", "--out", str(tmp_path),
+                 "--record.every=1", "--record.chunk_steps=2", "--crop", "10", "--out", str(tmp_path),
                  "--name", "nan", "--quiet"])
     err = capsys.readouterr().err.strip()
     assert code == 3 and "non-finite loss" in err and len(err.splitlines()) == 1
@@ -140,7 +140,7 @@ def test_non_finite_loss_fails_cleanly_and_keeps_records(tmp_path, capsys):
 
 
 def test_value_lr_sweep_and_closed_form_arm(tmp_path):
-    assert main(["sim", "sticky-markov", "--T", "50", "--steps", "30", "--seeds", "1,2", "--window", "10",
+    assert main(["sim", "sticky-markov", "--T", "50", "--steps", "30", "--seeds", "1,2", "--crop", "10",
                  "--arms", "sgd,em,em_closed_form", "--sweep", "1,10", "--record.every=15",
                  "--out", str(tmp_path), "--name", "w", "--quiet"]) == 0
     s = json.loads((tmp_path / "w" / "summary.json").read_text())

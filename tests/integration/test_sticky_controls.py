@@ -18,7 +18,7 @@ from dyntool.sims.sticky_data import (HELDOUT_OFFSET, VALIDATION_OFFSET, generat
 from tests.engine_fixtures import engine_state
 
 ARMS = "sgd,em,readout,routing,all,sgd_tuned"
-SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--window", "20",
+SMALL = ["sim", "sticky-markov", "--T", "60", "--steps", "30", "--seeds", "42,7", "--crop", "20",
          "--record.every=10", "--record.pool=16", "--heldout_every=5", "--quiet", "--arms", ARMS, "--record_seeds=1"]
 
 
@@ -135,7 +135,7 @@ def test_routing_drive_is_the_attention_variance_of_b_and_non_negative():
     st = engine_state()
     _, diag, _ = step_record(st, (0, 31), (0, 31), 0, torch.zeros(2, 31, dtype=torch.long),
                              torch.rand(2, 31, dtype=torch.float64), 1.8)
-    w = st.window(0, 31, ("attn", "compat"))
+    w = st.row_block(0, 31, ("attn", "compat"))
     a, b = w["attn"], w["compat"]
     e = (a * b).sum(-1, keepdim=True)
     var = (a * (b - e) ** 2).sum(-1).sum(-1) / 31            # mean_i Var_{α_i}(b), independent formula

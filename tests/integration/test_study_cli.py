@@ -9,7 +9,7 @@ from dyntool.run import open_run
 TINY = Path(__file__).resolve().parents[1] / "data" / "tiny_wikitext"
 TINY_ARGS = [f"--data.path={TINY}", "--data.batch_size=2", "--data.block_size=8", "--data.eval_batch_size=4",
              "--data.eval_max_batches=1", "--model.n_layer=1", "--model.n_head=2", "--model.n_embd=16",
-             "--optim.warmup_steps=1", "--train.eval_interval=2", "--record.every=2",
+             "--optim.warmup_steps=1", "--train.eval_every=2", "--record.every=2",
              "--train.final_eval=false", "--train.checkpoint=false", "--train.logit_stat=off"]
 
 

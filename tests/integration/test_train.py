@@ -20,7 +20,7 @@ CONFIG = REPO / "sims" / "wikitext_mhsa.toml"
 TINY_ARGS = [f"--data.path={TINY}", "--data.batch_size=4", "--data.block_size=16",
              "--data.eval_batch_size=8", "--data.eval_max_batches=0", "--model.n_layer=2",
              "--model.n_head=2", "--model.n_embd=32", "--optim.warmup_steps=2",
-             "--train.eval_interval=4", "--record.every=3"]
+             "--train.eval_every=4", "--record.every=3"]
 
 
 def train(tmp_path, *extra, name="r", config=CONFIG, preset="small"):
@@ -178,7 +178,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
             cheap = torch.tensor([[r[mn.head(name, l, h)] for h in range(2)] for l in range(2)], dtype=torch.float64)
             torch.testing.assert_close(cheap, full[name], rtol=2e-5, atol=1e-7, msg=name)
     rc, path = train(tmp_path, "--max-steps", "4", "--record.every=0", "--record.cheap_every=2",
-                     "--train.log_interval=3", "--train.final_eval=false", name="every2")
+                     "--train.log_every=3", "--train.final_eval=false", name="every2")
     assert rc == 0
     got = {r["step"]: r for r in rows(path)}
     assert sorted(got) == [0, 2, 3]

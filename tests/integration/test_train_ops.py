@@ -97,8 +97,8 @@ def test_rng_states_round_trip_through_weights_only(tmp_path):
 
 def test_checkpoint_written_by_default_interval(tmp_path):
     from dyntool.train.config import TrainLoopConfig
-    assert TrainLoopConfig().checkpoint_interval > 0                      # kill -9 safe by default
-    rc, run = train(tmp_path, "--max-steps", "9", "--train.checkpoint_interval=4", "--train.stop_at=6")
+    assert TrainLoopConfig().checkpoint_every > 0                      # kill -9 safe by default
+    rc, run = train(tmp_path, "--max-steps", "9", "--train.checkpoint_every=4", "--train.stop_at=6")
     assert rc == 0 and ck_step(run) == 6
 
 
@@ -142,7 +142,7 @@ def test_resume_finished_run_nothing_to_do_then_continues(tmp_path, capsys):
 # -- best validation, eval mode, progress -----------------------------------------------------
 
 def test_best_validation_is_tracked(tmp_path):
-    rc, run = train(tmp_path, "--max-steps", "12", "--train.eval_interval=2", "--optim.lr=3e-2")
+    rc, run = train(tmp_path, "--max-steps", "12", "--train.eval_every=2", "--optim.lr=3e-2")
     assert rc == 0
     evals = [(r["val_loss"], r["step"]) for r in rows(run) if "val_loss" in r]
     final = open_run(run).meta["final"]
@@ -277,7 +277,7 @@ def _wait_rows(proc, run: Path, n: int, timeout: float = 120):
 
 
 CAMPAIGN_STEPS = 48
-CAMPAIGN_ARGS = ["--train.checkpoint_interval=5"]
+CAMPAIGN_ARGS = ["--train.checkpoint_every=5"]
 
 
 @pytest.fixture(scope="module")
@@ -320,9 +320,9 @@ def test_kill_9_campaign_resumes_bitwise(tmp_path, ref_run):
 @pytest.mark.parametrize("sig,ignored", [(signal.SIGTERM, False), (signal.SIGINT, True)],
                          ids=["sigterm", "sigint-inherited-ignored"])
 def test_signal_checkpoints_the_step_reached(tmp_path, sig, ignored, ref_run):
-    # checkpoint_interval 1000: only the signal writes a checkpoint (same numbers as the ref)
+    # checkpoint_every 1000: only the signal writes a checkpoint (same numbers as the ref)
     ref = ref_run
-    proc = _spawn(tmp_path, "s", CAMPAIGN_STEPS, "--train.checkpoint_interval=1000", ignore_sigint=ignored)
+    proc = _spawn(tmp_path, "s", CAMPAIGN_STEPS, "--train.checkpoint_every=1000", ignore_sigint=ignored)
     _wait_rows(proc, tmp_path / "s", 17)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)

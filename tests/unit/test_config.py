@@ -154,3 +154,55 @@ def test_unknown_key_suggests_the_closest(tmp_path):
     with pytest.raises(ConfigError) as e:
         load(TrainConfig, overrides=["--zzzz.qqq=1"])
     assert "did you mean" not in str(e.value)
+
+
+# -- renamed keys: one word per idea (crop, every), the old names still load ---------------------
+
+def test_old_key_names_load_with_one_warning_line(tmp_path):
+    from dyntool.sims.sticky import StickyConfig
+    from dyntool.train.config import TrainConfig
+    f = tmp_path / "old.toml"
+    f.write_text("window = 30\n[record]\nquery_window = [5, 9]\n")
+    with pytest.warns(config.DeprecatedKeyWarning) as w:
+        cfg = config.load(StickyConfig, f, overrides=["--record.key_window=0,4"])
+    assert (cfg.crop, cfg.record.query_crop, cfg.record.key_crop) == (30, [5, 9], [0, 4])
+    assert len(w) == 3 and all("\n" not in str(x.message) and "deprecated" in str(x.message) for x in w)
+    assert "record.query_window" in str(w[1].message) and "record.query_crop" in str(w[1].message)
+    with pytest.warns(config.DeprecatedKeyWarning, match="train.eval_interval is deprecated, use train.eval_every"):
+        t = config.load(TrainConfig, overrides=["--train.eval_interval=7", "--train.checkpoint_interval=3",
+                                                "--train.log_interval=2"])
+    assert (t.train.eval_every, t.train.checkpoint_every, t.train.log_every) == (7, 3, 2)
+    d = config.to_dict(t)
+    assert "eval_interval" not in d["train"] and "query_window" not in d["record"] and "query_crop" in d["record"]
+
+
+def test_an_old_runs_config_json_loads_quietly(recwarn):
+    """A recorded config.json (``base``: a resumed run) holds every key, the old names among them,
+    one of a pair left unset: the set one wins, nothing is printed; a later layer's new key overrides."""
+    from dyntool.train.config import TrainConfig
+    old = config.to_dict(TrainConfig())
+    old["train"] = {("eval_interval" if k == "eval_every" else k): v for k, v in old["train"].items()}
+    old["train"]["eval_interval"] = 40
+    old["record"].update(query_window=[2, 8], key_window=[])
+    cfg = config.load(TrainConfig, base=old)
+    assert cfg.train.eval_every == 40 and cfg.record.query_crop == [2, 8] and cfg.record.key_crop == []
+    assert cfg.train.checkpoint_every == TrainConfig().train.checkpoint_every
+    assert not [w for w in recwarn if issubclass(w.category, config.DeprecatedKeyWarning)]
+    assert config.load(TrainConfig, base=old, overrides=["--train.eval_every=5"]).train.eval_every == 5
+
+
+def test_old_and_new_name_set_differently_is_refused():
+    from dyntool.train.config import TrainConfig
+    with pytest.warns(config.DeprecatedKeyWarning), pytest.raises(ConfigError) as e:
+        config.load(TrainConfig, overrides=["--record.query_window=0,4", "--record.query_crop=1,5"])
+    assert e.value.key == "record.query_crop" and "older name" in str(e.value)
+
+
+def test_record_config_keeps_its_old_keywords():
+    from dyntool.record.policy import RecordConfig, crops
+    with pytest.warns(config.DeprecatedKeyWarning, match="query_window"):
+        rc = RecordConfig(query_window=[2, 8], key_window=[0, 6])
+    assert (rc.query_crop, rc.key_crop) == ([2, 8], [0, 6]) and crops(rc, 10) == ((2, 8), (0, 6))
+    assert "query_window" not in config.to_dict(rc)
+    from dyntool.train.config import TrainConfig
+    assert "record.query_window" not in config.keys(TrainConfig) and "record.query_crop" in config.keys(TrainConfig)

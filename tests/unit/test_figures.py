@@ -30,8 +30,8 @@ def root(tmp_path_factory) -> Path:
     fx.make_bijection(d)
     # a --controls study first (list_runs puts the newest first, so sticky-study stays the main study)
     fx.make_sticky_study(d, name="sticky-controls", seeds=(0, 1), arms=("sgd", "em", "routing", "all"), T=40,
-                         steps=20, every=10, window=10, pool=8, sweep=False)
-    fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, window=16, pool=8)
+                         steps=20, every=10, crop=10, pool=8, sweep=False)
+    fx.make_sticky_study(d, seeds=(0, 1), T=64, steps=30, every=5, crop=16, pool=8)
     fx.make_ls_study(d, seeds=(0, 1), steps=40)
     fx.make_ls_context_study(d, seeds=(0, 1), steps=20)
     fx.make_span_study(d, seeds=(0, 1), steps=40)
@@ -318,7 +318,7 @@ def test_f6_says_which_positions_it_uses(sticky):
 
 
 def test_f4_f6_without_heldout_metrics_say_so(tmp_path):
-    study = fx.make_sticky_study(tmp_path, name="no-heldout", seeds=(0, 1), T=40, steps=12, every=6, window=10,
+    study = fx.make_sticky_study(tmp_path, name="no-heldout", seeds=(0, 1), T=40, steps=12, every=6, crop=10,
                                  pool=8, sweep=False, heldout=False)
     rs = collect_runs([str(study)])
     fig, data, cap = FIGURES["f4_entropy"].draw(rs)

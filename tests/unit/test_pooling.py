@@ -43,7 +43,7 @@ def test_sim_engine_pools_the_same():
     got = {}
     train(x, y, W, [(0.0,) * 4] * 2, 1, on_step=lambda s, st: got.setdefault(s, st), record_steps={0})
     st = got[0]
-    full, vis = st.window(0, 23), st.mask(0, 23)
+    full, vis = st.row_block(0, 23), st.mask(0, 23)
     pooled = st.pooled(4, rows_per_chunk=8)
     for n in ("attn", "compat", "advantage", "score_grad"):
         torch.testing.assert_close(pooled[n], pool_blocks(full[n], 4, vis), equal_nan=True)

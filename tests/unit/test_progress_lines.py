@@ -43,7 +43,7 @@ def test_train_shows_eval_and_both_times(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("DYNTOOL_PROGRESS_SECONDS", "1000")
     argv = ["train", "--config", "wikitext_mhsa", "--preset", "small", "--out", str(tmp_path), "--name", "r",
             "--max-steps", "6", f"--data.path={TINY}", "--data.batch_size=2", "--data.block_size=8",
-            "--model.n_layer=1", "--model.n_head=1", "--model.n_embd=16", "--train.eval_interval=3",
+            "--model.n_layer=1", "--model.n_head=1", "--model.n_embd=16", "--train.eval_every=3",
             "--record.every=0", "--train.checkpoint=false"]
     assert main(argv) == 0
     cap = capsys.readouterr()

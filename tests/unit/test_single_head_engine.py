@@ -67,7 +67,7 @@ def test_analytic_gradients_equal_autograd(causal, std):
     x, y, W = _random_problem(std=std)
     st = _capture(x, y, W, causal)
     N = x.shape[1]
-    full = st.window(0, N)
+    full = st.row_block(0, N)
     pos = st.positional(rows_per_chunk=5)
     for r in range(3):
         loss, Wr, t = _autograd(x, y, W, r, causal)
@@ -112,7 +112,7 @@ def test_pooled_is_the_block_mean_over_visible_entries():
     x, y, W = _random_problem(N=23)
     st = _capture(x, y, W, causal=True)
     pooled = st.pooled(5, rows_per_chunk=10)
-    full, m = st.window(0, 23), st.mask(0, 23).double()
+    full, m = st.row_block(0, 23), st.mask(0, 23).double()
     for n in ("attn", "compat", "advantage", "score_grad"):
         assert pooled[n].shape == (3, 5, 5)
         for bi, bj in ((0, 0), (2, 1), (4, 4), (4, 0)):

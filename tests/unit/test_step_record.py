@@ -76,7 +76,7 @@ def test_recorder_write_stores_what_reduce_makes(tmp_path):
     """record = write ∘ reduce: a full-T producer and a pre-reduced one store the same arrays."""
     from dyntool.record.store_writer import StoreWriter
     T = 10
-    cfg = RecordConfig(every=1, pool=5, dtype="float32", query_window=[2, 8], key_window=[0, 6])
+    cfg = RecordConfig(every=1, pool=5, dtype="float32", query_crop=[2, 8], key_crop=[0, 6])
     g = torch.Generator().manual_seed(0)
     s = torch.randn(1, 1, 1, T, T, generator=g).masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("nan"))
     q = {"scores": s, "attn": torch.rand(1, 1, 1, T, T, generator=g), "upstream": torch.randn(1, 1, 1, T, 3)}

@@ -98,7 +98,7 @@ def test_budget_estimate_and_error(tmp_path):
     with pytest.raises(ConfigError, match=r"~0\.80 GB.*budget of 0\.5 GB"):
         check_budget(RecordConfig(dtype="float16", arrays=["attn"], disk_budget_gb=0.5), 100, tmp_path,
                      L=1, H=1, T=2000, d_k=10, d_v=15)
-    windowed = RecordConfig(dtype="float16", arrays=["attn"], query_window=[1800, 2000], pool=50)
+    windowed = RecordConfig(dtype="float16", arrays=["attn"], query_crop=[1800, 2000], pool=50)
     # a 200-query window (200 × 2000) plus a 40 × 40 pooled overview
     assert estimate_bytes(windowed, 1, L=1, H=1, T=2000, d_k=10, d_v=15) == 2 * (200 * 2000 + 40 * 40) + 4 + 8
 

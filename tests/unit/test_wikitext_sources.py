@@ -120,7 +120,7 @@ def test_three_sources_same_ids_vocab_and_first_loss(tmp_path, offline_hub):
         argv = ["train", "--config", "wikitext_mhsa", "--preset", "small", "--out", str(tmp_path / "runs"),
                 "--name", f"r{i}", "--quiet", "--max-steps", "1", f"--data.path={spec}",
                 "--data.batch_size=2", "--data.block_size=8", "--model.n_layer=1", "--model.n_head=1",
-                "--model.n_embd=16", "--train.eval_interval=0", "--train.final_eval=false",
+                "--model.n_embd=16", "--train.eval_every=0", "--train.final_eval=false",
                 "--train.checkpoint=false", "--record.every=0"]
         assert main(argv) == 0
         row = json.loads((tmp_path / "runs" / f"r{i}" / "metrics.jsonl").read_text().splitlines()[0])

@@ -1,6 +1,6 @@
 """Matrices: α, B, advantages, score gradients (and scores) of one head at one recorded step.
 
-Step slider + play; α on [0, 1], signed matrices on a diverging scale centred at 0; windows larger
+Step slider + play; α on [0, 1], signed matrices on a diverging scale centred at 0; crops larger
 than the screen are shown as a pooled overview plus a zoom into real entries; probe tokens on the
 axes where the run has them; two steps or two runs side by side.
 """
@@ -27,7 +27,7 @@ def geometry(info: dict, kind: str) -> dict:
 
 
 def zoom_controls(g: dict, key: str) -> tuple[int, int, int]:
-    """Window of real entries to draw when the recorded window is too big: (query start, key start,
+    """The part of the recorded crop to draw entry by entry when the crop is too big: (query start, key start,
     size) in array coordinates.  Default: the last queries against the keys around them."""
     sizes = [s for s in (32, 64, 96, 128) if s <= max(g["nq"], g["nk"])] or [MAX_CELLS]
     c1, c2, c3 = st.columns(3)
@@ -43,7 +43,7 @@ def zoom_controls(g: dict, key: str) -> tuple[int, int, int]:
 
 def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int, seq: int,
                 zoom: tuple[int, int, int] | None, label: str, zrange: float | None = None) -> list:
-    """[overview, zoom] for big windows, else [full] — plotly figures of one head at one step."""
+    """[overview, zoom] for big crops, else [full] — plotly figures of one head at one step."""
     mark = data.marker(path)
     info = data.array_info(path, mark)
     if kind not in info["arrays"]:
@@ -73,7 +73,7 @@ def figures_for(path: str, kind: str, idx: int, step: int, layer: int, head: int
     else:
         block = analysis.display_block(max(g["nq"], g["nk"]), MAX_CELLS)
         ov = data.pooled(path, mark, kind, idx, layer, head, seq, block)
-        ov_title = f"<b>{name}</b> · overview<br><span style='font-size:12px'>{label} · step {step} · recorded window, {block}×{block} block means</span>"
+        ov_title = f"<b>{name}</b> · overview<br><span style='font-size:12px'>{label} · step {step} · recorded crop, {block}×{block} block means</span>"
         ov_q0, ov_k0 = g["q0"], g["k0"]
     zm = data.matrix(path, mark, kind, idx, layer, head, seq, rows, cols)
     return [plots.heatmap(ov, kind, ov_title, ov_q0, ov_k0, block=block, rect=rect, zrange=zrange, alpha=alpha),
@@ -112,7 +112,7 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
     big = g["nq"] > MAX_CELLS or g["nk"] > MAX_CELLS or any(f"{k}_pooled" in info["arrays"] for k in kinds)
     zoom = zoom_controls(g, "mx-zoom") if big else None
     if big:
-        st.caption(f"Recorded window: queries {g['q0']}–{g['q0'] + g['nq'] - 1}, keys {g['k0']}–"
+        st.caption(f"Recorded crop: queries {g['q0']}–{g['q0'] + g['nq'] - 1}, keys {g['k0']}–"
                    f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
                    "the zoom). Right: the real entries inside the box.")
     label = data.label(data.get_run(path).id)

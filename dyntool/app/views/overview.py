@@ -53,12 +53,7 @@ def per_head_figure(arr: np.ndarray, steps: np.ndarray, title: str, z_title: str
 
 def logged_per_head(df: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray] | None:
     """(steps, values (steps, layer, head)) from metrics ``NAME/L{l}H{h}``, or None if not logged."""
-    import re
-    cells = {}
-    for c in df.columns:
-        m = re.fullmatch(rf"{re.escape(name)}/L(\d+)H(\d+)", c)
-        if m:
-            cells[int(m.group(1)), int(m.group(2))] = c
+    cells = mn.per_head(df.columns, name)
     if not cells:
         return None
     L, H = max(l for l, _ in cells) + 1, max(h for _, h in cells) + 1
@@ -105,7 +100,7 @@ def curves(path: str) -> None:
             export.download(fig, "ov-ppl", "perplexity", [], [path])
 
     left, right = st.columns(2)
-    ent_steps = logged_per_head(df, "attn_entropy")
+    ent_steps = logged_per_head(df, mn.ATTN_ENTROPY)
     with left:
         if ent_steps is not None and len(ent_steps[0]) > len(steps):   # the cheap tier: every step
             fig = per_head_figure(ent_steps[1], ent_steps[0], "Attention entropy (mean over queries, every step)",
@@ -113,8 +108,8 @@ def curves(path: str) -> None:
         elif "attn_entropy" in arrays and len(steps):
             arr = data.head_series(path, mark, "attn_entropy")
             fig = per_head_figure(arr, steps, "Attention entropy (mean over queries)", "nats", "ent")
-        elif "attn_entropy" in cols:
-            fig = plots.curves(df, ["attn_entropy"], "Attention entropy (mean)", y_title="nats")
+        elif mn.ATTN_ENTROPY in cols:
+            fig = plots.curves(df, [mn.ATTN_ENTROPY], "Attention entropy (mean)", y_title="nats")
         else:
             fig = None
             st.caption("No attention entropy recorded (`attn_entropy`).")
@@ -122,8 +117,8 @@ def curves(path: str) -> None:
             st.plotly_chart(fig, key="ov-ent", config=plots.CONFIG)
             export.download(fig, "ov-ent", "attention_entropy", ["f5_attention"], [path])
     with right:
-        lm_cols = sorted(c for c in cols if c.startswith("logit_max"))
-        per_step = logged_per_head(df, "logit_max")
+        lm_cols = sorted(c for c in cols if c.startswith(mn.LOGIT_MAX))
+        per_step = logged_per_head(df, mn.LOGIT_MAX)
         if per_step is not None:          # logged every step: finer than the recorded steps
             fig = per_head_figure(per_step[1], per_step[0], "max |logit| per layer and head (every step)",
                                   "max |s_ij|", "lmax")
@@ -141,7 +136,7 @@ def curves(path: str) -> None:
 
     left, right = st.columns(2)
     with left:
-        gn = [c for c in cols if "grad_norm" in c]
+        gn = [c for c in cols if mn.GRAD_NORM in c]
         if gn:
             fig = plots.curves(df, gn, "Gradient norms", log_y=log_y, y_title="‖∇‖")
             st.plotly_chart(fig, key="ov-gn", config=plots.CONFIG)
@@ -149,7 +144,7 @@ def curves(path: str) -> None:
         else:
             st.caption("No gradient norms logged (`grad_norm*`).")
     with right:
-        shown = {"loss", "val_loss", "val_ppl", "attn_entropy", *lm_cols, *gn}
+        shown = {"loss", "val_loss", "val_ppl", mn.ATTN_ENTROPY, *lm_cols, *gn}
         rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])
                 and not _per_head_column(c)]
         if rest:
