@@ -99,37 +99,58 @@ def _ticks(ax, labels):
         needs="a toy run recording attn, compat, values (d_v = 2) and the loss metric",
         group="dynamics", check=_check_toy)
 def f2_toy(runs, **opts):
+    data = _f2_data(runs)
+    return _f2_draw(data), data, _f2_caption(data)
+
+
+F2_NAMES = ("init", "mid", "final")
+
+
+def _f2_data(runs) -> dict:
+    """α and B at init / mid (half the loss drop) / final, the value trajectories, loss and
+    attention entropy of the toy run, as recorded."""
     run = _toy_run(runs)
     steps, i0, im, i1 = _key_steps(run)
-    A, B, V = array(run, "attn"), array(run, "compat"), array(run, "values")
     idx = [i0, im, i1]
-    alpha = _head(A, idx)                                  # (3, T, T)
-    compat = _head(B, idx)
-    vals = _head(V)                                        # (S, T, 2)
-    T = alpha.shape[-1]
-    labels = _labels(run, T)
-    dom = _dominant_class(alpha[-1], labels)
+    alpha = _head(array(run, "attn"), idx)                 # (3, T, T)
+    compat = _head(array(run, "compat"), idx)
+    vals = _head(array(run, "values"))                     # (S, T, 2)
+    labels = _labels(run, alpha.shape[-1])
     s_loss, loss = metric(run, "loss")
     s_ent, ent = metric(run, mn.ATTN_ENTROPY)
-
-    fig = style.figure(style.DOUBLE, 3.5)
-    gs = fig.add_gridspec(2, 6, width_ratios=[1, 1, 1, 0.08, 0.22, 1.45])
-    names = ["init", "mid", "final"]
     # B = u·v shrinks with the error signal u (→ 0 as the loss does), so one colour range for all
     # three panels leaves the last one blank: show each row divided by its largest |b_ij| (the
     # sign pattern the routing gradient acts on) and print the scale per panel.
     row_max = np.nanmax(np.abs(compat), axis=-1, keepdims=True)                 # (3, T, 1)
     compat_rn = np.divide(compat, row_max, out=np.zeros_like(compat), where=row_max > 0)
-    scale = [float(np.nanmax(np.abs(compat[c]))) for c in range(3)]
-    for c in range(3):
+    names = list(F2_NAMES)
+    return {
+        "run": run.id, "labels": labels,
+        "steps": {n: int(steps[k]) for n, k in zip(names, idx)},
+        "attn": {n: alpha[c].tolist() for c, n in enumerate(names)},
+        "compat": {n: compat[c].tolist() for c, n in enumerate(names)},
+        "compat_row_normalised": {n: compat_rn[c].tolist() for c, n in enumerate(names)},
+        "compat_max_abs": dict(zip(names, [float(np.nanmax(np.abs(compat[c]))) for c in range(3)])),
+        "dominant_class": [int(x) for x in _dominant_class(alpha[-1], labels)],
+        "values": {"step": steps[: len(vals)].tolist(), "v": vals.tolist()},
+        "loss": {"step": s_loss.tolist(), "loss": loss.tolist()},
+        "attn_entropy": {"step": s_ent.tolist(), "entropy": ent.tolist()},
+    }
+
+
+def _f2_draw(data: dict):
+    labels = data["labels"]
+    fig = style.figure(style.DOUBLE, 3.5)
+    gs = fig.add_gridspec(2, 6, width_ratios=[1, 1, 1, 0.08, 0.22, 1.45])
+    for c, name in enumerate(F2_NAMES):
         ax = fig.add_subplot(gs[0, c])
-        im_a = ax.imshow(alpha[c], vmin=0, vmax=1, cmap=style.SEQ_CMAP)
-        ax.set_title(f"α, {names[c]} (step {int(steps[idx[c]])})")
+        im_a = ax.imshow(np.asarray(data["attn"][name]), vmin=0, vmax=1, cmap=style.SEQ_CMAP)
+        ax.set_title(f"α, {name} (step {data['steps'][name]})")
         ax.set_xlabel("key j")
         _ticks(ax, labels)
         ax2 = fig.add_subplot(gs[1, c])
-        im_b = ax2.imshow(compat_rn[c], vmin=-1, vmax=1, cmap=style.DIV_CMAP)
-        ax2.set_title(f"B / row max, {names[c]}\n|b| ≤ {scale[c]:.0e}", fontsize=6.5)
+        im_b = ax2.imshow(np.asarray(data["compat_row_normalised"][name]), vmin=-1, vmax=1, cmap=style.DIV_CMAP)
+        ax2.set_title(f"B / row max, {name}\n|b| ≤ {data['compat_max_abs'][name]:.0e}", fontsize=6.5)
         ax2.set_xlabel("key j")
         _ticks(ax2, labels)
         if c == 0:
@@ -139,8 +160,14 @@ def f2_toy(runs, **opts):
             style.panel_label(ax2, "b")
     fig.colorbar(im_a, cax=fig.add_subplot(gs[0, 3]), label="α")
     fig.colorbar(im_b, cax=fig.add_subplot(gs[1, 3]), label="b_ij / max_j |b_ij|")
+    _f2_values(fig.add_subplot(gs[0, 5]), np.asarray(data["values"]["v"]), data["dominant_class"])
+    _f2_loss(fig.add_subplot(gs[1, 5]), data)
+    return fig
 
-    ax = fig.add_subplot(gs[0, 5])
+
+def _f2_values(ax, vals: np.ndarray, dom: list[int]) -> None:
+    """(c) the value trajectories, coloured by the class that uses each value most at the end."""
+    T = vals.shape[1]
     for j in range(T):
         col = style.CLASS_COLORS[int(dom[j]) % len(style.CLASS_COLORS)]
         ax.plot(vals[:, j, 0], vals[:, j, 1], color=col, lw=1.0)
@@ -154,17 +181,20 @@ def f2_toy(runs, **opts):
     ax.set_aspect("equal", adjustable="datalim")
     style.panel_label(ax, "c")
 
-    ax = fig.add_subplot(gs[1, 5])
-    ax.plot(s_loss, loss, color=style.OKABE_ITO["black"], label="loss")
+
+def _f2_loss(ax, data: dict) -> None:
+    """(d) the loss (log scale) and the mean attention entropy, with the three shown steps."""
+    ax.plot(data["loss"]["step"], data["loss"]["loss"], color=style.OKABE_ITO["black"], label="loss")
     ax.set_yscale("log")
     style.plain_log(ax)
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel(style.LOSS)
-    for k in idx:
-        ax.axvline(steps[k], color=style.REF_COLOR, lw=0.5, ls=":")
-    if len(s_ent):
+    for name in F2_NAMES:
+        ax.axvline(data["steps"][name], color=style.REF_COLOR, lw=0.5, ls=":")
+    ent = data["attn_entropy"]
+    if len(ent["step"]):
         tw = ax.twinx()
-        tw.plot(s_ent, ent, color=style.OKABE_ITO["orange"], ls="--", label="mean attention entropy")
+        tw.plot(ent["step"], ent["entropy"], color=style.OKABE_ITO["orange"], ls="--", label="mean attention entropy")
         tw.set_ylabel("attention entropy [nats]", color=style.OKABE_ITO["orange"])
         tw.spines["right"].set_visible(True)
         tw.set_ylim(bottom=0)
@@ -172,26 +202,16 @@ def f2_toy(runs, **opts):
     ax.legend(loc="lower left")
     style.panel_label(ax, "d")
 
-    data = {
-        "run": run.id, "labels": labels,
-        "steps": {n: int(steps[k]) for n, k in zip(names, idx)},
-        "attn": {n: alpha[c].tolist() for c, n in enumerate(names)},
-        "compat": {n: compat[c].tolist() for c, n in enumerate(names)},
-        "compat_row_normalised": {n: compat_rn[c].tolist() for c, n in enumerate(names)},
-        "compat_max_abs": dict(zip(names, scale)),
-        "dominant_class": [int(x) for x in dom],
-        "values": {"step": steps[: len(vals)].tolist(), "v": vals.tolist()},
-        "loss": {"step": s_loss.tolist(), "loss": loss.tolist()},
-        "attn_entropy": {"step": s_ent.tolist(), "entropy": ent.tolist()},
-    }
-    caption = (f"Toy head (T = {T}, labels {labels}; run {run.id}). (a) attention α and (b) compatibility "
-               f"B = [u_i·v_j], each row divided by its largest |b_ij| (B itself shrinks with the error signal: "
-               f"max |b| = {scale[0]:.2g}, {scale[1]:.2g}, {scale[2]:.2g}) at steps {int(steps[i0])}, "
-               f"{int(steps[im])} (half the loss drop) and "
-               f"{int(steps[i1])}; tick colours give each position's class. (c) value trajectories in R², "
-               f"coloured by the class whose queries use the value most at the end (open: start). "
-               f"(d) loss (log scale, from {loss[0]:.3f} to {loss[-1]:.4f} nats) and mean attention entropy.")
-    return fig, data, caption
+
+def _f2_caption(data: dict) -> str:
+    labels, st, scale, loss = data["labels"], data["steps"], data["compat_max_abs"], data["loss"]["loss"]
+    return (f"Toy head (T = {len(labels)}, labels {labels}; run {data['run']}). (a) attention α and (b) compatibility "
+            f"B = [u_i·v_j], each row divided by its largest |b_ij| (B itself shrinks with the error signal: "
+            f"max |b| = {scale['init']:.2g}, {scale['mid']:.2g}, {scale['final']:.2g}) at steps {st['init']}, "
+            f"{st['mid']} (half the loss drop) and "
+            f"{st['final']}; tick colours give each position's class. (c) value trajectories in R², "
+            f"coloured by the class whose queries use the value most at the end (open: start). "
+            f"(d) loss (log scale, from {loss[0]:.3f} to {loss[-1]:.4f} nats) and mean attention entropy.")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -208,17 +228,23 @@ def _check_f1(runs):
         needs="a toy run recording attn, advantage, upstream and values (d_v = 2) at consecutive steps",
         group="dynamics", check=_check_f1)
 def f1_feedback_loop(runs, **opts):
+    data = _f1_data(runs, opts.get("step_index"))
+    return _f1_draw(data), data, _f1_caption(data)
+
+
+def _f1_data(runs, step_index=None) -> dict:
+    """One recorded step t of the toy run (default: just before half the loss drop) and the next:
+    the query with the strongest routing drive, the value it routes more to, the per-query pulls on
+    that value, their sum against the recorded update, and the first-order change of its scores."""
     run = _toy_run(runs)
     steps, _, im, _ = _key_steps(run)
-    t = int(opts.get("step_index", min(im, len(steps) - 2)))
+    t = int(step_index if step_index is not None else min(im, len(steps) - 2))
     lr = float((run.config or {}).get("lr", 0.5))
     a = _head(array(run, "attn"), t)                      # (T, T)
     adv = _head(array(run, "advantage"), t)
     u = _head(array(run, "upstream"), t)                  # (T, 2)
     V = _head(array(run, "values"), [t, t + 1])           # (2, T, 2)
     v, v_next = V[0], V[1]
-    T = a.shape[0]
-    labels = _labels(run, T)
     g = a @ v                                             # contexts g_i
     drive = (a * np.abs(adv)).sum(1)
     i_star = int(drive.argmax())                          # the query with the strongest routing drive
@@ -228,16 +254,37 @@ def f1_feedback_loop(runs, **opts):
     dv_rec = v_next[j_star] - v[j_star]
     db = u @ dv_rec                                       # first-order Δb_i'j* = u_i'·Δv_j*
     span = float(np.ptp(np.concatenate([v, g]), axis=0).max()) or 1.0
-    k_u = 0.35 * span / (np.linalg.norm(u, axis=1).max() or 1.0)
-    k_v = 1.0 / (np.linalg.norm(dv_pred) or 1.0)           # panel (b) is zoomed on v_j*: unit length
-    ccol = [style.CLASS_COLORS[c % len(style.CLASS_COLORS)] for c in labels]      # queries: own class
-    users = _dominant_class(a, labels)
-    vcol = [style.CLASS_COLORS[int(c) % len(style.CLASS_COLORS)] for c in users]  # values: users' class
-    pos, neg = style.OKABE_ITO["blue"], style.OKABE_ITO["vermillion"]
+    err = float(np.linalg.norm(dv_pred - dv_rec) / (np.linalg.norm(dv_rec) or 1.0))
+    return {"run": run.id, "step": int(steps[t]), "next_step": int(steps[t + 1]), "lr": lr,
+            "query": i_star, "value": j_star, "labels": _labels(run, a.shape[0]), "values": v.tolist(),
+            "values_next": v_next.tolist(), "contexts": g.tolist(), "upstream": u.tolist(),
+            "attn": a.tolist(), "advantage": adv.tolist(), "contributions": contrib.tolist(),
+            "dv_predicted": dv_pred.tolist(), "dv_recorded": dv_rec.tolist(), "dv_rel_error": err,
+            "delta_compat": db.tolist(),
+            "arrow_scale_u": 0.35 * span / (np.linalg.norm(u, axis=1).max() or 1.0),
+            "arrow_scale_dv": 1.0 / (np.linalg.norm(dv_pred) or 1.0)}   # panel (b) is zoomed on v_j*: unit length
 
+
+def _f1_draw(data: dict):
+    d = {k: np.asarray(data[k]) for k in ("attn", "values", "contexts", "upstream", "advantage",
+                                          "contributions", "dv_recorded", "delta_compat")}
+    labels = data["labels"]
+    ccol = [style.CLASS_COLORS[c % len(style.CLASS_COLORS)] for c in labels]      # queries: own class
+    users = _dominant_class(d["attn"], labels)
+    vcol = [style.CLASS_COLORS[int(c) % len(style.CLASS_COLORS)] for c in users]  # values: users' class
     fig = style.figure(style.DOUBLE, 2.6)
     axs = fig.subplots(1, 3, width_ratios=[1.2, 1.2, 0.9])
-    ax = axs[0]
+    _f1_routing(axs[0], data, d, vcol)
+    _f1_pulls(axs[1], data, d, ccol, vcol)
+    _f1_compat(axs[2], data, d["delta_compat"], ccol)
+    return fig
+
+
+def _f1_routing(ax, data: dict, d: dict, vcol: list) -> None:
+    """(a) query i*'s context, its error signal and its lines to every value (colour: sign of A)."""
+    a, adv, v, g, u = d["attn"], d["advantage"], d["values"], d["contexts"], d["upstream"]
+    i_star, k_u, T = data["query"], data["arrow_scale_u"], len(v)
+    pos, neg = style.OKABE_ITO["blue"], style.OKABE_ITO["vermillion"]
     for j in range(T):
         A_ij = adv[i_star, j]
         ax.plot([g[i_star, 0], v[j, 0]], [g[i_star, 1], v[j, 1]], color=pos if A_ij > 0 else neg,
@@ -258,7 +305,11 @@ def f1_feedback_loop(runs, **opts):
     ax.set_aspect("equal", adjustable="datalim")
     ax.legend(loc="best", fontsize=6)
 
-    ax = axs[1]
+
+def _f1_pulls(ax, data: dict, d: dict, ccol: list, vcol: list) -> None:
+    """(b) the per-query pulls on v_j* chained tip to tail, beside the recorded update."""
+    a, v, contrib, dv_rec = d["attn"], d["values"], d["contributions"], d["dv_recorded"]
+    j_star, k_v = data["value"], data["arrow_scale_dv"]
     p = v[j_star].copy()
     tips = [p]
     for i in np.argsort(-a[:, j_star]):
@@ -287,7 +338,10 @@ def f1_feedback_loop(runs, **opts):
     # the arrows run along a diagonal from v_j*: put the legend in a corner off that diagonal
     ax.legend(loc="upper left" if dv_rec[0] * dv_rec[1] > 0 else "upper right", fontsize=6)
 
-    ax = axs[2]
+
+def _f1_compat(ax, data: dict, db: np.ndarray, ccol: list) -> None:
+    """(c) the first-order change of b_i'j* per query."""
+    j_star, T = data["value"], len(db)
     e = int(np.floor(np.log10(np.abs(db).max()))) if np.abs(db).max() > 0 else 0
     ax.bar(range(T), db / 10.0 ** e, color=ccol)
     ax.axhline(0, color="black", lw=0.6)
@@ -297,19 +351,14 @@ def f1_feedback_loop(runs, **opts):
     ax.set_title("compatibility change")
     style.panel_label(ax, "c")
 
-    err = float(np.linalg.norm(dv_pred - dv_rec) / (np.linalg.norm(dv_rec) or 1.0))
-    data = {"run": run.id, "step": int(steps[t]), "next_step": int(steps[t + 1]), "lr": lr,
-            "query": i_star, "value": j_star, "labels": labels, "values": v.tolist(),
-            "values_next": v_next.tolist(), "contexts": g.tolist(), "upstream": u.tolist(),
-            "attn": a.tolist(), "advantage": adv.tolist(), "contributions": contrib.tolist(),
-            "dv_predicted": dv_pred.tolist(), "dv_recorded": dv_rec.tolist(), "dv_rel_error": err,
-            "delta_compat": db.tolist(), "arrow_scale_u": k_u, "arrow_scale_dv": k_v}
-    caption = (f"The feedback loop at step {int(steps[t])} of toy run {run.id} (real vectors; colours = class). "
-               f"(a) query {i_star}'s context g (star), its error signal −u (arrow) and lines to each value, "
-               f"blue where the advantage A = E_α[b] − b is positive (gradient descent raises those scores), "
-               f"width ∝ α. (b) the per-query pulls −η α_i{j_star} u_i (η = {lr:g}) chained tip to tail; "
-               f"they add up to the recorded update of v{j_star} (grey; relative mismatch {err:.1e}). "
-               f"(c) the resulting first-order change of b_i'{j_star}: negative where value {j_star} became "
-               f"more useful, which raises those queries' advantage and closes the loop. "
-               f"Arrows scaled for visibility.")
-    return fig, data, caption
+
+def _f1_caption(data: dict) -> str:
+    i_star, j_star = data["query"], data["value"]
+    return (f"The feedback loop at step {data['step']} of toy run {data['run']} (real vectors; colours = class). "
+            f"(a) query {i_star}'s context g (star), its error signal −u (arrow) and lines to each value, "
+            f"blue where the advantage A = E_α[b] − b is positive (gradient descent raises those scores), "
+            f"width ∝ α. (b) the per-query pulls −η α_i{j_star} u_i (η = {data['lr']:g}) chained tip to tail; "
+            f"they add up to the recorded update of v{j_star} (grey; relative mismatch {data['dv_rel_error']:.1e}). "
+            f"(c) the resulting first-order change of b_i'{j_star}: negative where value {j_star} became "
+            f"more useful, which raises those queries' advantage and closes the loop. "
+            f"Arrows scaled for visibility.")

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..record import metric_names as mn
 from . import style
-from .common import arms_of, diag, mean_std, metric
+from .common import diag, mean_std, metric
 
 # (key in per-run rows, x-tick label): values / head outputs on the training / held-out sequence
 GROUPS = (("train_v", "values\ntrain"), ("train_g", "outputs\ntrain"),
@@ -43,13 +43,22 @@ def heldout_row(run) -> dict:
     return row
 
 
-def draw(bx, runs, per_run: list[dict], arms: list[str]) -> list[str]:
-    """r(PC1, H_Bayes) per seed (dots) and mean ± std (black), per group and arm; returns the groups drawn."""
-    keys = {"train_v": "r_pc1_entropy", "train_g": "train_g_r_pc1", "heldout_v": mn.sticky_manifold("v", "r_pc1"),
-            "heldout_g": mn.sticky_manifold("g", "r_pc1")}
-    present = [(g, lab) for g, lab in GROUPS if any(p.get(keys[g]) is not None for p in per_run)]
+# group -> the per-run key of its r(PC1, H_Bayes)
+R_KEYS = {"train_v": "r_pc1_entropy", "train_g": "train_g_r_pc1", "heldout_v": mn.sticky_manifold("v", "r_pc1"),
+          "heldout_g": mn.sticky_manifold("g", "r_pc1")}
+
+
+def groups(per_run: list[dict]) -> list[str]:
+    """The groups some run has a number for (those :func:`draw` draws), in GROUPS order."""
+    return [g for g, _ in GROUPS if any(p.get(R_KEYS[g]) is not None for p in per_run)]
+
+
+def draw(bx, order: list[str], per_run: list[dict], arms: list[str]) -> list[str]:
+    """r(PC1, H_Bayes) per seed (dots) and mean ± std (black), per group and arm; ``order``: the
+    study's arms in colour order (:func:`dyntool.figures.common.arms_of`); returns the groups drawn."""
+    keys = R_KEYS
+    present = [(g, lab) for g, lab in GROUPS if g in groups(per_run)]
     w = 0.8 / max(len(arms), 1)
-    order = list(arms_of(runs))
     for gi, (g, _) in enumerate(present):
         for k, arm in enumerate(arms):
             y = [p[keys[g]] for p in per_run if p["arm"] == arm and p.get(keys[g]) is not None]

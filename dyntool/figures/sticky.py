@@ -145,18 +145,28 @@ def f3_em_vs_sgd(runs, **opts):
 
 
 def _finals(runs, curves: dict, key: str) -> dict:
-    """arm -> {per_seed, mean, std} of the final ``key`` (summary.json per_seed, else the last logged value)."""
-    per_seed = {(int(p.get("seed", -1))): p for p in summary_of(runs[0]).get("per_seed", []) or []
-                if isinstance(p, dict)}
+    """arm -> {per_seed, mean, std} of the final ``key``: per seed from summary.json's per_seed, else
+    the last logged value; mean ± std as summary.json's ``final`` records them where its seeds are
+    the curves' seeds, else over the per-seed values."""
+    summ = summary_of(runs[0])
+    per_seed = {(int(p.get("seed", -1))): p for p in summ.get("per_seed", []) or [] if isinstance(p, dict)}
+    recorded = summ.get("final") if isinstance(summ.get("final"), dict) else {}
+    study_seeds = sorted(int(s) for s in summ.get("seeds", []) or [])
     out = {}
     for arm, cs in curves.items():
-        vals = []
+        vals, all_recorded = [], True
         for seed, _, v in cs:
             rec = per_seed.get(seed, {}).get(arm) or per_seed.get(seed, {}).get("em" if is_em(arm) else arm) or {}
             fin = rec.get(key) if isinstance(rec, dict) else None
+            all_recorded &= isinstance(fin, (int, float))
             vals.append(float(fin) if isinstance(fin, (int, float)) else float(v[np.isfinite(v)][-1]))
-        out[arm] = {"per_seed": dict(zip([s for s, _, _ in cs], vals)), "mean": float(np.mean(vals)),
-                    "std": float(mean_std(vals)[1])}
+        seeds = [s for s, _, _ in cs]
+        rf = (recorded.get(arm) or recorded.get("em" if is_em(arm) else arm) or {}).get(key)
+        if isinstance(rf, dict) and all_recorded and sorted(seeds) == study_seeds:
+            mean, std = float(rf["mean"]), float(rf["std"])          # the study's own numbers
+        else:
+            mean, std = float(np.mean(vals)), float(mean_std(vals)[1])
+        out[arm] = {"per_seed": dict(zip(seeds, vals)), "mean": mean, "std": std}
     return out
 
 
@@ -165,22 +175,53 @@ def _finals(runs, curves: dict, key: str) -> dict:
                     "'heldout_entropy' (held-out sequence) is drawn dashed where logged",
         group="dynamics", pick=main_study, check=_check_metric("entropy"))
 def f4_entropy(runs, **opts):
+    data, aids = _f4_data(runs)
+    return _f4_draw(data, aids), data, _f4_caption(data, aids)
+
+
+def _f4_data(runs) -> tuple[dict, dict]:
+    """-> (data written beside the figure: entropy curves per step, final entropies from the study's
+    summary.json, H_min and log n; what only the drawing and caption need: n, seeds per arm)."""
     curves = _curves(runs, "entropy")
     df = _wide(curves, "entropy")
     hm = h_min(runs)
     n = n_symbols(runs[0])
-    logn = math.log(n)
-    final = _finals(runs, curves, "entropy")
+    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": _finals(runs, curves, "entropy"),
+            "h_min": hm, "log_n": math.log(n),
+            "final_source": "summary.json per_seed" if summary_of(runs[0]).get("per_seed") else "last logged step"}
     ho = _curves(runs, "heldout_entropy")
-    ho_df = _wide(ho, "heldout_entropy") if ho else None
-    ho_final = _finals(runs, ho, "heldout_entropy") if ho else {}
+    if ho:
+        ho_df = _wide(ho, "heldout_entropy")
+        data["heldout_curves"] = {c: ho_df[c].tolist() for c in ho_df.columns}
+        data["heldout_final"] = _finals(runs, ho, "heldout_entropy")
+    return data, {"n_symbols": n, "seeds": {arm: len(cs) for arm, cs in curves.items()}}
 
+
+def _f4_draw(data: dict, aids: dict):
     fig = style.figure(style.DOUBLE, 2.7)
     ax, bx = fig.subplots(1, 2, width_ratios=[2.2, 1])
-    _bands(ax, df, curves, "entropy")
-    for k, arm in enumerate(ho):
-        ax.plot(ho_df["step"], ho_df[f"{arm}_heldout_entropy_mean"], color=style.arm_color(arm, k), ls="--", lw=0.9)
+    _f4_curves(ax, data, aids)
+    h, lab = ax.get_legend_handles_labels()
+    fig.legend(h, lab, loc="outside lower center", ncol=min(len(lab), 4))
+    style.panel_label(ax, "a")
+    _f4_finals(bx, data, aids["n_symbols"])
+    style.panel_label(bx, "b")
+    return fig
+
+
+def _f4_curves(ax, data: dict, aids: dict) -> None:
+    """(a) entropy per step: training mean ± std (solid), held-out mean (dashed)."""
+    hm, logn, n = data["h_min"], data["log_n"], aids["n_symbols"]
+    df = pd.DataFrame(data["curves"])
+    for k, arm in enumerate(aids["seeds"]):
+        style.band(ax, df["step"], df[f"{arm}_entropy_mean"], df[f"{arm}_entropy_std"],
+                   style.arm_color(arm, k), label=f"{style.arm_label(arm)} (n = {aids['seeds'][arm]})")
+    ho = "heldout_curves" in data
     if ho:
+        ho_df = pd.DataFrame(data["heldout_curves"])
+        for k, arm in enumerate(data["heldout_final"]):
+            ax.plot(ho_df["step"], ho_df[f"{arm}_heldout_entropy_mean"], color=style.arm_color(arm, k), ls="--",
+                    lw=0.9)
         ax.plot([], [], color="grey", ls="-", lw=1.2, label="training sequence (solid, ± 1 std)")
         ax.plot([], [], color="grey", ls="--", lw=0.9, label="held-out sequence (dashed, mean)")
     if hm is not None:
@@ -189,9 +230,11 @@ def f4_entropy(runs, **opts):
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel("mean predictive entropy [nats]" if ho else
                   "mean predictive entropy [nats]\n(training sequence)")
-    h, lab = ax.get_legend_handles_labels()
-    fig.legend(h, lab, loc="outside lower center", ncol=min(len(lab), 4))
-    style.panel_label(ax, "a")
+
+
+def _f4_finals(bx, data: dict, n: int) -> None:
+    """(b) final entropy per arm: training (filled) and held-out (open), mean ± std, seeds as dots."""
+    final, ho_final, hm, logn = data["final"], data.get("heldout_final", {}), data["h_min"], data["log_n"]
     x = np.arange(len(final))
     dx = 0.17 if ho_final else 0.0
     for k, (arm, f) in enumerate(final.items()):
@@ -216,7 +259,12 @@ def f4_entropy(runs, **opts):
     lo = min(allv + ([hm] if hm is not None else []))
     bx.set_ylim(lo - 0.05 * (logn - lo) - 0.01, logn + 0.22 * (logn - lo) + 0.01)
     bx.set_ylabel("final predictive entropy [nats]")
-    style.panel_label(bx, "b")
+
+
+def _f4_caption(data: dict, aids: dict) -> str:
+    final, ho_final, hm, logn, n = (data["final"], data.get("heldout_final", {}), data["h_min"], data["log_n"],
+                                    aids["n_symbols"])
+    ho = "heldout_curves" in data
 
     def gap_txt(fin):
         return "; ".join(f"{style.arm_label(a)} {f['mean'] - hm:.3f} nats ({(f['mean'] - hm) / (logn - hm):.2f} of "
@@ -225,17 +273,11 @@ def f4_entropy(runs, **opts):
             (" Held-out sequence: " + gap_txt(ho_final) + "." if ho_final else "")) if hm is not None else ""
     seq = ("solid lines with ± 1 std bands: the training sequence; dashed lines: the held-out sequence (another "
            "path of the same chain), mean over seeds" if ho else "the training sequence, mean ± 1 std over seeds")
-    caption = (f"(a) Mean predictive entropy per step ({seq}) and (b) at the end of training "
-               + ("(filled diamonds: training sequence, open diamonds: held-out sequence, mean ± std over seeds; "
-                  "dots: training-sequence seeds)" if ho_final else "(diamonds: mean ± std over seeds; dots: seeds)")
-               + f" against the minimum Bayesian entropy H_min = {hm if hm is not None else float('nan'):.4f} nats "
-               f"(black dashed) and the uniform predictor log {n} = {logn:.4f} nats (grey dotted)." + gaps)
-    data = {"curves": {c: df[c].tolist() for c in df.columns}, "final": final, "h_min": hm, "log_n": logn,
-            "final_source": "summary.json per_seed" if summary_of(runs[0]).get("per_seed") else "last logged step"}
-    if ho:
-        data["heldout_curves"] = {c: ho_df[c].tolist() for c in ho_df.columns}
-        data["heldout_final"] = ho_final
-    return fig, data, caption
+    return (f"(a) Mean predictive entropy per step ({seq}) and (b) at the end of training "
+            + ("(filled diamonds: training sequence, open diamonds: held-out sequence, mean ± std over seeds; "
+               "dots: training-sequence seeds)" if ho_final else "(diamonds: mean ± std over seeds; dots: seeds)")
+            + f" against the minimum Bayesian entropy H_min = {hm if hm is not None else float('nan'):.4f} nats "
+            f"(black dashed) and the uniform predictor log {n} = {logn:.4f} nats (grey dotted)." + gaps)
 
 
 def _sweep_study(runs):
@@ -336,14 +378,16 @@ def _check_controls(runs):
               "drawn for the arms the study ran",
         group="dynamics", pick=_controls_study, check=_check_controls)
 def controls(runs, **opts):
+    df, study = _controls_data(runs)
+    return _controls_draw(df, study), df, _controls_caption(df, study)
+
+
+def _controls_data(runs) -> tuple[pd.DataFrame, dict]:
+    """-> (one row per arm of summary.json 'arms': LRs, steps to SGD's final loss (mean, std, seeds),
+    final held-out loss, the paired difference against em; the study numbers the caption quotes)."""
     summ = summary_of(runs[0])
-    arms = summ["arms"]
-    names = list(arms)
-    missing = [a for a in CONTROLS if a not in arms]
-    n_steps = int(summ.get("steps", 0))
     rows = []
-    for a in names:
-        e = arms[a]
+    for a, e in summ["arms"].items():
         st = e["steps_to_target"]
         row = {"arm": a, "lrs": "/".join(f"{v:g}" for v in e.get("lrs", [])), "steps_mean": st["mean"],
                "steps_std": st["std"]}
@@ -356,7 +400,14 @@ def controls(runs, **opts):
         if vs:
             row.update(vs_em_diff=vs["mean_diff"], vs_em_p=vs["p"])
         rows.append(row)
-    df = pd.DataFrame(rows)
+    study = {"n_steps": int(summ.get("steps", 0)), "threshold": summ.get("sgd_final_threshold", float("nan")),
+             "h_min": summ.get("h_min", float("nan")), "sgd_tuned": summ.get("sgd_tuned") or {},
+             "missing": [a for a in CONTROLS if a not in summ["arms"]]}
+    return pd.DataFrame(rows), study
+
+
+def _controls_draw(df: pd.DataFrame, study: dict):
+    names, n_steps = list(df["arm"]), study["n_steps"]
     fig = style.figure(style.DOUBLE, 2.4)
     ax, bx = fig.subplots(1, 2)
     x = np.arange(len(names))
@@ -388,17 +439,20 @@ def controls(runs, **opts):
         style.panel_label(bx, "b")
     else:
         bx.set_axis_off()
-    tuned = summ.get("sgd_tuned") or {}
+    return fig
+
+
+def _controls_caption(df: pd.DataFrame, study: dict) -> str:
+    names, tuned, missing = list(df["arm"]), study["sgd_tuned"], study["missing"]
     parts = [f"{style.arm_label(a)} " + ("(target)" if a == "sgd" else f"{r.steps_mean:.0f} ± {r.steps_std:.0f}") +
              (f" (held-out {r.heldout_mean:.4f})" if "heldout_mean" in df else "") for a, r in zip(names, df.itertuples())]
-    caption = ("Learning-rate controls on the sticky chain (mean ± sample std over seeds, ddof = 1; dots: seeds). "
-               "(a) steps until the training loss first falls below SGD's mean final training loss "
-               f"({summ.get('sgd_final_threshold', float('nan')):.4f} nats; {n_steps} if never). (b) final loss on "
-               "the held-out sequence (H_min = " + f"{summ.get('h_min', float('nan')):.4f} nats, off the axis). Learning rates "
-               "W_Q/W_K/W_V/W_O: " + "; ".join(f"{style.arm_label(a)} {r}" for a, r in zip(names, df["lrs"])) + ". "
-               + ("sgd_tuned uses one uniform learning rate, " + f"{tuned.get('picked_lr', float('nan')):g}, picked from "
-                  f"{tuned.get('grid')}: {tuned.get('rule', 'lowest mean final held-out loss over seeds')}. "
-                  if tuned else "")
-               + "Measured: " + "; ".join(parts) + "."
-               + (f" Control arms not in this study: {', '.join(missing)}." if missing else ""))
-    return fig, df, caption
+    return ("Learning-rate controls on the sticky chain (mean ± sample std over seeds, ddof = 1; dots: seeds). "
+            "(a) steps until the training loss first falls below SGD's mean final training loss "
+            f"({study['threshold']:.4f} nats; {study['n_steps']} if never). (b) final loss on "
+            "the held-out sequence (H_min = " + f"{study['h_min']:.4f} nats, off the axis). Learning rates "
+            "W_Q/W_K/W_V/W_O: " + "; ".join(f"{style.arm_label(a)} {r}" for a, r in zip(names, df["lrs"])) + ". "
+            + ("sgd_tuned uses one uniform learning rate, " + f"{tuned.get('picked_lr', float('nan')):g}, picked from "
+               f"{tuned.get('grid')}: {tuned.get('rule', 'lowest mean final held-out loss over seeds')}. "
+               if tuned else "")
+            + "Measured: " + "; ".join(parts) + "."
+            + (f" Control arms not in this study: {', '.join(missing)}." if missing else ""))
