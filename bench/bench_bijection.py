@@ -1,7 +1,7 @@
 """Wind-tunnel benchmark: what the Paper-I analyses cost relative to training, in one process.
 
 Times (median of repeats, same process, same model) for the ``cpu`` preset's model
-(sims/bijection.toml): one training step (reference), one held-out evaluation, one recorded
+(dyntool/presets/bijection.toml): one training step (reference), one held-out evaluation, one recorded
 step's analyses (:func:`dyntool.sims.bijection_analysis.analyze`) and one seam recording of the
 probe; then the share of a run's time they take under the preset's schedule (target: the
 analyses and evaluations together add at most 25 % to the training time).

@@ -1,6 +1,6 @@
 """Final-evaluation benchmark: the trainer's evaluation vs the previous implementation, one process.
 
-    python bench/bench_eval.py [--config sims/wikitext_mhsa.toml] [--preset small] [--split valid]
+    python bench/bench_eval.py [--config wikitext_mhsa] [--preset small] [--split valid]
                                [--max-tokens N] [--reps 3] [--json FILE]
 
 Old (reference, reproduced here verbatim in behaviour): ``torch.no_grad``, model left in train

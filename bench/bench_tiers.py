@@ -2,7 +2,7 @@
 
     python bench/bench_tiers.py [--quick] [--reps 5] [--steps 6] [--json FILE]
 
-A. the cheap tier every step on dyntool's GPT at the ``small`` preset's shape (sims/wikitext_mhsa.toml:
+A. the cheap tier every step on dyntool's GPT at the ``small`` preset's shape (dyntool/presets/wikitext_mhsa.toml:
    4 layers, 4 heads, C = 128, B = 16, T = 64; random tokens over WikiText-2's vocabulary, so no
    data is read):
    a training step (forward + backward + AdamW) with the cheap tier attached and its statistics

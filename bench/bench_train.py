@@ -1,6 +1,6 @@
 """Training-step benchmarks for dyntool train (all ratios measured inside ONE process).
 
-    python bench/bench_train.py [--config sims/wikitext_mhsa.toml] [--preset small]
+    python bench/bench_train.py [--config wikitext_mhsa] [--preset small]
                                 [--reps 5] [--steps 10] [--rec-steps 200] [--rec-reps 2] [--json FILE]
 
 A. model step (forward + backward + AdamW, same batch shape, same dims): the plain nanoGPT-style

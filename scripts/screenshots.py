@@ -3,7 +3,7 @@
     python scripts/screenshots.py [RUNS_DIR] [--out DIR]
 
 RUNS_DIR (default ``runs``) must hold a sticky-chain study (``dyntool sim sticky-markov``, e.g.
-``--config sims/sticky_markov.toml --preset ci``) and a toy run (``dyntool sim toy --out RUNS_DIR/toy``).
+``--config sticky_markov --preset ci``) and a toy run (``dyntool sim toy --out RUNS_DIR/toy``).
 Look at every image before committing it.
 """
 import argparse

@@ -36,7 +36,7 @@ def make_toy(out, name: str = "toy", steps: int = 60, seed: int = 0) -> Path:
 
 
 def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
-    """A tiny wind-tunnel run (the ``ci`` preset of sims/bijection.toml)."""
+    """A tiny wind-tunnel run (the ``ci`` preset of dyntool/presets/bijection.toml)."""
     from dyntool import config
     from dyntool.sims.bijection import BijectionConfig, run_bijection
     cfg = config.load(BijectionConfig, Path(__file__).parent.parent / "sims" / "bijection.toml", "ci",

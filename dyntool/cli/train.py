@@ -67,7 +67,7 @@ def register(sub, simsub) -> None:
                               "wikitext_span, wikitext_qknorm (presets small: CPU, gpu: one CUDA GPU).")
     t.add_argument("--config", default=None, metavar="FILE",
                    help="TOML config: a path or a packaged preset file name, e.g. wikitext_mhsa "
-                        "(sims/wikitext_mhsa.toml also works)")
+                        "(dyntool/presets/wikitext_mhsa.toml also works)")
     t.add_argument("--preset", default=None, metavar="NAME",
                    help="a [preset.NAME] table of the config file (small: CPU; gpu: one CUDA GPU)")
     config_option(t, TRAIN, "train.max_steps", "--max-steps", metavar="N",

@@ -13,7 +13,7 @@ from dyntool.sims import bijection_data as data
 from dyntool.sims.bijection import BijectionConfig, BijectionModel, build_model
 from dyntool.sims.bijection_analysis import Tap, analyze, evaluate, value_loss
 
-CI = ["sim", "bijection", "--config", "sims/bijection.toml", "--preset", "ci", "--quiet"]
+CI = ["sim", "bijection", "--config", "bijection", "--preset", "ci", "--quiet"]
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def test_installed_package_runs_outside_the_repository(tmp_path):
             "--n-seeds", "2", "--out", "r", "--name", "s", "--quiet")
     assert r.returncode == 0, r.stderr
     assert (work / "r" / "s" / "summary.json").is_file()
-    r = run("sim", "toy", "--config", "sims/toy.toml", "--preset", "slow", "--steps", "2", "--out", "r", "--quiet")
+    r = run("sim", "toy", "--config", "toy", "--preset", "slow", "--steps", "2", "--out", "r", "--quiet")
     assert r.returncode == 0, r.stderr
     r = run("train", "--config", "wikitext_mhsa", "--preset", "nope")
     assert r.returncode == 2 and "unknown preset" in r.stderr

@@ -18,7 +18,7 @@ from dyntool.sims.bijection_analysis import analyze, evaluate, normed_value_geom
 from dyntool.sims.bijection_task import (BijectionTask, pointer_logprobs, query_only, task_loss,
                                          value_position_targets, value_scores)
 
-TOML = "sims/bijection.toml"
+TOML = "dyntool/presets/bijection.toml"
 
 
 # ---------------------------------------------------------------- H_Bayes with replacement

@@ -100,6 +100,6 @@ def test_controls_keep_the_seeds_a_user_config_sets(tmp_path):
     other.write_text("steps = 5\n")
     assert _user_seeds(SimpleNamespace(overrides=[], config=str(mine)))
     assert not _user_seeds(SimpleNamespace(overrides=[], config=str(other)))
-    assert not _user_seeds(SimpleNamespace(overrides=[], config="sims/sticky_markov.toml"))
+    assert not _user_seeds(SimpleNamespace(overrides=[], config="sticky_markov"))
     assert not _user_seeds(SimpleNamespace(overrides=[], config=None))
-    assert _user_seeds(SimpleNamespace(overrides=["--seeds=1,2"], config="sims/sticky_markov.toml"))
+    assert _user_seeds(SimpleNamespace(overrides=["--seeds=1,2"], config="sticky_markov"))
