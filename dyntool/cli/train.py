@@ -88,8 +88,8 @@ def register(sub, simsub) -> None:
                                    "(runs + summary.json) and print its table.",
                        epilog=f"{OVERRIDES} (applied to every run of the study).")
     s.add_argument("study", choices=["span", "ls-logits"],
-                   help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm in the LS paper's regime "
-                        "(n/d = 64, lr 6e-4)")
+                   help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm in the LS paper's configuration "
+                        "(n/d = 64, lr 6e-4; its regime only at --preset gpu)")
     config_option(s, STUDY, "seeds", metavar="S[,S...]", help="comma-separated seeds (default 0,1,2)")
     add_n_seeds(s)
     config_option(s, STUDY, "max_steps", "--max-steps", metavar="N",

@@ -1,4 +1,5 @@
-"""``dyntool study ls-logits``: max|logit| per head for MHSA vs LS vs QK-norm in the LS paper's regime.
+"""``dyntool study ls-logits``: max|logit| per head for MHSA vs LS vs QK-norm in the LS paper's configuration
+(its regime only at the ``gpu`` preset; ``cpu`` keeps n/d = 64 at a small model).
 
 The LS paper (arXiv 2505.15548) argues that when the context n is much longer than the head dim d,
 a head cannot represent the dense local dependencies with a rank-d logit matrix, so training grows
