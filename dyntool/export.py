@@ -34,6 +34,7 @@ import numpy as np
 
 from . import safeio
 from .errors import DyntoolError
+from .run_writer import RECORD_DIR
 
 FORMATS = ("parquet", "csv", "netcdf", "npz")
 METRIC_FORMATS = ("parquet", "csv")
@@ -260,8 +261,8 @@ def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
             first = next(iter(bad.values()))
             raise ExportError(f"run {run.id}: {len(bad)} array(s) can't be read ({', '.join(bad)}; {first}); "
                               "nothing exported (export the others with --arrays)")
-    elif (Path(run.path) / "record.zarr").exists() and (arrays or not metrics):
-        why = next((p for p in run.problems if "record.zarr" in p), "record.zarr can't be read")
+    elif (Path(run.path) / RECORD_DIR).exists() and (arrays or not metrics):
+        why = next((p for p in run.problems if RECORD_DIR in p), f"{RECORD_DIR} can't be read")
         raise ExportError(f"run {run.id}: {why}; nothing exported")
     if metrics:
         run.metrics
@@ -293,8 +294,8 @@ def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | Non
     ds = None
     if want_arrays:
         if run.store is None:
-            why = next((p for p in run.problems if p.startswith("record.zarr")), None) \
-                if (Path(run.path) / "record.zarr").exists() else None
+            why = next((p for p in run.problems if p.startswith(RECORD_DIR)), None) \
+                if (Path(run.path) / RECORD_DIR).exists() else None
             raise ExportError(f"run {run.id}: {why}; nothing exported" if why else
                               f"run {run.id} has no record.zarr: nothing for {', '.join(want_arrays)}")
         ds = to_xarray(run, arrays, steps)
