@@ -71,6 +71,8 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn.functional as F
 
+from . import masks
+
 CANDIDATES = ("c1_orthogonal", "c1_oblique", "c1c_first_order", "c2_constant_mode")
 
 
@@ -171,7 +173,7 @@ def _rescale(g, x, y, kind, alpha, beta, eps):
 
 def _allowed(attn_mask, is_causal, L, S, device):
     if is_causal:
-        return torch.ones(L, S, dtype=torch.bool, device=device).tril()  # SDPA: top-left
+        return masks.causal().dense(L, device=device, T_k=S)[0]   # SDPA's is_causal: top-left, j <= i
     return attn_mask
 
 

@@ -115,6 +115,8 @@ class TorchMHAAdapter(Adapter):
         bias = None
         attn_mask = a.get("attn_mask")
         if attn_mask is None and a.get("is_causal"):
+            # bottom-right aligned (query i sees keys j <= i + Tk − T: the last query sees every key), which
+            # masks.causal() is not when Tk > T; equal to it when T == Tk (tests/unit/test_masks.py)
             allowed = allowed & torch.ones(T, Tk, dtype=torch.bool, device=y.device).tril(Tk - T)
         for mask, padding in ((attn_mask, False), (a.get("key_padding_mask"), True)):
             ok, b = _mask(mask, padding, B, nh, T, Tk, dt, y.device)

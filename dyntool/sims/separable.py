@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .. import masks
 from .sticky_data import HELDOUT_OFFSET, generate, transition_matrix
 
 GROUPS = {"routing": ("W_Q", "W_K"), "values": ("W_V",), "readout": ("W_1", "W_2")}
@@ -83,7 +84,7 @@ def forward(W: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     k = torch.einsum("rnd,rhdk->rhnk", x, W["W_K"])
     v = torch.einsum("rnd,rhdv->rhnv", x, W["W_V"])
     s = q @ k.transpose(-1, -2)
-    s = s.masked_fill(~torch.ones(N, N, dtype=torch.bool).tril(), float("-inf"))
+    s = s.masked_fill(~masks.causal().dense(N)[0], float("-inf"))
     g = torch.softmax(s, -1) @ v                                             # (R, H, N, d_v)
     G = g.permute(0, 2, 1, 3).reshape(x.shape[0], N, -1)                      # heads concatenated
     return torch.nn.functional.gelu(G @ W["W_1"]) @ W["W_2"]

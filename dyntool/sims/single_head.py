@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from dyntool import masks
 from dyntool.errors import NonFiniteLossError
 from dyntool.sims.step_state import StepState
 
@@ -183,7 +184,7 @@ def _sweep(c: _Ctx, starts: list[int], tile: int, grads: bool, collect: bool, ht
     acc, kept = _new_acc(c, grads, hth), {}
     buf_e = torch.empty(R * tile * N, dtype=c.X.dtype)   # reused views: no big allocation per tile
     buf_b = torch.empty(R * tile * N, dtype=c.X.dtype) if grads else None
-    tri_full = torch.ones(tile, tile, dtype=torch.bool).triu(1)
+    tri_full = ~masks.causal().dense(tile)[0]      # the keys a diagonal tile's queries must not see
     for i0 in starts:
         i1 = min(i0 + tile, N)
         t, ke = i1 - i0, (i1 if c.causal else N)

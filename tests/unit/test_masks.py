@@ -46,3 +46,23 @@ def test_mask_mod_matches_dense():
     mod = m.mask_mod()
     h, q, k = torch.arange(2)[:, None, None], torch.arange(4)[None, :, None], torch.arange(4)[None, None, :]
     assert torch.equal(mod(0, h, q, k), m.dense(4, 2))
+
+
+def test_one_mask_convention_in_the_package():
+    """Masks come from dyntool.masks; a hand-built triangle elsewhere is a second convention that can
+    drift (top-left vs bottom-right, diagonal kept or not).  The one copy that stays is torch_mha's
+    bottom-right causal mask for Tk > T, which masks.causal() does not express; at T == Tk it must be
+    masks.causal()."""
+    import re
+    from pathlib import Path
+
+    import dyntool
+    from dyntool import masks
+    root = Path(dyntool.__file__).parent
+    hand = re.compile(r"\.(tril|triu)\(|torch\.(tril|triu)\(|np\.(tril|triu)\(")
+    found = {str(p.relative_to(root)) for p in root.rglob("*.py") if hand.search(p.read_text())}
+    assert found == {"adapters/torch_mha.py"}, f"hand-built triangular masks in {sorted(found)}"
+    T = 7
+    assert torch.equal(torch.ones(T, T, dtype=torch.bool).tril(T - T), masks.causal().dense(T)[0])
+    # the tile mask of the sticky engine and span's SDPA-causal mask are masks.causal() itself
+    assert torch.equal(~masks.causal().dense(4)[0], torch.ones(4, 4, dtype=torch.bool).triu(1))
