@@ -17,7 +17,7 @@ def load() -> dict[str, FigureSpec]:
     """Import the figure modules (once) and return :data:`FIGURES`."""
     global _loaded
     if not _loaded:
-        from . import (bijection, dynamics, frame_precision, geometry, ls, ls_logits,  # noqa: F401
+        from . import (bijection, controls, dynamics, frame_precision, geometry, ls, ls_logits,  # noqa: F401
                        recorded, span, sticky)  # imported for their side effect: each registers its figures
         groups = ("dynamics", "ls", "span", "recorded")
         ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)

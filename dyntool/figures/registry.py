@@ -7,7 +7,8 @@ whether they hold what it needs (:meth:`FigureSpec.supports` -> ``(ok, reason)``
 missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
 
 Figures register themselves at import of their modules :mod:`dyntool.figures.dynamics`,
-``.sticky``, ``.geometry``, ``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits``, ``.span`` and
+``.sticky``, ``.controls`` (the sticky study's learning-rate comparisons), ``.geometry``,
+``.frame_precision``, ``.bijection``, ``.ls``, ``.ls_logits``, ``.span`` and
 ``.recorded`` (any run's recorded matrices and per-head statistics)
 (imported by :func:`dyntool.figures.catalog.load`, which ``dyntool.figures`` calls).
 """

@@ -180,7 +180,7 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
     """Final losses, steps to 25/50/75/100 % of SGD's loss drop (train and held-out) with paired
     tests against ``values`` (the EM-like arm; values itself against sgd), the multipliers of the
     norm-matched arms and every arm's first step (update norm per group, first-order decrease)."""
-    from .summary import _mean_std, _paired, _targets
+    from .targets import _mean_std, _paired, _targets
     idx = {r: i for i, r in enumerate(res.runs)}
     per_seed = []
     for s in cfg.seeds:
@@ -212,7 +212,7 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
 
 def table(summary: dict) -> str:
     """Markdown: per arm the learning-rate multipliers, first step, final losses; then the targets."""
-    from .summary import targets_markdown
+    from .targets import targets_markdown
     head = ["arm", "LR mult routing / values / readout", "first-step ‖ΔW‖ routing / values / readout",
             "first-order −ΔL at step 0", "final train loss", "final held-out loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -245,7 +245,7 @@ def test_pca_orientation_and_js():
 # -- issue 10: the controls figure needs control arms; F4/F6 say training vs held-out ------------------
 
 def test_controls_figure_is_skipped_without_control_arms(sticky, tmp_path, capsys):
-    from dyntool.figures.sticky import NO_CONTROLS
+    from dyntool.figures.controls import NO_CONTROLS
     ok, why = FIGURES["controls"].supports(sticky)                   # sgd and em only
     assert not ok and why == NO_CONTROLS and "--controls" in why and "\n" not in why
     rc = main(["figures", str(sticky[0].path.parent), "--out", str(tmp_path / "o"), "--format", "png",
@@ -271,7 +271,7 @@ def test_controls_figure_draws_the_arms_the_study_ran(root, runs):
 
 def test_controls_listing_and_arm_names_agree_with_the_sim():
     from dyntool.cli.sim import CONTROL_ARMS
-    from dyntool.figures.sticky import CONTROLS
+    from dyntool.figures.controls import CONTROLS
     from dyntool.sims.sticky import CONTROLS as SIM_CONTROLS
     assert CONTROLS == SIM_CONTROLS and set(CONTROL_ARMS) == {"sgd", "em", *CONTROLS}
     assert "--controls" in FIGURES["controls"].needs and all(a in FIGURES["controls"].needs for a in CONTROLS)

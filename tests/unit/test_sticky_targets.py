@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dyntool.sims.summary import _paired, _targets, loss_targets, targets_markdown
+from dyntool.sims.targets import _paired, _targets, loss_targets, targets_markdown
 
 
 def test_paired_t_and_wilcoxon_match_independent_computations():
