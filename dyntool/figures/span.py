@@ -7,6 +7,9 @@
 A *setting* is a span run's non-default ``span`` keys plus any other config key that differs
 between the runs (e.g. the head dimension of a d_h ablation); a baseline is a non-span run (or one
 tagged ``baseline``) with the same non-span keys and seed.
+
+Split as data (:func:`_val_loss_data`) → drawing (:func:`_val_loss_draw`) → caption
+(:func:`_val_loss_caption`).
 """
 from __future__ import annotations
 
@@ -91,6 +94,13 @@ def _check(runs):
               "each with a final validation loss (meta.final.valid_loss or a val_loss metric)",
         group="span", pick=_span_runs, check=_check)
 def span_val_loss(runs, **opts):
+    data, curves = _val_loss_data(runs)
+    return _val_loss_draw(data, curves), data, _val_loss_caption(data)
+
+
+def _val_loss_data(runs) -> tuple[pd.DataFrame, dict]:
+    """-> (one row per run: setting, final validation loss as the run recorded it, its seed's
+    baseline and the relative change; per setting, baseline first, its runs' val_loss curves)."""
     sets, _ = _settings(runs)
     base = {}
     for r in runs:
@@ -106,17 +116,29 @@ def span_val_loss(runs, **opts):
         rows.append({"setting": lab, "context": ctx_lab, "seed": seed(r), "run": r.id, "val_loss": vl,
                      "baseline_val_loss": b if b is not None else np.nan, "rel_change_pct": rel})
     df = pd.DataFrame(rows).sort_values(["setting", "seed"], kind="stable").reset_index(drop=True)
-    rel = df[(df["setting"] != "baseline") & df["rel_change_pct"].notna()]
+    rel, order, _ = _rel_stats(df)
     need(len(rel), "no span run has a baseline run with the same seed and a finite final validation loss")
-    order = list(dict.fromkeys(rel["setting"]))
+    curves = {}
+    for lab in ["baseline"] + order:
+        ids = set(df.loc[df["setting"] == lab, "run"])
+        curves[lab] = [c for c in (metric(r, "val_loss") for r in runs if r.id in ids) if len(c[0])]
+    return df, curves
 
+
+def _rel_stats(df: pd.DataFrame) -> tuple[pd.DataFrame, list, pd.DataFrame]:
+    """The span rows with a relative change, their settings in order, and per setting its mean,
+    sample std (ddof = 1, dyntool.stats.mean_std, as the span study's summary.json; 0 for one
+    seed) and number of seeds."""
+    rel = df[(df["setting"] != "baseline") & df["rel_change_pct"].notna()]
+    g = rel.groupby("setting", sort=False)["rel_change_pct"]
+    stats = pd.DataFrame({"mean": g.mean(), "std": g.agg(lambda s: mean_std(s)[1]), "n": g.count()})
+    return rel, list(dict.fromkeys(rel["setting"])), stats
+
+
+def _val_loss_draw(df: pd.DataFrame, curves: dict):
     fig = style.figure(style.DOUBLE, 2.5)
     ax, bx = fig.subplots(1, 2, width_ratios=[1, 1.2])
-    labels = ["baseline"] + order
-    for k, lab in enumerate(labels):
-        ids = set(df.loc[df["setting"] == lab, "run"])
-        cs = [metric(r, "val_loss") for r in runs if r.id in ids]
-        cs = [c for c in cs if len(c[0])]
+    for k, (lab, cs) in enumerate(curves.items()):
         if not cs:
             continue
         s, mu, sd = mean_curve(cs)
@@ -126,9 +148,12 @@ def span_val_loss(runs, **opts):
     ax.set_ylabel("validation loss [nats]")
     ax.legend(loc="upper right", fontsize=6)
     style.panel_label(ax, "a")
-    g = rel.groupby("setting", sort=False)["rel_change_pct"]
-    # sample std (ddof = 1, dyntool.stats.mean_std), as the span study's summary.json; 0 for one seed
-    stats = pd.DataFrame({"mean": g.mean(), "std": g.agg(lambda s: mean_std(s)[1]), "n": g.count()})
+    _rel_panel(bx, *_rel_stats(df))
+    return fig
+
+
+def _rel_panel(bx, rel: pd.DataFrame, order: list, stats: pd.DataFrame) -> None:
+    """(b) the relative change per setting, mean ± std bars with the seeds as dots."""
     y = np.arange(len(order))
     cols = [style.CYCLE[(k + 1) % len(style.CYCLE)] for k in range(len(order))]
     bx.barh(y, stats.loc[order, "mean"], xerr=stats.loc[order, "std"], color=cols, capsize=2,
@@ -142,10 +167,13 @@ def span_val_loss(runs, **opts):
     bx.set_xlabel("Δ final validation loss vs baseline [%]")
     bx.ticklabel_format(axis="x", useOffset=False)
     style.panel_label(bx, "b")
+
+
+def _val_loss_caption(df: pd.DataFrame) -> str:
+    stats = _rel_stats(df)[2]
     best = stats["mean"].idxmin()
-    caption = ("Span-recon (a reconstruction of the span-variant backward) on WikiText-2. (a) Validation loss "
-               "per step, mean ± std over seeds. (b) Relative change of the final validation loss against the "
-               "baseline run of the same seed, (L_span − L_base)/L_base in %, mean ± sample std over "
-               f"seeds; dots are seeds; negative is better. Best: {best} "
-               f"{stats.loc[best, 'mean']:+.3g} ± {stats.loc[best, 'std']:.2g} % (n = {int(stats.loc[best, 'n'])}).")
-    return fig, df, caption
+    return ("Span-recon (a reconstruction of the span-variant backward) on WikiText-2. (a) Validation loss "
+            "per step, mean ± std over seeds. (b) Relative change of the final validation loss against the "
+            "baseline run of the same seed, (L_span − L_base)/L_base in %, mean ± sample std over "
+            f"seeds; dots are seeds; negative is better. Best: {best} "
+            f"{stats.loc[best, 'mean']:+.3g} ± {stats.loc[best, 'std']:.2g} % (n = {int(stats.loc[best, 'n'])}).")
