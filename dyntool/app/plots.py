@@ -210,6 +210,80 @@ def bands(groups: dict[str, pd.DataFrame], title: str, y_title: str, log_y: bool
     return _layout(fig, title, height=height, hovermode="x unified")
 
 
+def _xyz(a: np.ndarray, three: bool) -> dict:
+    """Scatter coordinates from the last axis of ``a`` (x, y and, in 3-D, z)."""
+    return dict(x=a[..., 0], y=a[..., 1], **({"z": a[..., 2]} if three else {}))
+
+
+def _class_colour(cls: int) -> str:
+    return PALETTE[cls % len(PALETTE)] if cls >= 0 else "#999"
+
+
+def _path_traces(fig: go.Figure, xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, color: str,
+                 color_values: np.ndarray | None, hover: str) -> None:
+    """One line per position over the steps: one colour per class, else light grey."""
+    three = xyz.shape[-1] >= 3
+    S = go.Scatter3d if three else go.Scatter
+    classes = {}
+    for pi, pos in enumerate(positions):
+        path = xyz[:, pi]
+        cd = np.stack([np.full(len(steps), pos), steps], axis=1)
+        if color == "class" and color_values is not None:
+            cls = int(color_values[pi])
+            c = _class_colour(cls)
+            first = cls not in classes
+            classes[cls] = True
+            fig.add_trace(S(**_xyz(path, three), mode="lines", line=dict(color=c, width=2), customdata=cd,
+                            hovertemplate=hover, name=f"class {cls}" if cls >= 0 else "no class",
+                            legendgroup=str(cls), showlegend=first))
+        else:
+            fig.add_trace(S(**_xyz(path, three), mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
+                            customdata=cd, hovertemplate=hover, showlegend=False))
+
+
+def _step_markers(fig: go.Figure, xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, hover: str) -> None:
+    """Every drawn point, coloured by its step."""
+    three = xyz.shape[-1] >= 3
+    S = go.Scatter3d if three else go.Scatter
+    flat = xyz.reshape(-1, xyz.shape[-1])
+    st = np.repeat(steps[:, None], len(positions), axis=1).reshape(-1)
+    ps = np.repeat(positions[None], len(steps), axis=0).reshape(-1)
+    fig.add_trace(S(**_xyz(flat, three), mode="markers", name="step",
+                    marker=dict(color=st, colorscale=SEQ_SCALE, size=3 if three else 5,
+                                colorbar=dict(title="step", thickness=12)),
+                    customdata=np.stack([ps, st], 1), hovertemplate=hover, showlegend=False))
+
+
+def _end_marker_style(three: bool, color: str, color_values: np.ndarray | None, color_title: str) -> dict:
+    """Markers of the final recorded step: by class, by a continuous value, or black."""
+    mk: dict = dict(size=6 if three else 10, symbol="diamond" if three else "star", line=dict(width=1, color="black"))
+    if color == "class" and color_values is not None:
+        mk["color"] = [PALETTE[int(c) % len(PALETTE)] if c >= 0 else "#999" for c in color_values]
+    elif color_values is not None and color not in ("step", "class"):
+        mk.update(color=color_values, colorscale="Plasma", colorbar=dict(title=color_title, thickness=12))
+    else:
+        mk["color"] = "black"
+    return mk
+
+
+def _start_and_end(fig: go.Figure, xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, marker: dict,
+                   pos_name: str, hover: str) -> None:
+    """White dots at the first drawn step, ``marker`` (labelled when few) at the final one."""
+    three = xyz.shape[-1] >= 3
+    S = go.Scatter3d if three else go.Scatter
+    fig.add_trace(S(**_xyz(xyz[0], three), mode="markers", name=f"start (step {steps[0]})",
+                    marker=dict(size=3 if three else 6, color="white", line=dict(width=1, color="#444")),
+                    customdata=np.stack([positions, np.full(len(positions), steps[0])], axis=1),
+                    hovertemplate=hover))
+    labels = len(positions) <= 12            # more labels than this pile up: hover names each one
+    fig.add_trace(S(**_xyz(xyz[-1], three), mode="markers+text" if labels else "markers", marker=marker,
+                    text=[f"{pos_name}={p}" for p in positions] if labels else None,
+                    textposition="top center", textfont=dict(size=10),
+                    name=f"final (step {steps[-1]})",
+                    customdata=np.stack([positions, np.full(len(positions), steps[-1])], axis=1),
+                    hovertemplate=hover))
+
+
 def trajectories(xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, color: str,
                  color_values: np.ndarray | None, title: str, axis_names: list[str],
                  pos_name: str = "j", height: int = 560, color_title: str = "") -> go.Figure:
@@ -218,54 +292,14 @@ def trajectories(xyz: np.ndarray, steps: np.ndarray, positions: np.ndarray, colo
     ``color``: "step" (markers coloured by step), "class" (one colour per class, given per
     position in ``color_values``) or a continuous per-position value ("entropy")."""
     three = xyz.shape[-1] >= 3
-    S = go.Scatter3d if three else go.Scatter
     fig = go.Figure()
-    coords = lambda a: dict(x=a[..., 0], y=a[..., 1], **({"z": a[..., 2]} if three else {}))
     hover = (f"{pos_name} = %{{customdata[0]}}<br>step %{{customdata[1]}}<br>"
              + "<br>".join(f"{n} = %{{{c}:.4g}}" for n, c in zip(axis_names, "xyz")) + "<extra></extra>")
-    classes = {}
-    for pi, pos in enumerate(positions):
-        path = xyz[:, pi]
-        cd = np.stack([np.full(len(steps), pos), steps], axis=1)
-        if color == "class" and color_values is not None:
-            cls = int(color_values[pi])
-            c = PALETTE[cls % len(PALETTE)] if cls >= 0 else "#999"
-            first = cls not in classes
-            classes[cls] = True
-            fig.add_trace(S(**coords(path), mode="lines", line=dict(color=c, width=2), customdata=cd,
-                            hovertemplate=hover, name=f"class {cls}" if cls >= 0 else "no class",
-                            legendgroup=str(cls), showlegend=first))
-        else:
-            fig.add_trace(S(**coords(path), mode="lines", line=dict(color="rgba(120,120,120,0.35)", width=1),
-                            customdata=cd, hovertemplate=hover, showlegend=False))
+    _path_traces(fig, xyz, steps, positions, color, color_values, hover)
     if color == "step":
-        flat = xyz.reshape(-1, xyz.shape[-1])
-        st = np.repeat(steps[:, None], len(positions), axis=1).reshape(-1)
-        ps = np.repeat(positions[None], len(steps), axis=0).reshape(-1)
-        fig.add_trace(S(**coords(flat), mode="markers", name="step",
-                        marker=dict(color=st, colorscale=SEQ_SCALE, size=3 if three else 5,
-                                    colorbar=dict(title="step", thickness=12)),
-                        customdata=np.stack([ps, st], 1), hovertemplate=hover, showlegend=False))
-    # end markers (final recorded step)
-    end = xyz[-1]
-    cd = np.stack([positions, np.full(len(positions), steps[-1])], axis=1)
-    mk: dict = dict(size=6 if three else 10, symbol="diamond" if three else "star", line=dict(width=1, color="black"))
-    if color == "class" and color_values is not None:
-        mk["color"] = [PALETTE[int(c) % len(PALETTE)] if c >= 0 else "#999" for c in color_values]
-    elif color_values is not None and color not in ("step", "class"):
-        mk.update(color=color_values, colorscale="Plasma", colorbar=dict(title=color_title, thickness=12))
-    else:
-        mk["color"] = "black"
-    start = xyz[0]
-    fig.add_trace(S(**coords(start), mode="markers", name=f"start (step {steps[0]})",
-                    marker=dict(size=3 if three else 6, color="white", line=dict(width=1, color="#444")),
-                    customdata=np.stack([positions, np.full(len(positions), steps[0])], axis=1),
-                    hovertemplate=hover))
-    labels = len(positions) <= 12            # more labels than this pile up: hover names each one
-    fig.add_trace(S(**coords(end), mode="markers+text" if labels else "markers", marker=mk,
-                    text=[f"{pos_name}={p}" for p in positions] if labels else None,
-                    textposition="top center", textfont=dict(size=10),
-                    name=f"final (step {steps[-1]})", customdata=cd, hovertemplate=hover))
+        _step_markers(fig, xyz, steps, positions, hover)
+    _start_and_end(fig, xyz, steps, positions, _end_marker_style(three, color, color_values, color_title),
+                   pos_name, hover)
     if three:
         fig.update_layout(scene=dict(xaxis_title=axis_names[0], yaxis_title=axis_names[1],
                                      zaxis_title=axis_names[2]))

@@ -65,23 +65,28 @@ def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
     return None
 
 
-def body() -> None:
-    st.title("Compare")
-    cands = ui.candidates()
+def default_runs(cands: list[str]) -> list[str]:
+    """The runs preset: the selection, else the newest run's kind (readable runs only)."""
     if ui.selected():
-        default = cands[:24]
-    else:                              # nothing selected: the newest run's kind, readable runs only
-        kinds = {r: data.get_run(ui.abspath(r)).kind for r in cands}
-        ok = [r for r in cands if not data.get_run(ui.abspath(r)).problems]
-        default = [r for r in ok if kinds[r] == kinds[(ok or cands)[0]]][:24]
+        return cands[:24]
+    kinds = {r: data.get_run(ui.abspath(r)).kind for r in cands}
+    ok = [r for r in cands if not data.get_run(ui.abspath(r)).problems]
+    return [r for r in ok if kinds[r] == kinds[(ok or cands)[0]]][:24]
+
+
+def pick_runs() -> list[str]:
+    """The "Runs to compare" multiselect; the chosen runs' paths."""
+    cands = ui.candidates()
+    default = default_runs(cands)
     if not set(st.session_state.get("cmp_runs", [])) <= set(cands):
         st.session_state.pop("cmp_runs", None)
     chosen = st.multiselect("Runs to compare", cands, default=default, key="cmp_runs",
                             help="Preset from the selection on the Runs page.")
-    if not chosen:
-        st.info("Choose at least one run.")
-        return
-    paths = [ui.abspath(r) for r in chosen]
+    return [ui.abspath(r) for r in chosen]
+
+
+def available_metrics(paths: list[str]) -> dict[str, int]:
+    """{metric: how many of the runs have it}: numeric logged metrics and the recorded curves."""
     metrics_avail: dict[str, int] = {}
     for p in paths:
         df = data.metrics(p, data.signature(p))
@@ -94,9 +99,13 @@ def body() -> None:
                 metrics_avail[label] = metrics_avail.get(label, 0) + 1
     if not metrics_avail:
         raise AppInputError("None of these runs has logged metrics or recorded curves yet.")
+    return metrics_avail
+
+
+def pick_options(paths: list[str], metrics_avail: dict[str, int]) -> tuple[str, str, float, bool, bool]:
+    """The row of controls: metric, grouping, smoothing, log y, each run."""
     order = sorted(metrics_avail, key=lambda m: (-metrics_avail[m], m))
     pref = next((m for m in ("loss", "val_loss") if m in metrics_avail), order[0])
-
     configs = [data.get_run(p).config for p in paths]
     keys = analysis.differing_keys(configs)
     groupings = keys + ["kind", NO_GROUP]
@@ -113,7 +122,11 @@ def body() -> None:
     smooth = c[2].slider("Smoothing (EMA)", 0.0, 0.99, 0.0, 0.01, key="cmp_ema")
     log_y = c[3].toggle("log y", key="cmp_log")
     each = c[4].toggle("each run", key="cmp_each", help="Also draw every run's own curve")
+    return metric, group, smooth, log_y, each
 
+
+def grouped_curves(paths: list[str], metric: str, group: str, smooth: float) -> tuple[dict, list[str]]:
+    """({group label: the smoothed curves of its runs}, ids of the runs without ``metric``)."""
     groups: dict[str, list[pd.Series]] = {}
     lacking = []
     for p in paths:
@@ -124,6 +137,11 @@ def body() -> None:
         groups.setdefault(group_label(p, group), []).append(analysis.ema(s, smooth).rename(p))
     if not groups:
         raise AppInputError(f"None of the chosen runs has {metric}.")
+    return groups, lacking
+
+
+def draw_bands(paths: list[str], groups: dict, metric: str, group: str, log_y: bool, each: bool) -> None:
+    """Mean ± std per group (and every run's own curve if asked), with the figure download."""
     bands = {g: analysis.band(v) for g, v in sorted(groups.items())}
     if each:
         for g, curves in sorted(groups.items()):
@@ -134,9 +152,10 @@ def body() -> None:
     st.plotly_chart(fig, key="cmp-fig", config=plots.CONFIG)
     export.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
                     FIGURES_FOR.get(metric, []), paths, {"metric": metric, "group": group})
-    if lacking:
-        st.caption(f"Without {data.esc(metric)}: {data.esc(', '.join(lacking))}.")
 
+
+def summary_table(groups: dict) -> None:
+    """Per group: runs, final value (mean, std), minimum (mean), last step."""
     rows = []
     for g, curves in sorted(groups.items()):
         finals = np.array([s.iloc[-1] for s in curves])
@@ -147,6 +166,21 @@ def body() -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch",
                  column_config={k: st.column_config.NumberColumn(k, format="%.5g")
                                 for k in ("final (mean)", "final (std)", "min (mean)")})
+
+
+def body() -> None:
+    st.title("Compare")
+    paths = pick_runs()
+    if not paths:
+        st.info("Choose at least one run.")
+        return
+    metrics_avail = available_metrics(paths)
+    metric, group, smooth, log_y, each = pick_options(paths, metrics_avail)
+    groups, lacking = grouped_curves(paths, metric, group, smooth)
+    draw_bands(paths, groups, metric, group, log_y, each)
+    if lacking:
+        st.caption(f"Without {data.esc(metric)}: {data.esc(', '.join(lacking))}.")
+    summary_table(groups)
 
 
 ui.guard(body)

@@ -91,6 +91,90 @@ def _draw(fig, key: str, path: str, stem: str, opts: dict, kind: str) -> None:
     export.download(fig, key, stem, ["f2_toy", "f1_feedback_loop", "f5_attention"], [path], opts)
 
 
+def pick_step(opts: list[int]) -> int:
+    """The step slider; while playing, each rerun advances it by one recorded step."""
+    if st.session_state.get("mx_step") not in opts:
+        st.session_state["mx_step"] = opts[-1]
+    if st.session_state.get("mx_play"):
+        st.session_state["mx_step"] = opts[(opts.index(st.session_state["mx_step"]) + 1) % len(opts)]
+    return st.select_slider(f"Step ({len(opts)} recorded, {opts[0]}–{opts[-1]})", opts, key="mx_step")
+
+
+def pick_zoom(info: dict, kinds: list[str]) -> tuple[bool, tuple[int, int, int] | None]:
+    """(big, zoom): crops too big to draw entry by entry get zoom controls and a caption."""
+    g = geometry(info, kinds[0])
+    big = g["nq"] > MAX_CELLS or g["nk"] > MAX_CELLS or any(f"{k}_pooled" in info["arrays"] for k in kinds)
+    zoom = zoom_controls(g, "mx-zoom") if big else None
+    if big:
+        st.caption(f"Recorded crop: queries {g['q0']}–{g['q0'] + g['nq'] - 1}, keys {g['k0']}–"
+                   f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
+                   "the zoom). Right: the real entries inside the box.")
+    return big, zoom
+
+
+def one_step_grid(path: str, kinds: list[str], idx: int, step: int, site: tuple[int, int, int], label: str,
+                  fig_opts: dict) -> None:
+    """Small matrices at one step: a grid, two per row."""
+    for r in range(0, len(kinds), 2):
+        cols = st.columns(2)
+        for c, kind in zip(cols, kinds[r:r + 2]):
+            with c:
+                fig = figures_for(path, kind, idx, step, *site, None, label)[0]
+                _draw(fig, f"mx-{kind}", path, f"{kind}-step{step}", {**fig_opts, "kind": kind}, kind)
+                st.caption(plots.MATRIX_KINDS[kind][2])
+
+
+def one_step_zoomed(path: str, kinds: list[str], idx: int, step: int, site: tuple[int, int, int],
+                    zoom: tuple[int, int, int], label: str, fig_opts: dict) -> None:
+    """Big matrices at one step: overview + zoom per quantity."""
+    for kind in kinds:
+        figs = figures_for(path, kind, idx, step, *site, zoom, label)
+        cols = st.columns(len(figs))
+        for i, (c, f) in enumerate(zip(cols, figs)):
+            with c:
+                _draw(f, f"mx-{kind}-{i}", path, f"{kind}-step{step}-{'overview' if i == 0 else 'zoom'}",
+                      {**fig_opts, "kind": kind}, kind)
+        st.caption(plots.MATRIX_KINDS[kind][2])
+
+
+def second_step_targets(path: str, opts: list[int], step: int, label: str) -> list[tuple]:
+    """The "Second step" slider; [(path, index, step, label)] of both panels."""
+    default = opts[0] if step != opts[0] else opts[-1]
+    if st.session_state.get("mx_step2") not in opts:
+        st.session_state["mx_step2"] = default
+    step2 = st.select_slider("Second step", opts, key="mx_step2")
+    return [(path, opts.index(step), step, label), (path, opts.index(step2), step2, label)]
+
+
+def second_run_targets(path: str, other: str | None, idx: int, step: int, label: str) -> list[tuple] | None:
+    """Both panels: this run at the step, the second run at its nearest recorded step (None: no second run)."""
+    if other is None:
+        st.info("Select a second run above.")
+        return None
+    o_steps = data.steps(other, data.marker(other))
+    if not len(o_steps):
+        raise AppInputError("The second run has no committed recorded steps.")
+    j = _step_index(o_steps, step)
+    return [(path, idx, step, label), (other, j, int(o_steps[j]), data.label(data.get_run(other).id))]
+
+
+def side_by_side(targets: list[tuple], kinds: list[str], site: tuple[int, int, int],
+                 zoom: tuple[int, int, int] | None, fig_opts: dict) -> None:
+    """Two panels per quantity; signed quantities on one shared colour range."""
+    for kind in kinds:
+        figs = [figures_for(p, kind, i, s, *site, zoom, lb)[-1] for p, i, s, lb in targets]
+        if plots.MATRIX_KINDS[kind][1] == "signed":        # one colour range, so colours compare
+            finite = [np.abs(f.data[0].z)[np.isfinite(f.data[0].z)] for f in figs]
+            r = max((float(x.max()) for x in finite if x.size), default=1.0)
+            figs = [figures_for(p, kind, i, s, *site, zoom, lb, zrange=r)[-1] for p, i, s, lb in targets]
+        cols = st.columns(2)
+        for n, (c, (p, i, s, lb), f) in enumerate(zip(cols, targets, figs)):
+            with c:
+                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s, "step_index": i}, kind)
+        st.caption(plots.MATRIX_KINDS[kind][2] + (" Both panels share one colour range."
+                                                  if plots.MATRIX_KINDS[kind][1] == "signed" else ""))
+
+
 def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: str, other: str | None) -> None:
     mark = data.marker(path)
     info = data.array_info(path, mark)
@@ -102,69 +186,24 @@ def panel(path: str, kinds: list[str], layer: int, head: int, seq: int, mode: st
         st.info("Pick at least one quantity above.")
         return
     opts = list(map(int, steps))
-    if st.session_state.get("mx_step") not in opts:
-        st.session_state["mx_step"] = opts[-1]
-    if st.session_state.get("mx_play"):
-        st.session_state["mx_step"] = opts[(opts.index(st.session_state["mx_step"]) + 1) % len(opts)]
-    step = st.select_slider(f"Step ({len(opts)} recorded, {opts[0]}–{opts[-1]})", opts, key="mx_step")
+    step = pick_step(opts)
     idx = opts.index(step)
-    g = geometry(info, kinds[0])
-    big = g["nq"] > MAX_CELLS or g["nk"] > MAX_CELLS or any(f"{k}_pooled" in info["arrays"] for k in kinds)
-    zoom = zoom_controls(g, "mx-zoom") if big else None
-    if big:
-        st.caption(f"Recorded crop: queries {g['q0']}–{g['q0'] + g['nq'] - 1}, keys {g['k0']}–"
-                   f"{g['k0'] + g['nk'] - 1} of T = {g['T']}. Left: overview (block means; the orange box is "
-                   "the zoom). Right: the real entries inside the box.")
+    big, zoom = pick_zoom(info, kinds)
     label = data.label(data.get_run(path).id)
     fig_opts = {"layer": layer, "head": head, "seq": seq, "step": step, "step_index": idx}
-
+    site = (layer, head, seq)
     if mode == MODES[0]:
-        if not big:                            # small matrices: a grid, two per row
-            for r in range(0, len(kinds), 2):
-                cols = st.columns(2)
-                for c, kind in zip(cols, kinds[r:r + 2]):
-                    with c:
-                        fig = figures_for(path, kind, idx, step, layer, head, seq, None, label)[0]
-                        _draw(fig, f"mx-{kind}", path, f"{kind}-step{step}", {**fig_opts, "kind": kind}, kind)
-                        st.caption(plots.MATRIX_KINDS[kind][2])
-            return
-        for kind in kinds:                     # big: overview + zoom per quantity
-            figs = figures_for(path, kind, idx, step, layer, head, seq, zoom, label)
-            cols = st.columns(len(figs))
-            for i, (c, f) in enumerate(zip(cols, figs)):
-                with c:
-                    _draw(f, f"mx-{kind}-{i}", path, f"{kind}-step{step}-{'overview' if i == 0 else 'zoom'}",
-                          {**fig_opts, "kind": kind}, kind)
-            st.caption(plots.MATRIX_KINDS[kind][2])
+        if big:
+            one_step_zoomed(path, kinds, idx, step, site, zoom, label, fig_opts)
+        else:
+            one_step_grid(path, kinds, idx, step, site, label, fig_opts)
         return
-
     if mode == MODES[1]:
-        default = opts[0] if step != opts[0] else opts[-1]
-        if st.session_state.get("mx_step2") not in opts:
-            st.session_state["mx_step2"] = default
-        step2 = st.select_slider("Second step", opts, key="mx_step2")
-        targets = [(path, idx, step, label), (path, opts.index(step2), step2, label)]
+        targets = second_step_targets(path, opts, step, label)
     else:
-        if other is None:
-            st.info("Select a second run above.")
-            return
-        o_steps = data.steps(other, data.marker(other))
-        if not len(o_steps):
-            raise AppInputError("The second run has no committed recorded steps.")
-        j = _step_index(o_steps, step)
-        targets = [(path, idx, step, label), (other, j, int(o_steps[j]), data.label(data.get_run(other).id))]
-    for kind in kinds:
-        figs = [figures_for(p, kind, i, s, layer, head, seq, zoom, lb)[-1] for p, i, s, lb in targets]
-        if plots.MATRIX_KINDS[kind][1] == "signed":        # one colour range, so colours compare
-            finite = [np.abs(f.data[0].z)[np.isfinite(f.data[0].z)] for f in figs]
-            r = max((float(x.max()) for x in finite if x.size), default=1.0)
-            figs = [figures_for(p, kind, i, s, layer, head, seq, zoom, lb, zrange=r)[-1] for p, i, s, lb in targets]
-        cols = st.columns(2)
-        for n, (c, (p, i, s, lb), f) in enumerate(zip(cols, targets, figs)):
-            with c:
-                _draw(f, f"mx-cmp-{kind}-{n}", p, f"{kind}-{lb}-step{s}", {**fig_opts, "kind": kind, "step": s, "step_index": i}, kind)
-        st.caption(plots.MATRIX_KINDS[kind][2] + (" Both panels share one colour range."
-                                                  if plots.MATRIX_KINDS[kind][1] == "signed" else ""))
+        targets = second_run_targets(path, other, idx, step, label)
+    if targets is not None:
+        side_by_side(targets, kinds, site, zoom, fig_opts)
 
 
 def body() -> None:

@@ -64,6 +64,96 @@ def logged_per_head(df: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray
     return rows["step"].to_numpy(), out
 
 
+def _chart(fig, key: str, stem: str, figures: list[str], path: str) -> None:
+    st.plotly_chart(fig, key=key, config=plots.CONFIG)
+    export.download(fig, key, stem, figures, [path])
+
+
+def loss_plot(path: str, df: pd.DataFrame, cols: list[str], log_y: bool) -> None:
+    ys = [c for c in ("loss", "val_loss") if c in cols]
+    if ys:
+        title = "Loss (train / validation)" if "val_loss" in ys else "Training loss"
+        fig = plots.curves(df, ys, title, log_y=log_y, y_title="cross-entropy (nats)",
+                           names={"loss": "train", "val_loss": "validation"})
+        _chart(fig, "ov-loss", "loss", ["f3_em_vs_sgd", "ls_loss_logits", "span_val_loss"], path)
+
+
+def perplexity_plot(path: str, df: pd.DataFrame, cols: list[str]) -> None:
+    if "val_ppl" in cols or "loss" in cols:
+        p = pd.DataFrame({"step": df["step"]})
+        names = {}                 # train first, as in the loss plot, so the colours match
+        if "loss" in cols:
+            p["train_ppl"] = np.exp(df["loss"].astype(float).clip(upper=50))
+            names["train_ppl"] = "train = exp(loss)"
+        if "val_ppl" in cols:
+            p["val_ppl"] = df["val_ppl"]
+            names["val_ppl"] = "validation"
+        fig = plots.curves(p, list(names), "Perplexity", names=names, y_title="perplexity", log_y=True)
+        _chart(fig, "ov-ppl", "perplexity", [], path)
+
+
+def entropy_plot(path: str, mark: int, df: pd.DataFrame, cols: list[str], arrays: dict, steps: np.ndarray) -> None:
+    """Attention entropy: logged every step (cheap tier), else recorded, else the logged mean."""
+    ent_steps = logged_per_head(df, mn.ATTN_ENTROPY)
+    if ent_steps is not None and len(ent_steps[0]) > len(steps):   # the cheap tier: every step
+        fig = per_head_figure(ent_steps[1], ent_steps[0], "Attention entropy (mean over queries, every step)",
+                              "nats", "ent")
+    elif "attn_entropy" in arrays and len(steps):
+        arr = data.head_series(path, mark, "attn_entropy")
+        fig = per_head_figure(arr, steps, "Attention entropy (mean over queries)", "nats", "ent")
+    elif mn.ATTN_ENTROPY in cols:
+        fig = plots.curves(df, [mn.ATTN_ENTROPY], "Attention entropy (mean)", y_title="nats")
+    else:
+        fig = None
+        st.caption("No attention entropy recorded (`attn_entropy`).")
+    if fig is not None:
+        _chart(fig, "ov-ent", "attention_entropy", ["f5_attention"], path)
+
+
+def logit_max_plot(path: str, mark: int, df: pd.DataFrame, cols: list[str], arrays: dict,
+                   steps: np.ndarray) -> None:
+    """max|logit| per layer and head: logged every step, else recorded, else logged per layer."""
+    lm_cols = sorted(c for c in cols if c.startswith(mn.LOGIT_MAX))
+    per_step = logged_per_head(df, mn.LOGIT_MAX)
+    if per_step is not None:          # logged every step: finer than the recorded steps
+        fig = per_head_figure(per_step[1], per_step[0], "max |logit| per layer and head (every step)",
+                              "max |s_ij|", "lmax")
+    elif "logit_max" in arrays and len(steps):
+        fig = per_head_figure(data.head_series(path, mark, "logit_max"), steps,
+                              "max |logit| per layer and head", "max |s_ij|", "lmax")
+    elif lm_cols:
+        fig = plots.curves(df, lm_cols, "max |logit| per layer", y_title="max |s_ij|")
+    else:
+        fig = None
+        st.caption("No max|logit| recorded (`logit_max`).")
+    if fig is not None:
+        _chart(fig, "ov-lmax", "logit_max", ["ls_logit_heatmap", "ls_loss_logits"], path)
+
+
+def grad_norm_plot(path: str, df: pd.DataFrame, cols: list[str], log_y: bool) -> None:
+    gn = [c for c in cols if mn.GRAD_NORM in c]
+    if gn:
+        fig = plots.curves(df, gn, "Gradient norms", log_y=log_y, y_title="‖∇‖")
+        _chart(fig, "ov-gn", "grad_norms", [], path)
+    else:
+        st.caption("No gradient norms logged (`grad_norm*`).")
+
+
+def other_metrics(path: str, df: pd.DataFrame, cols: list[str]) -> None:
+    """The numeric metrics no other plot shows, picked in a multiselect."""
+    lm_cols = [c for c in cols if c.startswith(mn.LOGIT_MAX)]
+    gn = [c for c in cols if mn.GRAD_NORM in c]
+    shown = {"loss", "val_loss", "val_ppl", mn.ATTN_ENTROPY, *lm_cols, *gn}
+    rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])
+            and not _per_head_column(c)]
+    if rest:
+        default = [c for c in ("accuracy", "entropy", "lr") if c in rest][:2] or rest[:1]
+        pick = st.multiselect("Other metrics", rest, default=default, key="ov_other")
+        if pick:
+            fig = plots.curves(df, pick, "Other metrics")
+            _chart(fig, "ov-other", "metrics", [], path)
+
+
 def curves(path: str) -> None:
     mark = data.marker(path)
     df = data.metrics(path, data.signature(path))
@@ -76,84 +166,20 @@ def curves(path: str) -> None:
     cols = [c for c in df.columns if c != "step"]
     log_y = st.toggle("log scale for loss and gradient norms", value=False, key="ov_log")
     left, right = st.columns(2)
-
     with left:
-        ys = [c for c in ("loss", "val_loss") if c in cols]
-        if ys:
-            title = "Loss (train / validation)" if "val_loss" in ys else "Training loss"
-            fig = plots.curves(df, ys, title, log_y=log_y, y_title="cross-entropy (nats)",
-                               names={"loss": "train", "val_loss": "validation"})
-            st.plotly_chart(fig, key="ov-loss", config=plots.CONFIG)
-            export.download(fig, "ov-loss", "loss", ["f3_em_vs_sgd", "ls_loss_logits", "span_val_loss"], [path])
+        loss_plot(path, df, cols, log_y)
     with right:
-        if "val_ppl" in cols or "loss" in cols:
-            p = pd.DataFrame({"step": df["step"]})
-            names = {}                 # train first, as in the loss plot, so the colours match
-            if "loss" in cols:
-                p["train_ppl"] = np.exp(df["loss"].astype(float).clip(upper=50))
-                names["train_ppl"] = "train = exp(loss)"
-            if "val_ppl" in cols:
-                p["val_ppl"] = df["val_ppl"]
-                names["val_ppl"] = "validation"
-            fig = plots.curves(p, list(names), "Perplexity", names=names, y_title="perplexity", log_y=True)
-            st.plotly_chart(fig, key="ov-ppl", config=plots.CONFIG)
-            export.download(fig, "ov-ppl", "perplexity", [], [path])
-
-    left, right = st.columns(2)
-    ent_steps = logged_per_head(df, mn.ATTN_ENTROPY)
-    with left:
-        if ent_steps is not None and len(ent_steps[0]) > len(steps):   # the cheap tier: every step
-            fig = per_head_figure(ent_steps[1], ent_steps[0], "Attention entropy (mean over queries, every step)",
-                                  "nats", "ent")
-        elif "attn_entropy" in arrays and len(steps):
-            arr = data.head_series(path, mark, "attn_entropy")
-            fig = per_head_figure(arr, steps, "Attention entropy (mean over queries)", "nats", "ent")
-        elif mn.ATTN_ENTROPY in cols:
-            fig = plots.curves(df, [mn.ATTN_ENTROPY], "Attention entropy (mean)", y_title="nats")
-        else:
-            fig = None
-            st.caption("No attention entropy recorded (`attn_entropy`).")
-        if fig is not None:
-            st.plotly_chart(fig, key="ov-ent", config=plots.CONFIG)
-            export.download(fig, "ov-ent", "attention_entropy", ["f5_attention"], [path])
-    with right:
-        lm_cols = sorted(c for c in cols if c.startswith(mn.LOGIT_MAX))
-        per_step = logged_per_head(df, mn.LOGIT_MAX)
-        if per_step is not None:          # logged every step: finer than the recorded steps
-            fig = per_head_figure(per_step[1], per_step[0], "max |logit| per layer and head (every step)",
-                                  "max |s_ij|", "lmax")
-        elif "logit_max" in arrays and len(steps):
-            fig = per_head_figure(data.head_series(path, mark, "logit_max"), steps,
-                                  "max |logit| per layer and head", "max |s_ij|", "lmax")
-        elif lm_cols:
-            fig = plots.curves(df, lm_cols, "max |logit| per layer", y_title="max |s_ij|")
-        else:
-            fig = None
-            st.caption("No max|logit| recorded (`logit_max`).")
-        if fig is not None:
-            st.plotly_chart(fig, key="ov-lmax", config=plots.CONFIG)
-            export.download(fig, "ov-lmax", "logit_max", ["ls_logit_heatmap", "ls_loss_logits"], [path])
-
+        perplexity_plot(path, df, cols)
     left, right = st.columns(2)
     with left:
-        gn = [c for c in cols if mn.GRAD_NORM in c]
-        if gn:
-            fig = plots.curves(df, gn, "Gradient norms", log_y=log_y, y_title="‖∇‖")
-            st.plotly_chart(fig, key="ov-gn", config=plots.CONFIG)
-            export.download(fig, "ov-gn", "grad_norms", [], [path])
-        else:
-            st.caption("No gradient norms logged (`grad_norm*`).")
+        entropy_plot(path, mark, df, cols, arrays, steps)
     with right:
-        shown = {"loss", "val_loss", "val_ppl", mn.ATTN_ENTROPY, *lm_cols, *gn}
-        rest = [c for c in cols if c not in shown and pd.api.types.is_numeric_dtype(df[c])
-                and not _per_head_column(c)]
-        if rest:
-            default = [c for c in ("accuracy", "entropy", "lr") if c in rest][:2] or rest[:1]
-            pick = st.multiselect("Other metrics", rest, default=default, key="ov_other")
-            if pick:
-                fig = plots.curves(df, pick, "Other metrics")
-                st.plotly_chart(fig, key="ov-other", config=plots.CONFIG)
-                export.download(fig, "ov-other", "metrics", [], [path])
+        logit_max_plot(path, mark, df, cols, arrays, steps)
+    left, right = st.columns(2)
+    with left:
+        grad_norm_plot(path, df, cols, log_y)
+    with right:
+        other_metrics(path, df, cols)
 
 
 # the cheap tier's statistics (dyntool.flight), in words for the panel

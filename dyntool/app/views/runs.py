@@ -23,18 +23,8 @@ def table(paths: list[str]) -> pd.DataFrame:
     return df.reset_index(drop=True)
 
 
-def body() -> None:
-    st.title("Runs")
-    paths = ui.all_runs()
-    if not paths:
-        st.info(f"No runs found under `{ui.root() / ui.subdir()}`. Record one with "
-                f"`dyntool sim toy --out {ui.root()}` (then press *Reload runs from disk*), "
-                "or start the app on another folder: `dyntool app DIR`.")
-        return
-    df = table(paths)
-    st.caption(f"{len(df)} run(s) under `{ui.root() / ui.subdir()}`. Select runs below; the "
-               "Overview, Matrices, Trajectories and Compare pages use the selection.")
-
+def filtered(df: pd.DataFrame) -> pd.DataFrame:
+    """The filter row (kind, status, tags, name) and the rows that pass it."""
     f1, f2, f3, f4 = st.columns([1, 1, 1, 2])
     kinds = f1.multiselect("Kind", sorted(df["kind"].astype(str).unique()), key="flt_kind")
     stats = f2.multiselect("Status", sorted(df["status"].astype(str).unique()), key="flt_status")
@@ -50,7 +40,10 @@ def body() -> None:
         view = view[view["tags"].apply(lambda ts: any(t in (ts or []) for t in tags))]
     if text:
         view = view[view["run"].str.contains(text, case=False, regex=False)]
+    return view
 
+
+def show_table(view: pd.DataFrame) -> None:
     shown = view.copy()
     shown["tags"] = shown["tags"].apply(lambda ts: ", ".join(ts or []))
     shown["problems"] = shown["problems"].apply(lambda ps: "; ".join(ps or []))
@@ -69,6 +62,9 @@ def body() -> None:
                      **{c: st.column_config.NumberColumn(c, format="%.4g") for c in final_cols},
                  })
 
+
+def pick_selection(view: pd.DataFrame, paths: list[str]) -> None:
+    """Select all shown / Clear selection, and the selection the other pages use."""
     options = list(view["run"])
     prev = [r for r in ui.selected() if r in paths]
     if st.session_state.get("runs_select") is None or set(st.session_state.get("runs_select", [])) - set(paths):
@@ -82,12 +78,31 @@ def body() -> None:
     chosen = st.multiselect("Selected runs (used by the other pages)", keep, key="runs_select")
     st.session_state["dt_selected"] = list(chosen)
 
+
+def show_problems(view: pd.DataFrame) -> None:
     bad = view[view["problems"].apply(bool)]
     if len(bad):
         with st.expander(f"{len(bad)} run(s) with problems", expanded=False, icon=":material/warning:"):
             for _, r in bad.iterrows():
                 for p in r["problems"]:              # plain text: problems quote the run's files
                     st.markdown(f"- {data.esc(r['run'])}: {data.esc(p)}")
+
+
+def body() -> None:
+    st.title("Runs")
+    paths = ui.all_runs()
+    if not paths:
+        st.info(f"No runs found under `{ui.root() / ui.subdir()}`. Record one with "
+                f"`dyntool sim toy --out {ui.root()}` (then press *Reload runs from disk*), "
+                "or start the app on another folder: `dyntool app DIR`.")
+        return
+    df = table(paths)
+    st.caption(f"{len(df)} run(s) under `{ui.root() / ui.subdir()}`. Select runs below; the "
+               "Overview, Matrices, Trajectories and Compare pages use the selection.")
+    view = filtered(df)
+    show_table(view)
+    pick_selection(view, paths)
+    show_problems(view)
 
 
 def page() -> None:
