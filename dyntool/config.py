@@ -313,15 +313,15 @@ def nest(flat: dict[str, Any]) -> dict[str, Any]:
 def resolve_file(path: str | Path) -> Path:
     """A config file: ``path`` itself, else the packaged preset of that name.
 
-    ``sticky_markov``, ``sticky-markov``, ``sticky_markov.toml`` and ``sims/sticky_markov.toml``
-    (the repository path before presets moved into the package) all name
-    ``dyntool/presets/sticky_markov.toml``, so the README's commands work from anywhere.
+    ``sticky_markov``, ``sticky-markov``, ``sticky_markov.toml``, ``dyntool/presets/sticky_markov.toml``
+    and ``sims/sticky_markov.toml`` (the old repository path) all name the packaged file, so the
+    docs' commands work from any directory.
     """
     p = Path(path)
     if p.is_file():
         return p
     stem = p.name[:-5] if p.name.endswith(".toml") else p.name
-    if p.parent == Path(".") or p.parent.name == "sims":
+    if p.parent == Path(".") or p.parent.name in ("sims", "presets"):
         packaged = PRESETS / f"{stem.replace('-', '_')}.toml"
         if packaged.is_file():
             return packaged

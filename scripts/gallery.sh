@@ -45,7 +45,7 @@ if dt sim sticky-markov --help >/dev/null 2>&1; then
         echo "gallery: removing incomplete $sticky"; rm -rf "$sticky"
     fi
     if [ ! -d "$sticky" ]; then
-        echo "gallery: simulating the sticky-chain study with its learning-rate controls -> $sticky (~8 minutes)"
+        echo "gallery: simulating the sticky-chain study with its learning-rate controls -> $sticky (~35 minutes)"
         dt sim sticky-markov --config sticky_markov --controls --out "$RUNS/sticky-markov" --name controls --quiet
     fi
     inputs+=("$sticky")

@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"dyntool {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
-    sim = sub.add_parser("sim", help="simulations (sticky Markov chain, toy head)",
+    sim = sub.add_parser("sim", help="simulations (sticky Markov chain, toy head, bijection wind tunnel)",
                          description="Simulations: `dyntool sim SIM --help` lists a simulation's options.")
     sim.set_defaults(help_of=sim)
     simsub = sim.add_subparsers(dest="sim", metavar="SIM", parser_class=Parser)

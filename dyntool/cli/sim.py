@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 
 from . import add_n_seeds, common_output_options, config_option, config_values
 
@@ -19,6 +20,11 @@ def cmd_sticky(args) -> int:
     from ..sims.sticky import StickyConfig, run_study
     from ..sims.summary import table
     values = config_values(args)
+    if getattr(args, "old_window", None) is not None:
+        if "crop" in values:
+            raise ConfigError("--window", "--window is the old name of --crop; give one of them")
+        warnings.warn("flag --window is deprecated, use --crop", config.DeprecatedKeyWarning, stacklevel=2)
+        values["crop"] = args.old_window
     if args.controls:
         if "arms" in values:
             raise ConfigError("--controls", "give either --arms LIST or --controls, not both")
@@ -105,8 +111,10 @@ def register(sub, simsub) -> None:
                   help="EM-like arm: W_V learning rate = lr × X (default 10)")
     config_option(p, StickyConfig, "sweep", metavar="X[,X...]",
                   help="extra EM-like runs at these value-LR multipliers, e.g. 1,2,5,10,20 (default none)")
-    config_option(p, StickyConfig, "crop", "--crop", "--window",
-                  help="recorded crop: the last N positions (default 200; --window is its old name)")
+    config_option(p, StickyConfig, "crop", "--crop", help="recorded crop: the last N positions (default 200)")
+    # the old flag, its own argument so that using it can say so (an argparse alias can't)
+    p.add_argument("--window", dest="old_window", type=int, default=None, metavar="N",
+                   help="old name of --crop (deprecated)")
     _config_file_options(p, "sticky_markov.toml")
     common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
     p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)
@@ -115,7 +123,8 @@ def register(sub, simsub) -> None:
         description="Train a GPT through dyntool's attention on the bijection in-context task (exact Bayes "
                     "entropy per position), recording attention, values and the manifold analyses.",
         epilog=f"{OVERRIDES}, e.g. --model.n_layer=4 --record.every=500.  Presets: cpu (2 CPU cores, "
-               "<= 15 min), paper (6x6x192, 100k steps, a GPU).")
+               "<= 15 min), paper (6x6x192, 100k steps, a GPU), ci, authors and authors_cpu (the authors' "
+               "task: pointer head, query loss, keys with replacement; docs/wind_tunnel_differences.md).")
     config_option(b, BijectionConfig, "steps", help="training steps (default: the config's)")
     config_option(b, BijectionConfig, "seed", help="RNG seed (default 42)")
     _config_file_options(b, "bijection.toml")

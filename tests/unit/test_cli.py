@@ -126,3 +126,18 @@ def test_named_flags_reach_the_config_typed(monkeypatch):
 def test_help_exits_0(argv, capsys):
     assert main(argv) == 0
     assert "--out" in capsys.readouterr().out
+
+
+def test_old_window_flag_sets_crop_and_says_so(monkeypatch):
+    """--window (the recorded crop's old flag) still works, with one deprecation warning; given
+    beside --crop it is refused rather than silently ignored."""
+    seen = {}
+
+    def fake_load(cls, path=None, preset=None, overrides=None, values=None, base=None):
+        seen.update(values=values)
+        raise SystemExit(0)
+    monkeypatch.setattr(config, "load", fake_load)
+    with pytest.warns(config.DeprecatedKeyWarning, match="--window is deprecated, use --crop"):
+        main(["sim", "sticky-markov", "--window", "30"])
+    assert seen["values"] == {"crop": 30}
+    assert main(["sim", "sticky-markov", "--window", "30", "--crop", "20"]) == 2

@@ -121,7 +121,8 @@ def test_merge_and_base_are_public():
     assert (cfg.steps, cfg.lr) == (11, 0.2)
 
 
-@pytest.mark.parametrize("name", ["toy", "toy.toml", "sims/toy.toml", "/nowhere/at/all/sims/toy.toml"])
+@pytest.mark.parametrize("name", ["toy", "toy.toml", "sims/toy.toml", "/nowhere/at/all/sims/toy.toml",
+                                  "/nowhere/dyntool/presets/toy.toml"])
 def test_packaged_presets_resolve_by_name_and_old_path(name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)                      # not the repository: no sims/ here
     assert config.resolve_file(name) == config.PRESETS / "toy.toml"
