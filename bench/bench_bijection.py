@@ -34,8 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
-    root = Path(__file__).resolve().parent.parent
-    cfg = config.load(BijectionConfig, root / "sims" / "bijection.toml", "cpu")
+    cfg = config.load(BijectionConfig, "bijection", "cpu")
     if cfg.threads:                          # as the run does: torch and BLAS threads
         torch.set_num_threads(cfg.threads)
         from threadpoolctl import threadpool_limits

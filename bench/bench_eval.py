@@ -47,7 +47,7 @@ def old_evaluate(model, data, batch_size, block_size) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default=str(ROOT / "sims" / "wikitext_mhsa.toml"))
+    ap.add_argument("--config", default="wikitext_mhsa")
     ap.add_argument("--preset", default="small")
     ap.add_argument("--split", default="valid")
     ap.add_argument("--max-tokens", type=int, default=0)

@@ -85,7 +85,7 @@ def trainer(model, batch, loss_fn, flight: FlightRecorder | None = None):
 
 
 def bench_gpt(reps: int, steps: int) -> dict:
-    cfg = load_config(str(ROOT / "sims" / "wikitext_mhsa.toml"), "small", [])
+    cfg = load_config("wikitext_mhsa", "small", [])
     d, m = cfg.data, cfg.model
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), generator=g)

@@ -166,7 +166,7 @@ def bench_recording(args, reps: int, steps: int) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", default=str(ROOT / "sims" / "wikitext_span.toml"))
+    p.add_argument("--config", default="wikitext_span")
     p.add_argument("--preset", default="small")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)

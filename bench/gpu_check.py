@@ -262,7 +262,7 @@ def check_throughput(device, args, tmp: Path) -> None:
     out = {}
     for att in ("mhsa", "ls", "span"):
         for rname, ro in rec.items():
-            cfg = load_config(str(ROOT / "sims" / f"wikitext_{att}.toml"), preset, base + ro)
+            cfg = load_config(f"wikitext_{att}", preset, base + ro)
             if gpu:
                 torch.cuda.reset_peak_memory_stats(device)
             try:
@@ -280,7 +280,7 @@ def check_throughput(device, args, tmp: Path) -> None:
                     info["mfu"] = flops_per_token(cfg, meta.get("n_params", 0)) * tps / (peak_tf * 1e12)
             out[(att, rname)] = info
             report("throughput", f"{att}/{rname}", "PASS", **info)
-    cfg = load_config(str(ROOT / "sims" / "wikitext_mhsa.toml"), preset, base)
+    cfg = load_config("wikitext_mhsa", preset, base)
     try:
         dt, peak = _ref_throughput(cfg, device, steps, warm)
     except Exception as e:                                           # noqa: BLE001 - reported
@@ -317,7 +317,7 @@ def check_resume(device, args, tmp: Path) -> None:
             "--train.final_eval=false", "--record.every=0", f"--device={'cuda' if gpu else 'cpu'}"] + det
     if not gpu:
         base += TINY
-    cfg_file = str(ROOT / "sims" / "wikitext_mhsa.toml")
+    cfg_file = "wikitext_mhsa"
     preset = "gpu" if gpu else "small"
     try:
         _, full = run_training(load_config(cfg_file, preset, base), str(tmp / "runs"), name="straight", quiet=True)
@@ -341,7 +341,7 @@ def check_ddp(device, args, tmp: Path) -> None:
     if not two_gpus:
         print("  note  fewer than 2 GPUs: DDP runs 2 CPU processes with gloo", flush=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "dyntool",
-           "train", "--config", str(ROOT / "sims" / "wikitext_mhsa.toml"), "--preset", "small",
+           "train", "--config", "wikitext_mhsa", "--preset", "small",
            "--out", str(tmp / "ddp"), "--name", "ddp", "--quiet", f"--data.path={data_path(tmp)}",
            f"--device={dev}", "--train.max_steps=4", "--train.eval_every=0", "--train.final_eval=false",
            "--record.every=0"] + TINY
