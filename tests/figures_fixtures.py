@@ -39,7 +39,7 @@ def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
     """A tiny wind-tunnel run (the ``ci`` preset of dyntool/presets/bijection.toml)."""
     from dyntool import config
     from dyntool.sims.bijection import BijectionConfig, run_bijection
-    cfg = config.load(BijectionConfig, Path(__file__).parent.parent / "sims" / "bijection.toml", "ci",
+    cfg = config.load(BijectionConfig, Path(__file__).parent.parent / "dyntool" / "presets" / "bijection.toml", "ci",
                       [f"--steps={steps}"])
     return run_bijection(cfg, str(out), name=name, quiet=True).path
 

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _study(tmp_path, *extra):
-    assert main(["sim", "sticky-markov", "--config", str(ROOT / "sims" / "sticky_markov.toml"),
+    assert main(["sim", "sticky-markov", "--config", str(ROOT / "dyntool" / "presets" / "sticky_markov.toml"),
                  "--out", str(tmp_path), "--name", "s", "--quiet", *extra]) == 0
     return json.loads((tmp_path / "s" / "summary.json").read_text())
 

@@ -16,7 +16,7 @@ TINY = REPO / "tests" / "data" / "tiny_wikitext"
 def test_two_process_ddp_cpu(tmp_path):
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "dyntool", "train", "--config", str(REPO / "sims" / "wikitext_mhsa.toml"),
+           "-m", "dyntool", "train", "--config", str(REPO / "dyntool" / "presets" / "wikitext_mhsa.toml"),
            "--preset", "small", "--max-steps", "6", "--out", str(out), "--name", "ddp", "--quiet",
            f"--data.path={TINY}", "--data.batch_size=2", "--data.block_size=16", "--model.n_layer=1",
            "--model.n_head=2", "--model.n_embd=16", "--optim.accum=2", "--record.every=2",

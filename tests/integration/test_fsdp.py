@@ -25,7 +25,7 @@ TINY = REPO / "tests" / "data" / "tiny_wikitext"
 STEPS = 40                     # the kill test needs time to kill it mid-run
 EQUAL_STEPS = 8                # compared with a single process (Adam amplifies rounding later)
 # per-rank batch 2 (global 4), probe of 2 sequences (one per rank), float32 recording
-ARGS = ["--config", str(REPO / "sims" / "wikitext_mhsa.toml"), "--preset", "small", "--quiet",
+ARGS = ["--config", str(REPO / "dyntool" / "presets" / "wikitext_mhsa.toml"), "--preset", "small", "--quiet",
         f"--data.path={TINY}", "--data.block_size=16", "--model.n_layer=2", "--model.n_head=2",
         "--model.n_embd=16", "--optim.accum=2", "--record.every=2", "--record.seqs=2",
         "--record.dtype=float32", "--record.flush_seconds=0.2", "--train.eval_every=4",

@@ -15,7 +15,7 @@ from dyntool.run import open_run
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "data" / "tiny_wikitext"
-CONFIG = REPO / "sims" / "wikitext_mhsa.toml"
+CONFIG = REPO / "dyntool" / "presets" / "wikitext_mhsa.toml"
 # a model small enough that one run takes ~1 s
 TINY_ARGS = [f"--data.path={TINY}", "--data.batch_size=4", "--data.block_size=16",
              "--data.eval_batch_size=8", "--data.eval_max_batches=0", "--model.n_layer=2",
@@ -152,7 +152,7 @@ def test_bad_value_and_missing_data_exit_2(tmp_path, capsys):
 @pytest.mark.parametrize("config", ["wikitext_ls.toml", "wikitext_span.toml", "wikitext_qknorm.toml"])
 def test_variant_configs_train(tmp_path, config):
     rc, path = train(tmp_path, "--max-steps", "4", "--model.n_head=2", "--model.n_local=1",
-                     "--model.n_global=1", "--model.window=4", config=REPO / "sims" / config)
+                     "--model.n_global=1", "--model.window=4", config=REPO / "dyntool" / "presets" / config)
     assert rc == 0
     assert open_run(path).config["model"]["attention"] == config.split("_")[1].split(".")[0]
 
