@@ -13,6 +13,8 @@ Each is split as data (``_*_data``) → drawing (``_*_draw``) → caption (``_*_
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..record.sites import head_label, site_label
@@ -78,19 +80,28 @@ def _matrix_draw(data: dict, extras: dict):
     mats, steps, attrs = extras["mats"], extras["steps"], extras["attrs"]
     L, H, lim = data["layers_shown"], data["heads_shown"], data["color_limit"]
     cols = [(i, h) for i in mats for h in range(H)]
-    fig = style.figure(style.DOUBLE, 0.9 + 1.0 * L)
+    # a head selection (record.heads) can put different model heads in the same slot of each layer:
+    # then every panel names its own head, not only the top row
+    per_layer = any(head_label(attrs, l, h) != head_label(attrs, 0, h) for l in range(L) for h in range(H))
+    fig = style.figure(style.DOUBLE, 0.9 + (1.15 if per_layer else 1.0) * L)
     axes = fig.subplots(L, len(cols), squeeze=False)
+    im = None
     for l in range(L):
         for c, (i, h) in enumerate(cols):
             ax = axes[l, c]
-            im = ax.imshow(mats[i][l, h], cmap=style.DIV_CMAP if signed else style.SEQ_CMAP,
-                           vmin=-lim if signed else 0, vmax=lim, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-            if l == 0:
-                ax.set_title(f"{head_label(attrs, l, h)}, step {int(steps[i])}", fontsize=6)
             if c == 0:
                 ax.set_ylabel(site_label(attrs, l), fontsize=6)
+            label = head_label(attrs, l, h)
+            if label.startswith("(empty"):       # a slot this layer's selection leaves unused: blank
+                ax.axis("off")
+                continue
+            im = ax.imshow(mats[i][l, h], cmap=style.DIV_CMAP if signed else style.SEQ_CMAP,
+                           vmin=-lim if signed else 0, vmax=lim, interpolation="nearest")
+            if per_layer or l == 0:
+                ax.set_title(f"{label}, step {int(steps[i])}", fontsize=6 if not per_layer else 5)
+    need(im is not None, f"{data['run']}: every shown slot of '{data['array']}' is empty")
     fig.colorbar(im, ax=axes, shrink=0.6, label=title)
     return fig
 
@@ -129,7 +140,9 @@ def _head_stats_data(run):
     need(ent is not None and lmax is not None, f"{run.path.name} lacks attn_entropy or logit_max")
     n = min(len(ent), len(lmax))
     steps = run.steps[:n]
-    e = np.nanmean(np.asarray(ent[:n], dtype=np.float64), axis=(3, 4))       # (n, L, H)
+    with np.errstate(all="ignore"), warnings.catch_warnings():   # empty slots of a head selection: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        e = np.nanmean(np.asarray(ent[:n], dtype=np.float64), axis=(3, 4))   # (n, L, H)
     m = np.asarray(lmax[:n], dtype=np.float64)                               # (n, L, H)
     L, H = e.shape[1:]
     rows = [{"step": int(s), "layer": l, "head": h, "attn_entropy": float(a), "logit_max": float(b)}

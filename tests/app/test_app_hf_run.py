@@ -4,6 +4,8 @@ import json
 import pytest
 import torch
 
+import dyntool
+
 from . import fixtures
 
 transformers = pytest.importorskip("transformers", reason="transformers not installed (pip install dyntool[hf])")
@@ -123,3 +125,8 @@ def test_pickers_name_the_model_heads_of_a_selection(tmp_path, monkeypatch):
     assert head.options == ["H0", "H1"]
     titles = " | ".join(json.loads(c.proto.spec)["layout"]["title"]["text"] for c in at.get("plotly_chart"))
     assert "L1 H0" in titles, titles
+    # the exported figure names each panel's own model head: L0 holds H1 only, L1 holds H0 and H1
+    from dyntool.figures import FIGURES, render
+    fig, _, _ = render(FIGURES["recorded_attn"], [dyntool.open_run(tmp_path / "sel")])
+    shown = [(ax.get_ylabel() or None, ax.get_title()) for ax in fig.axes if ax.get_images()]
+    assert [t.split(",")[0] for _, t in shown] == ["H1", "H1", "H0", "H1", "H0", "H1"], shown
