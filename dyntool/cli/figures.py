@@ -46,7 +46,7 @@ def _dpi(text: str) -> int:
 
 def cmd_figures(args) -> int:
     from ..figures import FIGURES, export_all, load
-    from ..figures.export import parse_formats
+    from ..figures.writer import parse_formats
     from ..figures.registry import FigureError
     load()
     if args.list:

@@ -9,7 +9,7 @@ shared style (:mod:`dyntool.figures.style`) and written with its data (CSV/JSON)
 """
 from __future__ import annotations
 
-from .export import Report, data_bytes, export, export_all, render, render_bytes
+from .writer import Report, data_bytes, export, export_all, render, render_bytes
 from .catalog import load, plan
 from .registry import FIGURES, FigureError, FigureSkip, FigureSpec
 

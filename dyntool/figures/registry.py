@@ -4,7 +4,7 @@ A :class:`FigureSpec` knows which runs it can use (``kind_needed``, :meth:`Figur
 whether they hold what it needs (:meth:`FigureSpec.supports` -> ``(ok, reason)``), and how to draw
 (``draw(runs, **opts) -> (Figure, data, caption)``, data a DataFrame (written as CSV) or a dict
 (JSON)).  ``draw`` may raise :class:`FigureSkip` when it finds out late that something is
-missing; :mod:`dyntool.figures.export` turns that into a "skipped: reason" line.
+missing; :mod:`dyntool.figures.writer` turns that into a "skipped: reason" line.
 
 Figures register themselves at import of their modules :mod:`dyntool.figures.dynamics`,
 ``.sticky``, ``.controls`` (the sticky study's learning-rate comparisons), ``.geometry``,

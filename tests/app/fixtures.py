@@ -36,7 +36,7 @@ WORDS = ("the cat sat on the mat and then it ran to the door while a dog watched
 
 def load_app_package():
     """The package :mod:`dyntool.app` with its submodules imported."""
-    for sub in ("data", "analysis", "plots", "export", "ui"):
+    for sub in ("data", "analysis", "plots", "downloads", "ui"):
         importlib.import_module(f"dyntool.app.{sub}")
     return sys.modules["dyntool.app"]
 

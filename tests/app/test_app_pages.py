@@ -234,19 +234,19 @@ def test_compare_mhsa_vs_ls(runs, monkeypatch):
     assert set(at.dataframe[0].value["group"]) == {"model.attention=mhsa", "model.attention=ls"}
 
 
-# -- export ----------------------------------------------------------------------------------
+# -- downloads -------------------------------------------------------------------------------
 
 def test_plots_without_a_figure_download_their_data_as_csv():
     pkg = fixtures.load_app_package()
     import pandas as pd
     m = np.arange(6.0).reshape(2, 3)
-    csv = pd.read_csv(io.BytesIO(pkg.export.plot_data(pkg.plots.heatmap(m, "advantage", "A", row0=4, col0=1))))
+    csv = pd.read_csv(io.BytesIO(pkg.downloads.plot_data(pkg.plots.heatmap(m, "advantage", "A", row0=4, col0=1))))
     assert len(csv) == 6 and csv.set_index(["y", "x"]).loc[(5, 3), "z"] == m[1, 2]
     band = pkg.plots.bands({"em": pd.DataFrame({"mean": [1.0, 0.5], "std": [0.1, 0.1], "n": [2, 2]}, index=[0, 7])},
                            "loss", "loss")
-    csv = pd.read_csv(io.BytesIO(pkg.export.plot_data(band)))
+    csv = pd.read_csv(io.BytesIO(pkg.downloads.plot_data(band)))
     assert list(csv[csv["trace"] == "em (n=2)"]["y"]) == [1.0, 0.5]
-    assert not hasattr(pkg.export, "to_matplotlib")            # no second drawing pipeline
+    assert not hasattr(pkg.downloads, "to_matplotlib")            # no second drawing pipeline
 
 
 # -- CLI -------------------------------------------------------------------------------------
@@ -270,12 +270,12 @@ def test_download_is_the_figures_pipeline_with_the_on_screen_selection(runs):
     from dyntool.run import open_run
     pkg = fixtures.load_app_package()
     toy = str(runs / "toy-a")
-    assert pkg.export.pick(["no_such_figure", "f2_toy"], (toy,)) == "f2_toy"
-    assert pkg.export.pick(["f6_value_pca"], (toy,)) is None          # a sticky figure: not for a toy run
-    got = pkg.export.render("f1_feedback_loop", (toy,), "data", {"step_index": 3, "layer": 0})
+    assert pkg.downloads.pick(["no_such_figure", "f2_toy"], (toy,)) == "f2_toy"
+    assert pkg.downloads.pick(["f6_value_pca"], (toy,)) is None          # a sticky figure: not for a toy run
+    got = pkg.downloads.render("f1_feedback_loop", (toy,), "data", {"step_index": 3, "layer": 0})
     assert got == render_bytes(FIGURES["f1_feedback_loop"], [open_run(toy)], "data", step_index=3)
-    assert got != pkg.export.render("f1_feedback_loop", (toy,), "data", {"step_index": 9})
-    assert pkg.export.render("f2_toy", (toy,), "png")[:4] == b"\x89PNG"
+    assert got != pkg.downloads.render("f1_feedback_loop", (toy,), "data", {"step_index": 9})
+    assert pkg.downloads.render("f2_toy", (toy,), "png")[:4] == b"\x89PNG"
 
 
 def test_alpha_colour_range_fixed_or_fitted():

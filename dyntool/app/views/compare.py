@@ -10,7 +10,7 @@ import streamlit as st
 
 from dyntool import safeio
 from dyntool.stats import mean_std
-from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app import analysis, data, downloads, plots, ui
 from dyntool.app.data import AppInputError
 
 REC_LMAX = "max |logit| (recorded, max over layers and heads)"
@@ -150,7 +150,7 @@ def draw_bands(paths: list[str], groups: dict, metric: str, group: str, log_y: b
     fig = plots.bands(bands, data.label(f"{metric} by {group}"), data.label(metric), log_y=log_y,
                       hline=reference(paths, metric))
     st.plotly_chart(fig, key="cmp-fig", config=plots.CONFIG)
-    export.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
+    downloads.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
                     FIGURES_FOR.get(metric, []), paths, {"metric": metric, "group": group})
 
 

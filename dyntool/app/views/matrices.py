@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app import analysis, data, downloads, plots, ui
 from dyntool.app.data import AppInputError
 from dyntool.record.sites import head_label, site_label
 
@@ -88,7 +88,7 @@ def _step_index(steps: np.ndarray, step: int) -> int:
 
 def _draw(fig, key: str, path: str, stem: str, opts: dict, kind: str) -> None:
     st.plotly_chart(fig, key=key, config=plots.CONFIG)
-    export.download(fig, key, stem, ["f2_toy", "f1_feedback_loop", "f5_attention"], [path], opts)
+    downloads.download(fig, key, stem, ["f2_toy", "f1_feedback_loop", "f5_attention"], [path], opts)
 
 
 def pick_step(opts: list[int]) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool.app import data, export, plots, ui
+from dyntool.app import data, downloads, plots, ui
 from dyntool.record import metric_names as mn
 
 MAX_LINES = 8          # more (layer, head) curves than this: a layer × step heatmap instead
@@ -66,7 +66,7 @@ def logged_per_head(df: pd.DataFrame, name: str) -> tuple[np.ndarray, np.ndarray
 
 def _chart(fig, key: str, stem: str, figures: list[str], path: str) -> None:
     st.plotly_chart(fig, key=key, config=plots.CONFIG)
-    export.download(fig, key, stem, figures, [path])
+    downloads.download(fig, key, stem, figures, [path])
 
 
 def loss_plot(path: str, df: pd.DataFrame, cols: list[str], log_y: bool) -> None:
@@ -213,7 +213,7 @@ def cheap_tier(path: str) -> None:
     title, z = CHEAP_TITLES[name]
     fig = per_head_figure(arr, steps, title, z, f"cheap-{name}")
     st.plotly_chart(fig, key="ov-cheap", config=plots.CONFIG)
-    export.download(fig, "ov-cheap", name, [], [path])
+    downloads.download(fig, "ov-cheap", name, [], [path])
 
 
 def details(path: str) -> None:

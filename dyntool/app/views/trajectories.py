@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import streamlit as st
 
-from dyntool.app import analysis, data, export, plots, ui
+from dyntool.app import analysis, data, downloads, plots, ui
 from dyntool.app.data import AppInputError
 from dyntool.record.sites import head_label, site_label
 from dyntool.stats import pearson
@@ -200,7 +200,7 @@ def show_figure(sel: Selection, fig, note: str, proj: str, colour: str) -> None:
     st.plotly_chart(fig, key="tr-fig", config=plots.CONFIG)
     fig_opts = {"vectors": sel.vec, "layer": sel.layer, "head": sel.head, "seq": sel.seq,
                 "projection": proj, "colour": colour}
-    export.download(fig, "tr-fig", f"trajectories-{sel.vec}", ["f2_toy", "f6_value_pca"],
+    downloads.download(fig, "tr-fig", f"trajectories-{sel.vec}", ["f2_toy", "f6_value_pca"],
                     [sel.path], fig_opts)
     st.caption(note)
 
