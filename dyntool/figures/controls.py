@@ -45,6 +45,12 @@ def _check_sweep(runs):
               "per_seed}]", group="dynamics", pick=_sweep_study, check=_check_sweep)
 def value_lr_sweep(runs, **opts):
     summ = summary_of(runs[0])
+    df = _sweep_data(summ)
+    return _sweep_draw(df, summ.get("steps")), df, _sweep_caption(df)
+
+
+def _sweep_data(summ: dict) -> pd.DataFrame:
+    """One row per value-LR multiplier of the study's summary.json: steps mean, std, per seed."""
     sw = sorted(summ["value_lr_sweep"], key=lambda p: float(p["mult"]))
     seeds = summ.get("seeds") or []
     rows = []
@@ -58,7 +64,10 @@ def value_lr_sweep(runs, **opts):
             if isinstance(v, (int, float)):
                 row[f"per_seed_{k}"] = float(v)
         rows.append(row)
-    df = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def _sweep_draw(df: pd.DataFrame, budget):
     fig = style.figure(style.SINGLE, 2.3)
     ax = fig.add_subplot()
     c = style.arm_color("em")
@@ -68,8 +77,8 @@ def value_lr_sweep(runs, **opts):
         if col.startswith("per_seed_"):
             ax.plot(df["mult"] * 1.08, df[col], ".", color="black", ms=2.5, alpha=0.6)
     ax.plot([], [], ".", color="black", ms=2.5, label="seeds")
-    if isinstance(summ.get("steps"), int):
-        style.hline(ax, summ["steps"], f"not reached in {summ['steps']} steps", ls=":")
+    if isinstance(budget, int):
+        style.hline(ax, budget, f"not reached in {budget} steps", ls=":")
     ax.set_xscale("log")
     ax.set_xticks(df["mult"], [f"{m:g}×" for m in df["mult"]])
     ax.minorticks_off()
@@ -77,11 +86,14 @@ def value_lr_sweep(runs, **opts):
     ax.set_xlabel("value learning rate / routing learning rate")
     ax.set_ylabel("steps to SGD's final loss [steps]")
     ax.legend(loc="best")
+    return fig
+
+
+def _sweep_caption(df: pd.DataFrame) -> str:
     best = df.loc[df["steps_mean"].idxmin()]
-    caption = (f"Steps for the EM-like arm to reach SGD's mean final loss against the value-LR multiplier "
-               f"(mean ± std over seeds; dots: seeds; 1× is SGD itself). Fastest at {best['mult']:g}× with "
-               f"{fmt_pm(best['steps_mean'], best['steps_std'], 0)} steps.")
-    return fig, df, caption
+    return (f"Steps for the EM-like arm to reach SGD's mean final loss against the value-LR multiplier "
+            f"(mean ± std over seeds; dots: seeds; 1× is SGD itself). Fastest at {best['mult']:g}× with "
+            f"{fmt_pm(best['steps_mean'], best['steps_std'], 0)} steps.")
 
 
 # the learning-rate control arms of dyntool.sims.sticky_config.CONTROLS (a test keeps the two equal; not

@@ -90,9 +90,15 @@ def _bands(ax, df: pd.DataFrame, curves: dict, value: str) -> None:
         needs="a sticky-markov study: runs per (seed, arm) logging 'loss' per step",
         group="dynamics", pick=main_study, check=_check_metric("loss"))
 def f3_em_vs_sgd(runs, **opts):
+    df, aids = _f3_data(runs)
+    return _f3_draw(df, aids), df, _f3_caption(aids)
+
+
+def _f3_data(runs) -> tuple[pd.DataFrame, dict]:
+    """-> (the loss curves per arm and seed, wide; what the drawing and caption also need: the
+    curves, H_min, log n, and the crossing, from the study's summary.json where it has one)."""
     curves = _curves(runs, "loss")
     df = _wide(curves, "loss")
-    hm = h_min(runs)
     cr = crossing(curves)
     study = summary_of(runs[0])
     summ = study.get("em_steps_to_sgd_final")
@@ -102,29 +108,20 @@ def f3_em_vs_sgd(runs, **opts):
             cr["threshold"] = float(study["sgd_final_threshold"])
         if isinstance(study.get("steps"), int):
             cr["n_steps"] = study["steps"]
+    n = n_symbols(runs[0])
+    return df, {"curves": curves, "hm": h_min(runs), "cr": cr, "n_symbols": n, "logn": math.log(n)}
 
+
+def _f3_draw(df: pd.DataFrame, aids: dict):
+    curves, hm, cr, logn = aids["curves"], aids["hm"], aids["cr"], aids["logn"]
     fig = style.figure(style.SINGLE, 3.0)
     ax = fig.add_subplot()
     _bands(ax, df, curves, "loss")
     if hm is not None:
         style.hline(ax, hm, f"H_min = {hm:.4f}", color=style.H_MIN_COLOR)
-    logn = math.log(n_symbols(runs[0]))
-    style.hline(ax, logn, f"log {n_symbols(runs[0])} (uniform)", ls=":")
-    note = ""
+    style.hline(ax, logn, f"log {aids['n_symbols']} (uniform)", ls=":")
     if cr is not None:
-        ax.axhline(cr["threshold"], color=style.arm_color("sgd"), lw=0.6, ls=":")
-        ax.axvline(cr["mean"], color=style.arm_color(cr["arm"]), lw=0.9, ls="-.")
-        ax.axvspan(cr["mean"] - cr["std"], cr["mean"] + cr["std"], color=style.arm_color(cr["arm"]),
-                   alpha=0.08, lw=0)
-        ax.annotate(f"EM-like reaches SGD's step-{cr['n_steps']} loss\nat step {cr['mean']:.0f} ± {cr['std']:.0f}",
-                    (cr["mean"], cr["threshold"]), xytext=(0.04, 0.3), textcoords="axes fraction", fontsize=6.5,
-                    va="center", color=style.arm_color(cr["arm"]),
-                    bbox=dict(boxstyle="square,pad=0.2", fc="white", ec="none", alpha=0.85),
-                    arrowprops=dict(arrowstyle="->", color=style.arm_color(cr["arm"]), lw=0.6))
-        note = (f" Dash-dotted line: mean step at which EM-like first goes below SGD's mean final loss "
-                f"({cr['threshold']:.4f} nats, dotted): {cr['mean']:.0f} ± {cr['std']:.0f} steps "
-                f"(sample std over seeds, ddof = 1): EM-like reaches SGD's step-{cr['n_steps']} loss at step "
-                f"{cr['mean']:.0f} (a ratio of steps would depend on the budget, so none is given).")
+        _f3_crossing(ax, cr)
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel(style.LOSS)
     top = max(float(np.nanmax(df.filter(like="_seed").to_numpy())), logn)
@@ -133,12 +130,35 @@ def f3_em_vs_sgd(runs, **opts):
     ax.set_ylim(bottom - pad, top + pad)
     h, lab = ax.get_legend_handles_labels()
     fig.legend(h, lab, loc="outside lower center", ncol=2)
-    seeds = sorted({s for cs in curves.values() for s, _, _ in cs})
-    caption = (f"Training loss (before each update) on the sticky chain, mean ± 1 std over {len(seeds)} "
-               f"seed(s) {seeds}, per arm. Black dashed: minimum Bayesian entropy H_min = "
-               f"{hm if hm is not None else float('nan'):.4f} nats; grey dotted: log {n_symbols(runs[0])} = "
-               f"{logn:.4f} nats." + note)
-    return fig, df, caption
+    return fig
+
+
+def _f3_crossing(ax, cr: dict) -> None:
+    """SGD's final loss (dotted), the mean step EM-like reaches it (dash-dotted) ± std, annotated."""
+    ax.axhline(cr["threshold"], color=style.arm_color("sgd"), lw=0.6, ls=":")
+    ax.axvline(cr["mean"], color=style.arm_color(cr["arm"]), lw=0.9, ls="-.")
+    ax.axvspan(cr["mean"] - cr["std"], cr["mean"] + cr["std"], color=style.arm_color(cr["arm"]),
+               alpha=0.08, lw=0)
+    ax.annotate(f"EM-like reaches SGD's step-{cr['n_steps']} loss\nat step {cr['mean']:.0f} ± {cr['std']:.0f}",
+                (cr["mean"], cr["threshold"]), xytext=(0.04, 0.3), textcoords="axes fraction", fontsize=6.5,
+                va="center", color=style.arm_color(cr["arm"]),
+                bbox=dict(boxstyle="square,pad=0.2", fc="white", ec="none", alpha=0.85),
+                arrowprops=dict(arrowstyle="->", color=style.arm_color(cr["arm"]), lw=0.6))
+
+
+def _f3_caption(aids: dict) -> str:
+    cr, hm = aids["cr"], aids["hm"]
+    note = ""
+    if cr is not None:
+        note = (f" Dash-dotted line: mean step at which EM-like first goes below SGD's mean final loss "
+                f"({cr['threshold']:.4f} nats, dotted): {cr['mean']:.0f} ± {cr['std']:.0f} steps "
+                f"(sample std over seeds, ddof = 1): EM-like reaches SGD's step-{cr['n_steps']} loss at step "
+                f"{cr['mean']:.0f} (a ratio of steps would depend on the budget, so none is given).")
+    seeds = sorted({s for cs in aids["curves"].values() for s, _, _ in cs})
+    return (f"Training loss (before each update) on the sticky chain, mean ± 1 std over {len(seeds)} "
+            f"seed(s) {seeds}, per arm. Black dashed: minimum Bayesian entropy H_min = "
+            f"{hm if hm is not None else float('nan'):.4f} nats; grey dotted: log {aids['n_symbols']} = "
+            f"{aids['logn']:.4f} nats." + note)
 
 
 def _finals(runs, curves: dict, key: str) -> dict:
