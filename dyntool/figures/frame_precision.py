@@ -55,18 +55,16 @@ def descent_shares(run) -> tuple[pd.DataFrame | None, bool]:
     the unweighted ‖g‖² shares, flagged by the second return value False."""
     lrs = run.config.get("lrs") or {}
     weighted = all(lrs.get(p) is not None for _, ps in _GROUPS.values() for p in ps) and lrs["W_Q"] == lrs["W_K"]
-    if weighted:
-        curves = {g: diag(run, name) for g, (name, _) in _GROUPS.items()}
-        if any(len(s) == 0 for s, _ in curves.values()):
-            return None, False
-        steps = curves["routing"][0]
-        sq = {g: float(lrs[ps[0]]) * np.interp(steps, *curves[g]) ** 2 for g, (_, ps) in _GROUPS.items()}
-        return pd.DataFrame({"step": steps, **energy_shares(sq)}), True
-    curves = {g: diag(run, name) for g, name in _RAW_SHARES.items()}
+    names = {g: name for g, (name, _) in _GROUPS.items()} if weighted else _RAW_SHARES
+    curves = {g: diag(run, name) for g, name in names.items()}
     if any(len(s) == 0 for s, _ in curves.values()):
         return None, False
     steps = curves["routing"][0]
-    return pd.DataFrame({"step": steps, **{f"share_{g}": np.interp(steps, s, v) for g, (s, v) in curves.items()}}), False
+    on_steps = {g: np.interp(steps, s, v) for g, (s, v) in curves.items()}
+    if not weighted:
+        return pd.DataFrame({"step": steps, **{f"share_{g}": v for g, v in on_steps.items()}}), False
+    sq = {g: float(lrs[ps[0]]) * on_steps[g] ** 2 for g, (_, ps) in _GROUPS.items()}
+    return pd.DataFrame({"step": steps, **energy_shares(sq)}), True
 
 
 def frame_precision_data(runs) -> dict:
@@ -178,7 +176,7 @@ def caption(drifts: pd.DataFrame, shares: pd.DataFrame, what: str, weighted: boo
             words.append(describe_change(piv.columns.to_numpy(), mean_std(piv.to_numpy())[0],
                                          f"{style.arm_label(arm)} values' share"))
     n_seeds = drifts.groupby("arm")["seed"].nunique()
-    n_share = shares.groupby("arm")["seed"].nunique() if len(shares) else n_seeds * 0
+    n_share = shares.groupby("arm")["seed"].nunique() if len(shares) else pd.Series(dtype=int)
     share_def = ("each group's share of Σ_p η_p‖∂L/∂W_p‖², the first-order loss decrease of a "
                  "gradient step with the run's own learning rates (EM-like: η_V = 10η)" if weighted else
                  "unweighted gradient-energy shares ‖g‖²/Σ‖g‖² (no per-parameter learning rates recorded)")

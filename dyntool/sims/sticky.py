@@ -96,10 +96,14 @@ class _Plan:
     """The study as it will run: the config with its recorded crop resolved (a copy: the caller's
     config is never changed), the (seed, arm) runs in batch order and which of them store arrays."""
     cfg: StickyConfig
-    N: int                                  # (input, target) pairs per sequence: T − 1
     runs: list[tuple[int, _Arm]]            # (seed, arm), the engine's batch order
     grid: dict[float, str]                  # sgd_tuned: grid LR -> the run that trains it
     recorded: list[bool]                    # per run: arrays on disk (others log metrics only)
+
+    @property
+    def N(self) -> int:
+        """(input, target) pairs per sequence: T − 1."""
+        return self.cfg.T - 1
 
     @property
     def rec(self) -> RecordConfig:
@@ -124,7 +128,7 @@ def plan_study(cfg: StickyConfig) -> _Plan:
     runs = [(seed, a) for seed in cfg.seeds for a in arms]
     rec_seeds = set(cfg.seeds[:cfg.record_seeds] if cfg.record_seeds else cfg.seeds)
     recorded = [a.name in cfg.arms and a.name in cfg.record_arms and s in rec_seeds for s, a in runs]
-    return _Plan(cfg, cfg.T - 1, runs, grid, recorded)
+    return _Plan(cfg, runs, grid, recorded)
 
 
 def _open_study(plan: _Plan, out: Path, study: Path) -> None:
