@@ -308,16 +308,7 @@ def open_remote_run(url: str):
         def metrics(self):
             import pandas as pd
             if self._metrics is None:
-                text = (self.remote.get("metrics.jsonl") or b"").decode(errors="replace")
-                rows = []
-                for line in text.splitlines():
-                    try:
-                        row = json.loads(line)
-                    except json.JSONDecodeError:
-                        continue
-                    if isinstance(row, dict) and isinstance(row.get("step"), int):
-                        rows.append(row)
-                self._metrics = pd.DataFrame(rows)
+                self._metrics = pd.DataFrame(_metric_rows(self.remote.get("metrics.jsonl") or b""))
             return self._metrics
 
         def refresh(self):
@@ -331,21 +322,36 @@ def open_remote_run(url: str):
 
     remote = Remote(url)
     problems: list[str] = []
-
-    def obj(key: str) -> dict:
-        raw = remote.get(key)
-        if raw is None:
-            problems.append(f"{key} is missing")
-            return {}
-        try:
-            d = json.loads(raw)
-        except ValueError as e:
-            problems.append(f"{key} is corrupted ({e})")
-            return {}
-        return d if isinstance(d, dict) else {}
-    meta, config = obj("meta.json"), obj("config.json")
+    meta, config = _json_object(remote, "meta.json", problems), _json_object(remote, "config.json", problems)
     if not meta and not config:
         raise RunError(f"{url} is not a dyntool run (no meta.json or config.json)")
     run = RemoteRun(remote.url, config, _check_meta(meta, problems), problems)
     run.remote = remote
     return run
+
+
+def _json_object(remote: Remote, key: str, problems: list[str]) -> dict:
+    """A JSON object from the store; a missing or corrupted one is ``{}`` and a line in ``problems``."""
+    raw = remote.get(key)
+    if raw is None:
+        problems.append(f"{key} is missing")
+        return {}
+    try:
+        d = json.loads(raw)
+    except ValueError as e:
+        problems.append(f"{key} is corrupted ({e})")
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _metric_rows(raw: bytes) -> list[dict]:
+    """metrics.jsonl's well-formed rows (a dict with an integer step); torn or foreign lines are skipped."""
+    rows = []
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            rows.append(row)
+    return rows

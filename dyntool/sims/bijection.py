@@ -190,33 +190,18 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
     def loss_of(mdl, x, y):                # the task's loss (default: keys + query, value logits)
         return task_loss(value_scores(mdl, x, cfg.V, task.head), x, y, cfg.V, task)
     opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
-    ho_tok, ho_tgt = heldout(cfg)
-    ho_h = data.posterior_entropy(ho_tok.numpy(), cfg.V)                   # (n, L+1) exact
-    an_tok, an_h = ho_tok[:cfg.analysis_seqs], ho_h[:cfg.analysis_seqs]
-    pr_tok, pr_tgt = ho_tok[:cfg.record.seqs], ho_tgt[:cfg.record.seqs]
-    h_pos = ho_h.mean(0)                                                   # (L+1,)
-    bayes_loss = float(ho_h.mean())
+    ho = _Heldout.of(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     from ..config import to_dict
     run = RunWriter.create(out_dir, "bijection", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
                            extra_meta={"record_batch": f"probe: first {cfg.record.seqs} held-out sequences",
-                                       "n_params": model.num_params(), "bayes_loss": bayes_loss,
-                                       "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho_h)})
+                                       "n_params": model.num_params(), "bayes_loss": ho.bayes_loss,
+                                       "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho.h)})
     t0 = time.perf_counter()
     with run:
         store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
                                attrs={"task": "bijection", "V": cfg.V, "L": cfg.L})
-        _declare(store, task.readout)
-        # per sequence position (the app's convention): H_Bayes of the target predicted there,
-        # NaN at the value tokens (no target); per target (L keys, then the query) for the figures
-        h_seq = np.full(T, np.nan)
-        h_seq[data.target_positions(cfg.L)] = h_pos
-        store.write_static("bayes_entropy", h_seq, ("position",))
-        store.write_static("bayes_entropy_target", h_pos, ("target",))
-        store.write_static("target_position", data.target_positions(cfg.L), ("target",))
-        if cfg.plot_seqs:
-            store.write_static("point_entropy", an_h[:cfg.plot_seqs, :cfg.L].reshape(-1), ("point",))
-            store.write_static("point_k", np.tile(np.arange(1, cfg.L + 1), cfg.plot_seqs), ("point",))
+        _write_statics(store, cfg, ho)
         rec = Recorder(store, cfg.record, cfg.steps, T)
         last_eval, stop_at = None, None
         geometry: dict[int, dict] = {}          # analysed step -> geometry numbers (first and last kept)
@@ -227,45 +212,103 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             if over:
                 stop_at = step
             if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
-                ev = evaluate(model, ho_tok, ho_tgt, cfg.V, head=task.head)
-                ent = ev.pop("entropy_per_position")
-                last_eval = {**ev, "entropy_mae_bits": float(np.abs(ent - h_pos).mean() / math.log(2))}
+                last_eval, ent = _evaluate(model, cfg, ho)
                 row.update({mn.bijection_heldout(k): v for k, v in last_eval.items()})
-                row[mn.bijection_heldout("excess_loss")] = ev["loss"] - bayes_loss
+                row[mn.bijection_heldout("excess_loss")] = last_eval["loss"] - ho.bayes_loss
             if rec.wants(step) or over:
-                an = analyze(model, an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=an_h, readout=task.readout)
+                an = analyze(model, ho.an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=ho.an_h, readout=task.readout)
                 row.update(an["metrics"])
-                keep = {k: v for k, v in an["metrics"].items() if mn.is_bijection_manifold(k) and
-                        k.rsplit("/", 1)[-1] in _GEOMETRY}
-                geometry = {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
+                geometry = _keep_geometry(geometry, step, an["metrics"])
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
                 extra["bij_model_entropy"] = ent
-                rec.record_probe(model, lambda mdl: loss_of(mdl, pr_tok, pr_tgt), step, extra)
+                rec.record_probe(model, lambda mdl: loss_of(mdl, ho.pr_tok, ho.pr_tgt), step, extra)
             if over:                 # time limit: this step is the last one evaluated; no update
                 run.log(step, elapsed_s=time.perf_counter() - t0, **row)
                 break
-            lr = lr_at(cfg, step)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
-            loss = loss_of(model, x, y)
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(step)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            loss, lr, gnorm = _train_step(model, opt, cfg, step, gen, loss_of)
             if row or step % cfg.log_every == 0:
-                run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
-                        elapsed_s=time.perf_counter() - t0, **row)
+                run.log(step, loss=loss, lr=lr, grad_norm=gnorm, elapsed_s=time.perf_counter() - t0, **row)
         n_done = stop_at if stop_at is not None else cfg.steps
-        if geometry:   # step 0 (untrained) beside the last analysed step; manifold/pos_onehot/* = baseline
-            final_geo = {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
-        else:
-            final_geo = None
-        final = {**(last_eval or {}), "bayes_loss": bayes_loss, "steps_done": n_done, "geometry": final_geo,
-                 "stopped_early": stop_at is not None,
-                 "seconds": round(time.perf_counter() - t0, 1),
-                 "sec_per_step": (time.perf_counter() - t0) / max(n_done, 1)}
-        run.update_meta(final=final)
+        seconds = time.perf_counter() - t0
+        run.update_meta(final={**(last_eval or {}), "bayes_loss": ho.bayes_loss, "steps_done": n_done,
+                               "geometry": _final_geometry(geometry), "stopped_early": stop_at is not None,
+                               "seconds": round(seconds, 1), "sec_per_step": seconds / max(n_done, 1)})
     return run
+
+
+@dataclass
+class _Heldout:
+    """The fixed held-out set and its slices: analysed sequences, probe sequences, exact H_Bayes."""
+    tok: torch.Tensor
+    tgt: torch.Tensor
+    h: np.ndarray                  # (n, L+1) exact posterior entropy per target
+    an_tok: torch.Tensor
+    an_h: np.ndarray
+    pr_tok: torch.Tensor
+    pr_tgt: torch.Tensor
+
+    @classmethod
+    def of(cls, cfg: BijectionConfig) -> "_Heldout":
+        tok, tgt = heldout(cfg)
+        h = data.posterior_entropy(tok.numpy(), cfg.V)
+        return cls(tok, tgt, h, tok[:cfg.analysis_seqs], h[:cfg.analysis_seqs],
+                   tok[:cfg.record.seqs], tgt[:cfg.record.seqs])
+
+    @property
+    def h_pos(self) -> np.ndarray:             # (L+1,) mean H_Bayes per target
+        return self.h.mean(0)
+
+    @property
+    def bayes_loss(self) -> float:
+        return float(self.h.mean())
+
+
+def _write_statics(store, cfg: BijectionConfig, ho: _Heldout) -> None:
+    _declare(store, cfg.task.readout)
+    # per sequence position (the app's convention): H_Bayes of the target predicted there,
+    # NaN at the value tokens (no target); per target (L keys, then the query) for the figures
+    h_seq = np.full(data.seq_len(cfg.L), np.nan)
+    h_seq[data.target_positions(cfg.L)] = ho.h_pos
+    store.write_static("bayes_entropy", h_seq, ("position",))
+    store.write_static("bayes_entropy_target", ho.h_pos, ("target",))
+    store.write_static("target_position", data.target_positions(cfg.L), ("target",))
+    if cfg.plot_seqs:
+        store.write_static("point_entropy", ho.an_h[:cfg.plot_seqs, :cfg.L].reshape(-1), ("point",))
+        store.write_static("point_k", np.tile(np.arange(1, cfg.L + 1), cfg.plot_seqs), ("point",))
+
+
+def _evaluate(model, cfg: BijectionConfig, ho: _Heldout) -> tuple[dict, np.ndarray]:
+    """Held-out loss/accuracy and the entropy error in bits; also the per-target model entropy."""
+    ev = evaluate(model, ho.tok, ho.tgt, cfg.V, head=cfg.task.head)
+    ent = ev.pop("entropy_per_position")
+    return {**ev, "entropy_mae_bits": float(np.abs(ent - ho.h_pos).mean() / math.log(2))}, ent
+
+
+def _keep_geometry(geometry: dict[int, dict], step: int, metrics: dict) -> dict[int, dict]:
+    """The first analysed step's geometry numbers and this step's (the last so far)."""
+    keep = {k: v for k, v in metrics.items() if mn.is_bijection_manifold(k) and
+            k.rsplit("/", 1)[-1] in _GEOMETRY}
+    return {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
+
+
+def _final_geometry(geometry: dict[int, dict]) -> dict | None:
+    """Step 0 (untrained) beside the last analysed step; manifold/pos_onehot/* is the baseline."""
+    if not geometry:
+        return None
+    return {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
+
+
+def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of) -> tuple[float, float, float]:
+    """One AdamW step on a fresh batch (scheduled lr, clipped gradients); a non-finite loss stops the run."""
+    lr = lr_at(cfg, step)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
+    loss = loss_of(model, x, y)
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(step)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    return loss.item(), lr, float(gnorm)

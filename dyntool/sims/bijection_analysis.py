@@ -109,25 +109,11 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     """All per-layer geometry on ``tokens`` (n, 2L+1); returns scalars (flat dict ``metrics``) and
     arrays for the record (PC1/PC2 scores of the first ``n_plot`` sequences' key positions).
     ``readout = "normed_values"`` adds the authors' read-out (:func:`normed_value_geometry`)."""
-    was = model.training
-    model.eval()
     L = (tokens.shape[1] - 1) // 2
-    kpos = torch.arange(0, 2 * L, 2)
     if h_bayes is None:
         h_bayes = posterior_entropy(tokens.numpy(), V)
     h = np.asarray(h_bayes)[:, :L].reshape(-1)                           # (n·L,) key positions
-    resid: dict[int, torch.Tensor] = {}
-    hooks = [blk.register_forward_hook(lambda m, i, o, l=li: resid.__setitem__(l, o.detach()))
-             for li, blk in enumerate(model.h)]
-    if readout == "normed_values":
-        hooks.append(model.ln_f.register_forward_hook(lambda m, i, o: resid.__setitem__("normed", o.detach())))
-    try:
-        with Tap(model) as tap:
-            model(tokens)
-    finally:
-        for hk in hooks:
-            hk.remove()
-        model.train(was)
+    tap, resid = _forward(model, tokens, normed=readout == "normed_values")
     metrics: dict[str, float] = {}
     arrays: dict[str, list] = {f"pcs_{r}": [] for r in REPS}
     # baseline: a one-hot of the key position.  H_Bayes is a function of the position here (without
@@ -136,55 +122,95 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     base = manifold_metrics(onehot, h, r2=r2)
     pre = mn.bijection_manifold(mn.BIJECTION_BASELINE)
     metrics.update({pre + k: float(getattr(base, k)) for k in COMPARED})
-    n_layer = len(model.h)
-    wte = model.wte.weight[:V].double()                                    # key-token embeddings
-    for l in range(n_layer):
+    for l in range(len(model.h)):
+        _attention_entropy(metrics, tap.attn(l).double(), l)
         st = tap.out[l]
         B, nh, T, hs = st["q"].shape
-        a = tap.attn(l).double()
-        ent = entropy(a)[..., 1:]                                          # (B, nh, T-1)
-        metrics[mn.layer(mn.ATTN_ENTROPY, l)] = ent.mean().item()
-        for hd in range(nh):
-            metrics[mn.head(mn.ATTN_ENTROPY, l, hd)] = ent[:, hd].mean().item()
+        kpos = torch.arange(0, 2 * L, 2)
         reps = {"resid": resid[l][:, kpos],                                 # (B, L, C)
                 "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
         for name, x in reps.items():
-            x = x.double().reshape(B * L, -1).numpy()
-            p = pca(x, orient_by=h)                                        # one SVD for both uses
-            m = manifold_metrics(x, h, r2=r2, pca_result=p)
-            pre = mn.bijection_manifold(name, l)
-            for k, v in m.as_dict().items():
-                if k not in ("n", "d"):
-                    metrics[pre + k] = v
-            c = baseline_comparison(x, h, onehot, baseline_metrics=base, pca_result=p)
-            metrics.update({pre + k: v for k, v in c.items() if not k.startswith("baseline_")})
-            if n_plot:
-                sc = np.full((n_plot * L, 2), np.nan)
-                k2 = min(2, p.scores.shape[1])
-                sc[:, :k2] = p.scores[:n_plot * L, :k2]
+            sc = _representation(metrics, x.double().reshape(B * L, -1).numpy(), h, onehot, base,
+                                 mn.bijection_manifold(name, l), r2, n_plot * L)
+            if sc is not None:
                 arrays[f"pcs_{name}"].append(sc)
-        ko = key_orthogonality(st["k"][:, :, kpos].double().numpy())       # groups: (B, nh)
-        metrics[mn.key_orth("ctx", l)] = ko["mean_abs"]
-        metrics[mn.key_orth("ctx", l, signed=True)] = ko["mean"]
-        wk = model.h[l].attn.c_attn.weight[model.h[l].attn.n_embd:2 * model.h[l].attn.n_embd].double()
-        kv = (wte @ wk.T).view(V, nh, hs).transpose(0, 1)                  # (nh, V, hs)
-        kov = key_orthogonality(kv.numpy())
-        metrics[mn.key_orth("vocab", l)] = kov["mean_abs"]
-        metrics[mn.key_orth("vocab", l, signed=True)] = kov["mean"]
+        _key_orthogonality(metrics, model, st["k"][:, :, kpos], V, l)
     if readout == "normed_values":
         m, sc = normed_value_geometry(resid["normed"], h_bayes, onehot, r2=r2, n_plot=n_plot)
         metrics.update(m)
         if sc is not None:
             arrays[f"pcs_{mn.BIJECTION_NORMED_VALUES}"] = [sc]
-    # entropy summaries: uniform level, reduction of the last layer vs layer 0 and vs uniform
-    unif = float(np.mean([math.log(i + 1) for i in range(1, tokens.shape[1])]))
+    _entropy_summaries(metrics, len(model.h), tokens.shape[1])
+    out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
+    return {"metrics": metrics, "arrays": out_arrays}
+
+
+def _forward(model, tokens: torch.Tensor, normed: bool):
+    """One eval-mode forward with the tap and the residual after every block (and ``ln_f``'s output)."""
+    was = model.training
+    model.eval()
+    resid: dict = {}
+    hooks = [blk.register_forward_hook(lambda m, i, o, l=li: resid.__setitem__(l, o.detach()))
+             for li, blk in enumerate(model.h)]
+    if normed:
+        hooks.append(model.ln_f.register_forward_hook(lambda m, i, o: resid.__setitem__("normed", o.detach())))
+    try:
+        with Tap(model) as tap:
+            model(tokens)
+    finally:
+        for hk in hooks:
+            hk.remove()
+        model.train(was)
+    return tap, resid
+
+
+def _attention_entropy(metrics: dict, a: torch.Tensor, l: int) -> None:
+    """Layer ``l``'s mean attention entropy and each head's (position 0 has one key: left out)."""
+    ent = entropy(a)[..., 1:]                                              # (B, nh, T-1)
+    metrics[mn.layer(mn.ATTN_ENTROPY, l)] = ent.mean().item()
+    for hd in range(ent.shape[1]):
+        metrics[mn.head(mn.ATTN_ENTROPY, l, hd)] = ent[:, hd].mean().item()
+
+
+def _representation(metrics: dict, x: np.ndarray, h: np.ndarray, onehot: np.ndarray, base, pre: str,
+                    r2: bool, n_points: int) -> np.ndarray | None:
+    """Manifold metrics of ``x`` against H_Bayes beside the position baseline; PC1/PC2 of the first
+    ``n_points`` rows for the record (None when none are plotted)."""
+    p = pca(x, orient_by=h)                                                # one SVD for both uses
+    m = manifold_metrics(x, h, r2=r2, pca_result=p)
+    metrics.update({pre + k: v for k, v in m.as_dict().items() if k not in ("n", "d")})
+    c = baseline_comparison(x, h, onehot, baseline_metrics=base, pca_result=p)
+    metrics.update({pre + k: v for k, v in c.items() if not k.startswith("baseline_")})
+    if not n_points:
+        return None
+    sc = np.full((n_points, 2), np.nan)
+    k2 = min(2, p.scores.shape[1])
+    sc[:, :k2] = p.scores[:n_points, :k2]
+    return sc
+
+
+def _key_orthogonality(metrics: dict, model, keys: torch.Tensor, V: int, l: int) -> None:
+    """Key orthogonality in context (the keys at the key positions) and over the key vocabulary."""
+    ko = key_orthogonality(keys.double().numpy())                          # groups: (B, nh)
+    metrics[mn.key_orth("ctx", l)] = ko["mean_abs"]
+    metrics[mn.key_orth("ctx", l, signed=True)] = ko["mean"]
+    attn = model.h[l].attn
+    nh, hs = keys.shape[1], keys.shape[-1]
+    wk = attn.c_attn.weight[attn.n_embd:2 * attn.n_embd].double()
+    kv = (model.wte.weight[:V].double() @ wk.T).view(V, nh, hs).transpose(0, 1)   # (nh, V, hs)
+    kov = key_orthogonality(kv.numpy())
+    metrics[mn.key_orth("vocab", l)] = kov["mean_abs"]
+    metrics[mn.key_orth("vocab", l, signed=True)] = kov["mean"]
+
+
+def _entropy_summaries(metrics: dict, n_layer: int, T: int) -> None:
+    """Uniform level, reduction of the last layer vs layer 0 and of the layer mean vs uniform."""
+    unif = float(np.mean([math.log(i + 1) for i in range(1, T)]))
     h0, hl = metrics[mn.layer(mn.ATTN_ENTROPY, 0)], metrics[mn.layer(mn.ATTN_ENTROPY, n_layer - 1)]
     metrics[mn.ATTN_ENTROPY_UNIFORM] = unif
     metrics[mn.ATTN_ENTROPY_REDUCTION_LAST] = 1.0 - hl / h0 if h0 > 0 else float("nan")
     metrics[mn.ATTN_ENTROPY_REDUCTION_MEAN] = 1.0 - float(np.mean(
         [metrics[mn.layer(mn.ATTN_ENTROPY, l)] for l in range(n_layer)])) / unif
-    out_arrays = {k: np.stack(v).astype(np.float32) for k, v in arrays.items() if v}
-    return {"metrics": metrics, "arrays": out_arrays}
 
 
 def normed_value_geometry(normed: torch.Tensor, h_bayes: np.ndarray, onehot: np.ndarray, r2: bool = True,

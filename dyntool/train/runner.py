@@ -147,12 +147,8 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
                  kind: str = "train", extra_meta: dict | None = None):
     """Train one model; returns ``(run_path or None on ranks > 0, final metrics)``."""
     from ..data.wikitext import load_wikitext
-    from ..run_writer import RunWriter
     from . import ddp
-    from .gpt import GPT
-    from ..progress import TrainProgress
-    from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
-    from .trainer import Trainer, restore_deterministic, set_deterministic
+    from .trainer import restore_deterministic, set_deterministic
 
     ckpt = None
     if resume is not None:
@@ -169,73 +165,102 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
     try:
         say = None if quiet or not dist.is_main else (lambda line: print(line, file=sys.stderr, flush=True))
         corpus = load_wikitext(cfg.data.path or None, log=say)
-        m = cfg.model                                        # before the model is allocated
-        _check_memory(cfg, corpus.vocab_size, 12 * m.n_layer * m.n_embd ** 2 + corpus.vocab_size * m.n_embd)
-        _seed_all(cfg.seed)                                  # identical init on every rank
-        model = GPT(cfg.model, corpus.vocab_size, cfg.data.block_size, cfg.span, dist.device.type)
-        model.to(dist.device)
-        if cfg.train.dtype == "float64":
-            model.double()
-        if ckpt is not None:                                 # names and shapes, before any run exists
-            from .checkpoint import check_model
-            check_model(ckpt, model, Path(resume) / "checkpoint.pt")
-
-        from ..config import to_dict
-        meta = {"world_size": dist.world, "parallel": "fsdp" if sharded else "ddp" if dist.world > 1 else "none",
-                "vocab_size": corpus.vocab_size,
-                "n_params": model.num_params(), "backend": model.backend,
-                "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
-                **(extra_meta or {})}
-        if ckpt is not None:
-            meta["resumed_from"] = {"run": resume if is_url(resume) else str(Path(resume).resolve()),
-                                    "step": int(ckpt["step"])}
-        run = None
-        if dist.is_main:
-            try:
-                run = RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                                       device=str(dist.device), extra_meta=meta)
-            except RunError as e:
-                if sharded:                            # the other ranks wait for the run's path
-                    from .fsdp import broadcast
-                    broadcast(("error", str(e)))
-                raise
+        model = _build_model(cfg, corpus, dist, ckpt, resume)
+        meta = _run_meta(cfg, model, corpus, dist, sharded, ckpt, resume, extra_meta)
+        run = _create_run(out_dir, kind, cfg, name, tags, dist, meta, sharded) if dist.is_main else None
         rank_run = None
         if sharded:                                    # every rank records its own shard
             from ..record.ranks import RankRun
-            from .sharded import ShardedRecordingCallback, share_run
+            from .sharded import share_run
             path = share_run(run, dist)
             rank_run = run if run is not None else RankRun(path, dist.rank)
         with run if run is not None else (rank_run or _Null()):
-            cbs = [ShardedRecordingCallback(rank_run, cfg, dist)] if sharded else []
-            if run is not None:
-                shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]
-                cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
-                      [MetricsLogger(run, cfg.train.log_every)]
-            ck_path = None
-            if cfg.train.checkpoint:
-                ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \
-                    if is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
-            trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
-            trainer.quiet = quiet or not dist.is_main
-            if ckpt is not None:
-                try:
-                    trainer.load_state_dict(ckpt)
-                except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
-                    why = " ".join(str(e).split())[:200]
-                    raise RunError(f"checkpoint {Path(resume) / 'checkpoint.pt'} can't be restored "
-                                   f"({type(e).__name__}: {why})") from None
-            try:
-                final = trainer.fit()
-            except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
-                if run is not None:
-                    e.next_step = next_step(run.path, ck_path, trainer.step)
-                raise
+            final = _fit(cfg, model, corpus, dist, run, rank_run, ckpt, resume, quiet)
             if run is not None:
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
     finally:
         restore_deterministic(det)
         ddp.cleanup(dist)
+
+
+def _build_model(cfg: TrainConfig, corpus, dist, ckpt: dict | None, resume: str | None):
+    """The GPT on its device, seeded identically on every rank, checked against a checkpoint."""
+    from .gpt import GPT
+    m = cfg.model                                            # before the model is allocated
+    _check_memory(cfg, corpus.vocab_size, 12 * m.n_layer * m.n_embd ** 2 + corpus.vocab_size * m.n_embd)
+    _seed_all(cfg.seed)
+    model = GPT(cfg.model, corpus.vocab_size, cfg.data.block_size, cfg.span, dist.device.type)
+    model.to(dist.device)
+    if cfg.train.dtype == "float64":
+        model.double()
+    if ckpt is not None:                                     # names and shapes, before any run exists
+        from .checkpoint import check_model
+        check_model(ckpt, model, Path(resume) / "checkpoint.pt")
+    return model
+
+
+def _run_meta(cfg: TrainConfig, model, corpus, dist, sharded: bool, ckpt: dict | None,
+              resume: str | None, extra_meta: dict | None) -> dict:
+    """What meta.json says about this run beyond its config."""
+    meta = {"world_size": dist.world, "parallel": "fsdp" if sharded else "ddp" if dist.world > 1 else "none",
+            "vocab_size": corpus.vocab_size,
+            "n_params": model.num_params(), "backend": model.backend,
+            "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
+            **(extra_meta or {})}
+    if ckpt is not None:
+        meta["resumed_from"] = {"run": resume if is_url(resume) else str(Path(resume).resolve()),
+                                "step": int(ckpt["step"])}
+    return meta
+
+
+def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, meta: dict, sharded: bool):
+    """The run folder (rank 0 only); under FSDP a refusal reaches the other ranks, which wait for its path."""
+    from ..config import to_dict
+    from ..run_writer import RunWriter
+    try:
+        return RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                                device=str(dist.device), extra_meta=meta)
+    except RunError as e:
+        if sharded:
+            from .fsdp import broadcast
+            broadcast(("error", str(e)))
+        raise
+
+
+def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None, resume: str | None,
+         quiet: bool) -> dict:
+    """Callbacks, checkpoint path and trainer for this rank; train (from the checkpoint, if any)."""
+    from ..progress import TrainProgress
+    from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
+    from .trainer import Trainer
+    cbs = []
+    if rank_run is not None:                       # FSDP: every rank records its own shard
+        from .sharded import ShardedRecordingCallback
+        cbs = [ShardedRecordingCallback(rank_run, cfg, dist)]
+    if run is not None:
+        shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]
+        cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
+              [MetricsLogger(run, cfg.train.log_every)]
+    ck_path = None
+    if cfg.train.checkpoint:
+        ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \
+            if is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
+    trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
+    trainer.quiet = quiet or not dist.is_main
+    if ckpt is not None:
+        try:
+            trainer.load_state_dict(ckpt)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
+            why = " ".join(str(e).split())[:200]
+            raise RunError(f"checkpoint {Path(resume) / 'checkpoint.pt'} can't be restored "
+                           f"({type(e).__name__}: {why})") from None
+    try:
+        return trainer.fit()
+    except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
+        if run is not None:
+            e.next_step = next_step(run.path, ck_path, trainer.step)
+        raise
 
 
 def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
