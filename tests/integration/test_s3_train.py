@@ -90,6 +90,7 @@ def test_fsdp_ranks_write_their_shards_to_s3(s3, fsdp_runs):
     assert r.meta["final"]["param_sha256"] == loc.meta["final"]["param_sha256"]
 
 
+@pytest.mark.slow                  # ~30 s of torchrun; the local FSDP kill -9 test is slow too
 def test_fsdp_to_s3_kill_9_keeps_every_rank_committed_and_resumes(s3, fsdp_runs):
     ref = fsdp_runs[0]
     url = f"s3://{BUCKET}/killed"
