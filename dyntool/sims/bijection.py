@@ -227,7 +227,8 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
                 break
             loss, lr, gnorm = _train_step(model, opt, cfg, step, gen, loss_of)
             if row or step % cfg.log_every == 0:
-                run.log(step, loss=loss, lr=lr, grad_norm=gnorm, elapsed_s=time.perf_counter() - t0, **row)
+                run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
+                        elapsed_s=time.perf_counter() - t0, **row)
         n_done = stop_at if stop_at is not None else cfg.steps
         seconds = time.perf_counter() - t0
         run.update_meta(final={**(last_eval or {}), "bayes_loss": ho.bayes_loss, "steps_done": n_done,
@@ -264,6 +265,7 @@ class _Heldout:
 
 
 def _write_statics(store, cfg: BijectionConfig, ho: _Heldout) -> None:
+    """The record's declared arrays and its per-run constants (H_Bayes per position and target)."""
     _declare(store, cfg.task.readout)
     # per sequence position (the app's convention): H_Bayes of the target predicted there,
     # NaN at the value tokens (no target); per target (L keys, then the query) for the figures
@@ -298,8 +300,9 @@ def _final_geometry(geometry: dict[int, dict]) -> dict | None:
     return {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
 
 
-def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of) -> tuple[float, float, float]:
-    """One AdamW step on a fresh batch (scheduled lr, clipped gradients); a non-finite loss stops the run."""
+def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of):
+    """One AdamW step on a fresh batch (scheduled lr, clipped gradients); a non-finite loss stops the run.
+    Returns (loss, lr, grad norm) with loss and norm as tensors: read only on logged steps (a GPU sync)."""
     lr = lr_at(cfg, step)
     for g in opt.param_groups:
         g["lr"] = lr
@@ -311,4 +314,4 @@ def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of) -> tu
     loss.backward()
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
-    return loss.item(), lr, float(gnorm)
+    return loss, lr, gnorm

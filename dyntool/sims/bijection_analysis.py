@@ -122,11 +122,11 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     base = manifold_metrics(onehot, h, r2=r2)
     pre = mn.bijection_manifold(mn.BIJECTION_BASELINE)
     metrics.update({pre + k: float(getattr(base, k)) for k in COMPARED})
+    kpos = torch.arange(0, 2 * L, 2)
     for l in range(len(model.h)):
         _attention_entropy(metrics, tap.attn(l).double(), l)
         st = tap.out[l]
         B, nh, T, hs = st["q"].shape
-        kpos = torch.arange(0, 2 * L, 2)
         reps = {"resid": resid[l][:, kpos],                                 # (B, L, C)
                 "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
         for name, x in reps.items():
