@@ -24,18 +24,32 @@ def _read_json(path: Path, root: Path, problems: list[str]) -> dict:
         problems.append(f"{path.name} resolves outside {root}; not read")
         return {}
     try:
-        obj = safeio.read_json(path)
+        raw = safeio.read_bytes(path, safeio.MAX_JSON_BYTES)
     except FileNotFoundError:
-        problems.append(f"{path.name} is missing")
-        return {}
+        raw = None
     except safeio.BadFile as e:
         problems.append(f"{path.name} is corrupted ({e})")
         return {}
     except OSError as e:
         problems.append(f"{path.name} can't be read ({e.strerror or e})")
         return {}
+    return json_object(raw, path.name, problems)
+
+
+def json_object(raw: bytes | None, name: str, problems: list[str]) -> dict:
+    """The JSON object in ``raw``, a run file's bytes (``None``: the file is missing); missing, too
+    deeply nested, not JSON or not an object is a problem and reads as ``{}``.  The local reader and
+    the object-store reader (record/remote.py) both parse through here."""
+    if raw is None:
+        problems.append(f"{name} is missing")
+        return {}
+    try:
+        obj = safeio.loads(raw, name)
+    except safeio.BadFile as e:
+        problems.append(f"{name} is corrupted ({e})")
+        return {}
     if not isinstance(obj, dict):
-        problems.append(f"{path.name} holds a {type(obj).__name__}, not an object; ignored")
+        problems.append(f"{name} holds a {type(obj).__name__}, not an object; ignored")
         return {}
     return obj
 
@@ -81,29 +95,13 @@ def _row_ok(row: Any) -> bool:
 
 
 def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
-    """Rows of metrics.jsonl: JSON objects with an integer ``step`` in [0, 2**53); other lines are
-    skipped and reported (a partial last line, left by a kill mid-write, is skipped quietly)."""
+    """Rows of a local metrics.jsonl (:func:`metric_rows`); a file that can't be read is a problem
+    and gives no rows."""
     if not safeio.inside(path, root):
         problems.append(f"{path.name} resolves outside {root}; not read")
         return []
-    rows, bad = [], []
     try:
-        for i, line in enumerate(safeio.iter_lines(path)):
-            if line is None:                       # longer than a metrics row can be
-                bad.append(i)
-                continue
-            if not line.strip():
-                continue
-            try:
-                row = safeio.loads(line, "a line")
-            except safeio.BadFile:
-                if line.endswith(b"\n"):          # else a partial last line (killed mid-write)
-                    bad.append(i)
-                continue
-            if not _row_ok(row):
-                bad.append(i)
-                continue
-            rows.append(row)
+        return metric_rows(safeio.iter_lines(path), problems)
     except FileNotFoundError:
         return []
     except safeio.BadFile as e:
@@ -112,6 +110,30 @@ def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
     except OSError as e:
         problems.append(f"{path.name} can't be read ({e.strerror or e})")
         return []
+
+
+def metric_rows(lines, problems: list[str]) -> list[dict]:
+    """Rows of metrics.jsonl from its lines (``safeio.lines_of``; ``None`` = a line over the length
+    cap): JSON objects with an integer ``step`` in [0, 2**53); other lines are skipped and reported
+    (a partial last line, left by a kill mid-write, is skipped quietly).  Local and object-store
+    runs both parse through here."""
+    rows, bad = [], []
+    for i, line in enumerate(lines):
+        if line is None:                           # longer than a metrics row can be
+            bad.append(i)
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = safeio.loads(line, "a line")
+        except safeio.BadFile:
+            if line.endswith(b"\n"):              # else a partial last line (killed mid-write)
+                bad.append(i)
+            continue
+        if not _row_ok(row):
+            bad.append(i)
+            continue
+        rows.append(row)
     if bad:
         problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
                         f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")

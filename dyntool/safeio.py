@@ -128,23 +128,30 @@ def iter_lines(path: str | Path, cap: int = MAX_METRICS_BYTES,
     with open_regular(path) as (f, size):
         if size > cap:
             raise _too_big(path, size, cap)
-        total = 0
-        while True:
-            line = f.readline(line_cap + 1)
-            if not line:
-                return
-            total += len(line)
-            if total > cap:
-                raise _too_big(path, total, cap)
-            if len(line) > line_cap and not line.endswith(b"\n"):
-                while line and not line.endswith(b"\n"):       # skip the rest of the long line
-                    line = f.readline(line_cap + 1)
-                    total += len(line)
-                    if total > cap:
-                        raise _too_big(path, total, cap)
-                yield None
-                continue
-            yield line
+        yield from lines_of(f, Path(path).name, cap, line_cap)
+
+
+def lines_of(f: BinaryIO, what: str, cap: int = MAX_METRICS_BYTES,
+             line_cap: int = MAX_LINE_BYTES) -> Iterator[bytes | None]:
+    """:func:`iter_lines` of an open binary file (or ``io.BytesIO`` of bytes fetched from object
+    storage); ``what`` names it in the :class:`BadFile` past ``cap`` bytes."""
+    total = 0
+    while True:
+        line = f.readline(line_cap + 1)
+        if not line:
+            return
+        total += len(line)
+        if total > cap:
+            raise _too_big(what, total, cap)
+        if len(line) > line_cap and not line.endswith(b"\n"):
+            while line and not line.endswith(b"\n"):           # skip the rest of the long line
+                line = f.readline(line_cap + 1)
+                total += len(line)
+                if total > cap:
+                    raise _too_big(what, total, cap)
+            yield None
+            continue
+        yield line
 
 
 def memory_available() -> int:

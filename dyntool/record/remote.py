@@ -18,12 +18,14 @@ error message.  Missing credentials, an unreachable endpoint or bucket: one-line
 from __future__ import annotations
 
 import datetime as _dt
+import io
 import json
 import os
 import threading
 import time
 from urllib.parse import urlparse
 
+from .. import safeio
 from ..errors import RunError
 from .ranks import RECORD_DIR, RankedStore, rank_dir
 
@@ -281,7 +283,7 @@ def open_remote_record(remote: Remote, limit: int | None = None):
 
 def open_remote_run(url: str):
     """:func:`dyntool.open_run` for an object-store URL: the same :class:`~dyntool.run.Run` API."""
-    from ..run import Run, _check_meta
+    from ..run import Run, _check_meta, json_object, metric_rows
 
     class RemoteRun(Run):
         def __post_init__(self):
@@ -308,7 +310,13 @@ def open_remote_run(url: str):
         def metrics(self):
             import pandas as pd
             if self._metrics is None:
-                self._metrics = pd.DataFrame(_metric_rows(self.remote.get("metrics.jsonl") or b""))
+                raw = self.remote.get("metrics.jsonl") or b""
+                try:
+                    rows = metric_rows(safeio.lines_of(io.BytesIO(raw), "metrics.jsonl"), self._problems)
+                except safeio.BadFile as e:
+                    self._problems.append(f"metrics.jsonl can't be read ({e})")
+                    rows = []
+                self._metrics = pd.DataFrame(rows)
             return self._metrics
 
         def refresh(self):
@@ -322,36 +330,10 @@ def open_remote_run(url: str):
 
     remote = Remote(url)
     problems: list[str] = []
-    meta, config = _json_object(remote, "meta.json", problems), _json_object(remote, "config.json", problems)
+    meta, config = (json_object(remote.get(k), k, problems) for k in ("meta.json", "config.json"))
     if not meta and not config:
         raise RunError(f"{url} is not a dyntool run (no meta.json or config.json)")
     run = RemoteRun(remote.url, config, _check_meta(meta, problems), problems)
     run.remote = remote
     return run
 
-
-def _json_object(remote: Remote, key: str, problems: list[str]) -> dict:
-    """A JSON object from the store; a missing or corrupted one is ``{}`` and a line in ``problems``."""
-    raw = remote.get(key)
-    if raw is None:
-        problems.append(f"{key} is missing")
-        return {}
-    try:
-        d = json.loads(raw)
-    except ValueError as e:
-        problems.append(f"{key} is corrupted ({e})")
-        return {}
-    return d if isinstance(d, dict) else {}
-
-
-def _metric_rows(raw: bytes) -> list[dict]:
-    """metrics.jsonl's well-formed rows (a dict with an integer step); torn or foreign lines are skipped."""
-    rows = []
-    for line in raw.decode(errors="replace").splitlines():
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            rows.append(row)
-    return rows

@@ -87,6 +87,35 @@ def test_write_read_info_check_xarray(s3, capsys):
         RunWriter.create(url, "synthetic", {}, name="r1")
 
 
+def test_damaged_run_files_read_the_same_from_object_storage_as_from_disk(s3, tmp_path):
+    """meta.json nested past the limit (json.loads alone raises RecursionError), config.json not an
+    object, metrics.jsonl with a boolean step, a negative step and a non-JSON line: both readers
+    report the same problems and keep the same rows."""
+    import boto3
+    files = {"meta.json": b"[" * 5000, "config.json": b"[1, 2]",
+             "metrics.jsonl": b'{"step": 0, "loss": 1.0}\n{"step": true}\n{"step": -1}\nnot json\n'
+                              b'{"step": 2, "loss": 0.5, "big": 99999999999999999999}\n'}
+    local = tmp_path / "damaged"
+    local.mkdir()
+    client = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    for name, data in files.items():
+        (local / name).write_bytes(data)
+        client.put_object(Bucket=BUCKET, Key=f"damaged/{name}", Body=data)
+    for name, data in (("meta.json", b'{"kind": "synthetic"}'),):   # a run needs one readable file to open
+        (local / name).write_bytes(data)
+        client.put_object(Bucket=BUCKET, Key=f"damaged/{name}", Body=data)
+    a, b = open_run(str(local)), open_run(f"s3://{BUCKET}/damaged")
+    for r in (a, b):
+        assert list(r.metrics["step"]) == [0, 2] and r.metrics["big"].dtype == np.float64
+        assert any("config.json holds a list" in p for p in r.problems), r.problems
+        assert any("3 malformed line(s)" in p and "first at line 2" in p for p in r.problems), r.problems
+    for name, data in (("meta.json", files["meta.json"]), ("config.json", b'{"n": 1}')):
+        (local / name).write_bytes(data)
+        client.put_object(Bucket=BUCKET, Key=f"damaged/{name}", Body=data)
+    for r in (open_run(str(local)), open_run(f"s3://{BUCKET}/damaged")):
+        assert any("meta.json is corrupted" in p and "nests deeper" in p for p in r.problems), r.problems
+
+
 def test_reader_polls_while_writing_and_kill_9_keeps_committed_steps(s3):
     url = f"s3://{BUCKET}/live-runs"
     code = WRITER.format(repo=str(REPO), url=url)
