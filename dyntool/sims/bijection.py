@@ -247,21 +247,15 @@ class _Heldout:
     an_h: np.ndarray
     pr_tok: torch.Tensor
     pr_tgt: torch.Tensor
+    h_pos: np.ndarray              # (L+1,) mean H_Bayes per target
+    bayes_loss: float              # mean H_Bayes: the Bayes-optimal held-out loss
 
     @classmethod
     def of(cls, cfg: BijectionConfig) -> "_Heldout":
         tok, tgt = heldout(cfg)
         h = data.posterior_entropy(tok.numpy(), cfg.V)
         return cls(tok, tgt, h, tok[:cfg.analysis_seqs], h[:cfg.analysis_seqs],
-                   tok[:cfg.record.seqs], tgt[:cfg.record.seqs])
-
-    @property
-    def h_pos(self) -> np.ndarray:             # (L+1,) mean H_Bayes per target
-        return self.h.mean(0)
-
-    @property
-    def bayes_loss(self) -> float:
-        return float(self.h.mean())
+                   tok[:cfg.record.seqs], tgt[:cfg.record.seqs], h.mean(0), float(h.mean()))
 
 
 def _write_statics(store, cfg: BijectionConfig, ho: _Heldout) -> None:
