@@ -95,7 +95,7 @@ def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[i
             for r0, r1 in _blocks(N, rows, lo, hi, pool):
                 if r0 < hi and r1 > lo:
                     emit(li, si, max(r0, lo), min(r1, hi), _pad_block(matrices, S, min(r1, hi) - max(r0, lo), N,
-                                                                      out["queries"].dtype))
+                                                                      out["queries"].dtype, out["queries"].device))
     return out
 
 
@@ -107,8 +107,8 @@ def _blocks(N: int, rows: int, lo: int, hi: int, pool: int):
     return [(a, min(b, N)) for a, b in zip(starts, starts[1:] + [N])]
 
 
-def _pad_block(matrices, S: int, n: int, N: int, dt) -> dict[str, torch.Tensor]:
-    return {m: torch.full((S, n, N), PAD[m], dtype=dt) for m in matrices}
+def _pad_block(matrices, S: int, n: int, N: int, dt, device) -> dict[str, torch.Tensor]:
+    return {m: torch.full((S, n, N), PAD[m], dtype=dt, device=device) for m in matrices}
 
 
 def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool: int, matrices, emit,
@@ -122,18 +122,19 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
     bias = None if bias is None else bias.to(dt)
     sinks = pick(slot.sinks)
     S, T, Tk = q.shape[1], q.shape[2], k.shape[2]
+    f = dict(dtype=dt, device=q.device)                # every buffer where the captured tensors are (a GPU)
     acc = {"value_grad": torch.zeros_like(v), "key_grad": torch.zeros_like(k),
-           "column_usage": torch.zeros(1, S, Tk, dtype=dt)}
+           "column_usage": torch.zeros(1, S, Tk, **f)}
     vec: dict[str, torch.Tensor] = {}
     pooled = {m: [] for m in matrices if pool and m in names.POOLED}
     computed = tuple(matrices) + (("scores",) if pooled and "scores" not in matrices else ())
-    lmax = torch.zeros(1, dtype=dt)
-    sumsq = torch.zeros(1, dtype=dt)
+    lmax = torch.zeros(1, **f)
+    sumsq = torch.zeros(1, **f)
     count = 0
-    resid = torch.zeros(2, dtype=dt) if slot.ds is not None else None
+    resid = torch.zeros(2, **f) if slot.ds is not None else None
     for r0, r1 in _blocks(N, rows, lo, hi, pool):
         a1 = min(r1, T)                                # rows past the site's T are padding
-        mats = _pad_block(computed, S, r1 - r0, N, dt) if (r0 < hi and r1 > lo) or pooled else None
+        mats = _pad_block(computed, S, r1 - r0, N, dt, q.device) if (r0 < hi and r1 > lo) or pooled else None
         if r0 < a1:
             al = allowed[..., r0:a1, :]
             uni = None if uniform is None else uniform[..., r0:a1, :]

@@ -109,5 +109,5 @@ def combine_row(ent: torch.Tensor, lmax: torch.Tensor, loss: float) -> tuple[tor
     from ..train.fsdp import all_reduce
     ent = all_reduce(ent.double().contiguous(), "mean")
     lmax = all_reduce(lmax.double().contiguous(), "max")
-    loss = float(all_reduce(torch.tensor([float(loss)], dtype=torch.float64), "mean"))
+    loss = float(all_reduce(torch.tensor([float(loss)], dtype=torch.float64, device=ent.device), "mean"))  # nccl: a GPU tensor
     return ent, lmax, loss

@@ -1,0 +1,44 @@
+"""Recording on a CUDA device gives what it gives on the CPU (skipped without a GPU; a lent GPU
+session runs ``pytest tests/gpu``).  Two runs of the same float32 config, same seed, one per
+device: the step-0 record (taken before any optimizer step, so the weights are equal) and the
+cheap tier's step-0 statistics agree to float32 accuracy; dense (every head) and streamed
+(``record.heads``) full tiers both."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dyntool.record import names
+from dyntool.run import open_run
+from tests.integration.test_train import rows, train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+COMMON = ("--max-steps", "2", "--train.dtype=float32", "--record.dtype=float32", "--record.every=1",
+          "--record.cheap_every=1", "--train.final_eval=false", "--record.seqs=2", "--train.compile=false")
+
+
+@pytest.mark.parametrize("heads", [None, "L1H0,L0H*"], ids=["dense", "streamed"])
+def test_cuda_record_equals_cpu_record(tmp_path, heads):
+    sel = () if heads is None else (f"--record.heads={heads}",)
+    runs = {}
+    for dev in ("cpu", "cuda"):
+        rc, runs[dev] = train(tmp_path, *COMMON, *sel, f"--device={dev}", name=dev)
+        assert rc == 0, dev
+    c, g = open_run(runs["cpu"]), open_run(runs["cuda"])
+    assert not g.problems and list(g.steps) == list(c.steps)
+    compared = 0
+    for name in c.store.names():
+        if names.dims(name)[1:3] != ("layer", "head"):
+            continue
+        want, got = np.asarray(c.arrays[name][0]), np.asarray(g.arrays[name][0])   # step 0
+        scale = np.nanmax(np.abs(want)) or 1.0
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4 * scale, equal_nan=True, err_msg=name)
+        compared += 1
+    assert compared >= 10
+    r_cpu, r_gpu = rows(runs["cpu"])[0], rows(runs["cuda"])[0]
+    cheap = [k for k in r_cpu if k.startswith(("attn_entropy/", "score_grad_norm/", "expected_compat/"))]
+    assert cheap
+    for k in cheap:
+        assert r_gpu[k] == pytest.approx(r_cpu[k], rel=1e-3, abs=1e-6), k
