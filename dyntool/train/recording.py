@@ -81,6 +81,7 @@ class RecordingCallback(Callback):
         self.rec: Recorder | None = None
         self.trainer = None
         self._lmax = None           # (L, nh) running max over this step's micro-steps
+        self._gn = None             # (group names, their grad norms on the host) of this step
         self._extra: dict = {}      # metrics gathered during the step
         self.flight: FlightRecorder | None = None
         self._cheap: dict = {}      # the cheap tier's metrics of this step
@@ -126,7 +127,7 @@ class RecordingCallback(Callback):
 
     # -- per step -------------------------------------------------------------------------
     def on_step_start(self, step: int) -> None:
-        self._lmax, self._extra, self._cheap = None, {}, {}
+        self._lmax, self._extra, self._cheap, self._gn = None, {}, {}, None
         if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
             return
         model = self.trainer.raw
@@ -213,11 +214,16 @@ class RecordingCallback(Callback):
 
     @torch.no_grad()
     def _grad_norms(self) -> None:
-        from .gpt import group_grad_norms            # one fused norm kernel, not one per parameter
-        norms = group_grad_norms(self.groups)
+        norms = self._group_norms()
         if norms:
-            for name, v in zip(norms, torch.stack(list(norms.values())).tolist()):
-                self._extra[mn.grad_norm(name)] = v
+            t = torch.stack(list(norms.values())).float()
+            # to the host without a sync of its own: the copy is queued before the trainer's one
+            # sync of the step (loss, grad norm), so it has landed when on_step_end reads it
+            self._gn = (list(norms), t.to("cpu", non_blocking=True) if t.is_cuda else t)
+
+    def _group_norms(self) -> dict:
+        from .gpt import group_grad_norms            # one fused norm kernel, not one per parameter
+        return group_grad_norms(self.groups)
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         if self._lmax is not None:
@@ -228,6 +234,9 @@ class RecordingCallback(Callback):
                 metrics[mn.layer(mn.LOGIT_MAX, l)] = max(row)
             metrics[mn.LOGIT_MAX] = max(max(r) for r in lm)
         metrics.update(self._extra)
+        if self._gn is not None:
+            for name, v in zip(self._gn[0], self._gn[1].tolist()):
+                metrics[mn.grad_norm(name)] = v
         metrics.update(self._cheap)
 
     def on_train_end(self, final: dict) -> None:

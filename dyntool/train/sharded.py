@@ -98,12 +98,8 @@ class ShardedRecordingCallback(RecordingCallback):
                 self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
         self._extra["recorded"] = True
 
-    @torch.no_grad()
-    def _grad_norms(self) -> None:
-        norms = fsdp.group_grad_norms(self.groups)
-        if norms:
-            for name, v in zip(norms, torch.stack(list(norms.values())).tolist()):
-                self._extra[mn.grad_norm(name)] = v
+    def _group_norms(self) -> dict:
+        return fsdp.group_grad_norms(self.groups)
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         if self._lmax is not None:                   # max|logit| over every rank's batch
