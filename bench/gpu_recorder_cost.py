@@ -1,0 +1,151 @@
+"""What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
+
+    python bench/gpu_recorder_cost.py [--T 2048] [--batch 4] [--reps 7] [--steps 5] [--json FILE]
+
+A. Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
+   paired per-round ratios) of one training step (forward + backward + fused AdamW, bf16 autocast)
+   of dyntool's GPT at 12 layers × 12 heads × 768, T = 2048, vocabulary 50,257:
+   ``off_eager``, ``off_compiled`` (torch.compile; what a run without recording executes) and
+   ``cheap_eager*`` (the cheap tier, :class:`dyntool.flight.FlightRecorder`, on every step, its
+   statistics read: the trainer runs such steps eager, since the observer seam is skipped inside
+   compiled code) with query-row blocks of ``record.max_block_mib`` = 64 (the default), 1024 and 4096.  Each arm's time ends with ``torch.cuda.synchronize()``.
+B. The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
+   eager, the cheap tier on every step), recording ``record.heads`` on a 1-sequence probe every
+   10th step, streamed in blocks of ``record.max_block_mib``: the recorded steps' time against the
+   median of the others, in the same run.
+Needs CUDA (it exits 2 without).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_tiers import interleave, ratio                      # noqa: E402
+from dyntool.flight import FlightRecorder                      # noqa: E402
+from dyntool.train.config import ModelConfig                   # noqa: E402
+from dyntool.train.gpt import GPT                              # noqa: E402
+
+VOCAB = 50257
+SHAPE = dict(n_layer=12, n_head=12, n_embd=768)
+
+
+def step_arm(model, batch, flight=None):
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+
+    def run(n):
+        for _ in range(n):
+            with torch.autocast("cuda", torch.bfloat16):
+                if flight is None:
+                    loss = model(*batch)[1]
+                    loss.backward()
+                else:
+                    with flight:
+                        model(*batch)[1].backward()
+                    flight.metrics()                     # the host sync the trainer pays
+                    flight.reset()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    return run
+
+
+def bench_cheap(T: int, B: int, reps: int, steps: int, profile: bool = False) -> dict:
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (B, T), generator=g).to(dev)
+    batch = (x, torch.roll(x, -1, 1))
+    models = {}
+    budgets = {"cheap_eager": 64, "cheap_eager_1g": 1024, "cheap_eager_4g": 4096}   # record.max_block_mib
+    for name in ("off_eager", "off_compiled", *budgets):
+        torch.manual_seed(0)
+        models[name] = GPT(ModelConfig(attention="mhsa", **SHAPE), VOCAB, T, device_type="cuda").to(dev)
+    compiled = torch.compile(models["off_compiled"])
+    arms = {"off_eager": step_arm(models["off_eager"], batch),
+            "off_compiled": step_arm(compiled, batch),
+            **{n: step_arm(models[n], batch, FlightRecorder(models[n], max_block_mib=mib)) for n, mib in budgets.items()}}
+    torch.cuda.reset_peak_memory_stats(dev)
+    t = interleave(arms, reps, steps)
+    if profile:                                  # where the cheap tier's time goes, kernel by kernel
+        from torch.profiler import ProfilerActivity, profile as prof
+        with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
+            arms["cheap_eager"](2)
+        print(pr.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
+        print(pr.key_averages().table(sort_by="cpu_time_total", row_limit=12), flush=True)
+    med = {n: statistics.median(v) for n, v in t.items()}
+    return {"shape": f"dyntool GPT mhsa L=12 nh=12 C=768 B={B} T={T} V={VOCAB}, bf16 autocast, fused AdamW",
+            "step_ms": {n: s * 1e3 for n, s in med.items()},
+            "tokens_per_s": {n: B * T / s for n, s in med.items()},
+            "max_block_mib": budgets,
+            **{f"{n}_over_off_eager": ratio(t, n, "off_eager") for n in budgets},
+            **{f"{n}_over_off_compiled": ratio(t, n, "off_compiled") for n in budgets},
+            "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30}
+
+
+def bench_full(T: int, heads: str, data: str | None, device: str = "cuda") -> dict:
+    from dyntool.train.runner import load_config, run_training
+    steps = 31
+    over = [f"--model.n_layer={SHAPE['n_layer']}", f"--model.n_head={SHAPE['n_head']}",
+            f"--model.n_embd={SHAPE['n_embd']}", "--data.batch_size=4", "--data.eval_batch_size=4", f"--data.block_size={T}",
+            f"--train.max_steps={steps}", "--train.eval_every=0", "--train.final_eval=false",
+            "--train.checkpoint=false", "--train.log_every=1", "--train.compile=false", f"--device={device}",
+            "--record.every=10", "--record.seqs=1", f"--record.heads={heads}", "--record.cheap_every=1",
+            "--record.max_block_mib=256", "--model.dropout=0"] + ([f"--data.path={data}"] if data else [])
+    cfg = load_config("wikitext_mhsa", "gpu", over)
+    with tempfile.TemporaryDirectory() as tmp:
+        path, _ = run_training(cfg, tmp, name="full-tier", quiet=True, kind="bench")
+        rows = [json.loads(s) for s in (path / "metrics.jsonl").read_text().splitlines()]
+        size = sum(p.stat().st_size for p in (path / "record.zarr").rglob("*") if p.is_file())
+    # the recorded steps are the multiples of record.every (step 0 also pays the warm-up: left out)
+    rec = [r["step_time"] for r in rows if r["step"] > 0 and r["step"] % 10 == 0 and "step_time" in r]
+    plain = [r["step_time"] for r in rows if r["step"] > 2 and r["step"] % 10 and "step_time" in r]
+    return {"what": f"dyntool train, L=12 nh=12 C=768 B=4 T={T}, eager, cheap tier every step; full tier of "
+                    f"record.heads={heads} on a 1-sequence probe every 10 steps (streamed, float32 probe pass)",
+            "recorded_step_ms": statistics.median(rec) * 1e3 if rec else None,
+            "other_step_ms": statistics.median(plain) * 1e3 if plain else None,
+            "recorded_over_other": (statistics.median(rec) / statistics.median(plain)) if rec and plain else None,
+            "record_bytes_on_disk": size, "recorded_steps": len(rec) + 1}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--T", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--heads", default="L0H0,L11H0", help="record.heads of part B")
+    p.add_argument("--data", default=None, help="WikiText-2 folder for part B (default: as dyntool train)")
+    p.add_argument("--profile", action="store_true", help="print the CUDA kernels of two cheap-tier steps")
+    p.add_argument("--only-full", action="store_true", help="part B only")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_recorder_cost: needs a CUDA device", file=sys.stderr)
+        return 2
+    pr = torch.cuda.get_device_properties(0)
+    res = {"hardware": f"{pr.name}; torch {torch.__version__}; CUDA {torch.version.cuda}",
+           "reps": a.reps, "steps": a.steps}
+    t0 = time.perf_counter()
+    if not a.only_full:
+        res["cheap"] = bench_cheap(a.T, a.batch, a.reps, a.steps, a.profile)
+        print(json.dumps(res["cheap"], indent=1), flush=True)
+    res["full"] = bench_full(a.T, a.heads, a.data)
+    print(json.dumps(res["full"], indent=1), flush=True)
+    res["seconds"] = time.perf_counter() - t0
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

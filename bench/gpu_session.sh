@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A GPU session's measurements (issue 23), sized for one lent device's 15 minutes, in parts:
+#   tests    pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed)
+#   timing   alone on the GPU: gpu_check throughput (ARMS, recording off and every 50, vs the
+#            nanoGPT-style reference) and the recorder's cost at GPT-2 small's shape, T = 2048
+#   runs     concurrent on the GPU (so untimed): the gpu presets of wikitext_mhsa / span / ls /
+#            qknorm (3000 steps, or as far as RUN_S seconds allow), ls_logits at T = 2048 (mhsa,
+#            ls), gpu_check parity, graph_breaks and resume
+#   bench/gpu_session.sh tests timing runs      # the parts in this order; results in $OUT/results.tgz
+# Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
+# and its needs), RUN_S (seconds per run of "runs"), TP_S / RC_S (limits of the two timed parts),
+# ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of the cheap tier).
+set -u
+OUT=${OUT:-$PWD/gpu_out}; W=/tmp/gpu_work; mkdir -p "$OUT" $W
+WIKITEXT=${WIKITEXT:-$PWD/.gpudata/wikitext-2}
+export PYTHONUNBUFFERED=1 DYNTOOL_WIKITEXT="$WIKITEXT"
+if [ -d "${WHEELS:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+python3 -c "import torch, zarr, dyntool; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(0), 'zarr', zarr.__version__)" || exit 1
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
+
+part_tests() {
+  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
+  [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
+}
+
+part_timing() {
+  timeout ${TP_S:-200} python3 bench/gpu_check.py --only throughput --steps 60 --arms ${ARMS:-mhsa,ls,span} \
+    --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
+  timeout ${RC_S:-100} python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 --data "$WIKITEXT" \
+    ${PROFILE:+--profile} --json $W/recorder_cost.json > $W/recorder_cost.log 2>&1
+  [ -f $W/recorder_cost.json ] && cat $W/recorder_cost.json || tail -n 20 $W/recorder_cost.log
+}
+
+part_runs() {
+  local R=$W/runs; mkdir -p $R
+  local common="--out $R --quiet --data.path=$WIKITEXT $NO_REC"
+  for att in mhsa span ls qknorm; do
+    timeout ${RUN_S:-300} python3 -m dyntool train --config wikitext_$att --preset gpu --name $att $common \
+      > "$R/$att.log" 2>&1 &
+  done
+  for att in mhsa ls; do
+    timeout ${RUN_S:-300} python3 -m dyntool train --config ls_logits --preset gpu2048 --model.attention=$att \
+      --name ls_logits_$att $common > "$R/ls_logits_$att.log" 2>&1 &
+  done
+  timeout ${RUN_S:-300} python3 bench/gpu_check.py --only parity,graph_breaks,resume \
+    --json $W/gpu_check_rest.json > $W/gpu_check_rest.log 2>&1 &
+  while [ -n "$(jobs -r)" ]; do
+    sleep 30
+    { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+      for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-70)"; done; } 2>&1 | tee -a $W/progress.log
+  done
+  wait
+  tail -n 3 $R/*.log; tail -n 4 $W/gpu_check_rest.log
+}
+
+for part in "$@"; do
+  case "$part" in
+    tests|timing|runs) echo "== $part $(date +%T)"; part_$part ;;
+    *) echo "usage: bench/gpu_session.sh [tests] [timing] [runs]" >&2; exit 2 ;;
+  esac
+done
+# every result in one file back (no arrays, no checkpoints)
+tar czf "$OUT/results.tgz" -C $W --exclude='*.zarr' --exclude='*.pt' . && ls -la "$OUT"
