@@ -20,6 +20,8 @@ from .policy import RecordConfig, crops, schedule, storage_dtype
 from .selection import Selection, resolve
 from .store_writer import TARGET_CHUNK_BYTES, StoreWriter
 
+HOST_BUFFER_MIB = 256     # a streamed step's matrices up to this size are written in one call each
+
 
 def pool_blocks(x, block: int, visible=None, masked_zero: bool = False):
     """THE block pooling of dyntool: mean over ``block × block`` tiles of the last two axes, over
@@ -147,13 +149,28 @@ class Recorder:
         nq, nk = self.q1 - self.q0, self.k1 - self.k0
         shape = (len(sel.layers), sel.slots, S, nq, nk)
 
-        def emit(li, si, r0, r1, blocks):
-            for m, x in blocks.items():
-                self.store.write_rows(m, n, (li, si, slice(None), slice(r0 - self.q0, r1 - self.q0)),
-                                      self._to_np(x[..., self.k0:self.k1], m), shape, (1, 1, 1, chunk, nk))
         mats = [m for m in names.MATRICES if m in self.cfg.arrays]
+        # a step whose matrices fit HOST_BUFFER_MIB is gathered on the host and handed to the
+        # writer thread like a dense step (encoded off the training thread); a larger one is
+        # written block by block as it is computed, on this thread.  Why: written so, a recorded
+        # step of the gpu preset (320 writes) cost 1.4 s on an H100 against 17 ms for a plain one,
+        # and on 2 CPU cores the writes were about half of the streamed step
+        itemsize = {m: 2 if storage_dtype(self.cfg, m) == "float16" else 4 for m in mats}
+        held = sum(itemsize.values()) * math.prod(shape) <= HOST_BUFFER_MIB * 2**20
+        buf = {m: np.full(shape, np.nan, dtype=np.float16 if itemsize[m] == 2 else np.float32)
+               for m in mats} if held else None
+
+        def emit(li, si, r0, r1, blocks):
+            where = (li, si, slice(None), slice(r0 - self.q0, r1 - self.q0))
+            for m, x in blocks.items():
+                data = self._to_np(x[..., self.k0:self.k1], m)
+                if buf is not None:
+                    buf[m][where] = data
+                else:
+                    self.store.write_rows(m, n, where, data, shape, (1, 1, 1, chunk, nk))
         small = stream(cap, sel, emit, rows=rows, crop=(self.q0, self.q1), matrices=mats, pool=self.cfg.pool)
-        self.write(step, small, extra, grad_scale)
+        whole = {m: torch.from_numpy(b) for m, b in (buf or {}).items()}
+        self.write(step, {**small, **whole}, extra, grad_scale)
         return small
 
     def head_values(self, table) -> list[tuple[int, int, float]]:

@@ -72,24 +72,30 @@ def _gpt2():
     return make_model("gpt2", "sdpa"), make_inputs("gpt2")
 
 
-def test_run_recorder_and_hf_callback_take_heads(tmp_path):
+def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
+    """The streamed selection equals the dense record, whether the step is gathered on the host
+    and written by the writer thread (it fits HOST_BUFFER_MIB) or written block by block in row
+    chunks as it is computed (it does not)."""
+    from dyntool.record import recorder
     from tests.adapters.hf_reference import float64_softmax
     with float64_softmax():
         model, inputs = _gpt2()
         out = {}
-        for heads in ("all", "L1H1"):
+        for name, heads, host_mib in (("all", "all", 256), ("held", "L1H1", 256), ("rows", "L1H1", 0)):
+            monkeypatch.setattr(recorder, "HOST_BUFFER_MIB", host_mib)
             with RunRecorder(model, tmp_path, max_steps=1, every=1, probe=inputs, seqs=2, dtype="float32",
-                             heads=heads, max_block_mib=4e-3 if heads != "all" else 64, name=heads) as rec:
+                             heads=heads, max_block_mib=4e-3 if heads != "all" else 64, name=name) as rec:
                 rec.probe_step(0)
                 rec.log(0, loss=1.0)
-            out[heads] = open_run(rec.path)
-    p, d = out["L1H1"], out["all"]
-    assert not p.problems and p.store.attrs["layers"] == [1] and p.store.attrs["heads"] == [[1]]
-    assert len(p.store.attrs["sites"]) == 1 and p.store.attrs["sites"][0]["index"] == 1
-    for name in MATS + ("value_grad", "attn_entropy"):
-        np.testing.assert_allclose(p.arrays[name][0, 0, 0], d.arrays[name][0, 1, 1], rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
-    assert p.arrays["attn"]._z.chunks[-2] < p.arrays["attn"].shape[-2]   # streamed in row chunks
+            out[name] = open_run(rec.path)
+    d = out["all"]
+    for p in (out["held"], out["rows"]):
+        assert not p.problems and p.store.attrs["layers"] == [1] and p.store.attrs["heads"] == [[1]]
+        assert len(p.store.attrs["sites"]) == 1 and p.store.attrs["sites"][0]["index"] == 1
+        for name in MATS + ("value_grad", "attn_entropy"):
+            np.testing.assert_allclose(p.arrays[name][0, 0, 0], d.arrays[name][0, 1, 1], rtol=1e-6, atol=1e-7,
+                                       err_msg=name)
+    assert out["rows"].arrays["attn"]._z.chunks[-2] < out["rows"].arrays["attn"].shape[-2]   # row chunks
     with pytest.raises(ConfigError, match="L5: the model has layers 0..1"):
         RunRecorder(model, tmp_path / "no", max_steps=1, every=1, probe=inputs, heads="L5H0")
     with pytest.raises(ConfigError, match="H9: the model has heads 0..1"):
