@@ -102,6 +102,21 @@ def cleanup_on_reject(out: str | Path | None):
         raise full from None
 
 
+def out_of_gpu_memory(e: BaseException) -> RunError | None:
+    """A one-line error for a device out of memory (``torch.OutOfMemoryError``: CUDA, also when
+    wrapped), or None for anything else.  Not an internal error: the model, batch or recording
+    does not fit beside what else holds the device."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch"):
+            what = str(e).split(". ")[0].strip() or "out of memory"
+            return RunError(f"the GPU ran out of memory ({what}); lower data.batch_size, data.block_size or "
+                            "record.seqs, or run fewer processes on the GPU (what was recorded so far is kept)")
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def disk_full(e: BaseException) -> RunError | None:
     """A one-line error for a full disk or quota (also when wrapped, e.g. by the recording
     writer), or None for anything else."""

@@ -169,8 +169,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 130
     except Exception as e:
-        from ..paths import disk_full
-        full = disk_full(e)
+        from ..paths import disk_full, out_of_gpu_memory
+        full = disk_full(e) or out_of_gpu_memory(e)
         if full is not None:
             print(f"dyntool: error: {full}", file=sys.stderr)
             return full.exit_code

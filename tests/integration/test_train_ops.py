@@ -384,3 +384,26 @@ def test_resume_validates_the_checkpoint_before_creating_anything(tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and needle in err and "internal error" not in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == before        # no RUN-resumeN left behind
+
+
+def test_gpu_out_of_memory_is_one_line_and_keeps_the_run(tmp_path, monkeypatch, capsys):
+    """A CUDA out-of-memory (seen on an H100 shared by seven runs) is the user's resource limit,
+    not an internal error: one line that says what to lower, exit 2 (a run error), the rows so far kept."""
+    from dyntool.train.trainer import Trainer
+    real = Trainer.train_step
+
+    def step(self, step):
+        if step == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.03 GiB. GPU 0 has a total "
+                                         "capacity of 79.18 GiB of which 1.49 GiB is free.")
+        return real(self, step)
+    monkeypatch.setattr(Trainer, "train_step", step)
+    rc = main(["train", "--config", str(CONFIG), "--preset", "small", "--out", str(tmp_path), "--name", "oom",
+               "--quiet", *TINY_ARGS, "--max-steps", "5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("dyntool: error: the GPU ran out of memory (CUDA out of memory)") and \
+        "data.batch_size" in err[0] and "internal" not in err[0]
+    run = open_run(tmp_path / "oom")
+    steps = [json.loads(x)["step"] for x in (tmp_path / "oom" / "metrics.jsonl").read_text().splitlines()]
+    assert run.status == "failed" and steps == [0, 1]
