@@ -3,9 +3,9 @@
 #   tests    pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed)
 #   timing   alone on the GPU: gpu_check throughput (ARMS, recording off and every 50, vs the
 #            nanoGPT-style reference) and the recorder's cost at GPT-2 small's shape, T = 2048
-#   runs     concurrent on the GPU (so untimed): the gpu presets of wikitext_mhsa / span / ls /
-#            qknorm (3000 steps, or as far as RUN_S seconds allow), ls_logits at T = 2048 (mhsa,
-#            ls), gpu_check parity, graph_breaks and resume
+#   runs     two at a time on the GPU (so untimed): the gpu presets of wikitext_mhsa + span, ls +
+#            qknorm (3000 steps, or as far as RUN_S seconds allow), then ls_logits at T = 2048 (mhsa,
+#            ls); gpu_check parity, graph_breaks and resume beside the first wave
 #   bench/gpu_session.sh tests timing runs      # the parts in this order; results in $OUT/results.tgz
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
 # and its needs), RUN_S (seconds per run of "runs"), TP_S / RC_S (limits of the two timed parts),
@@ -40,24 +40,26 @@ part_timing() {
 }
 
 part_runs() {
+  # in three waves of two: seven processes at once ran out of the H100's 80 GB (span, ls, qknorm died)
   local R=$W/runs; mkdir -p $R
   local common="--out $R --quiet --data.path=$WIKITEXT $NO_REC"
-  for att in mhsa span ls qknorm; do
-    timeout ${RUN_S:-300} python3 -m dyntool train --config wikitext_$att --preset gpu --name $att $common \
-      > "$R/$att.log" 2>&1 &
-  done
-  for att in mhsa ls; do
-    timeout ${RUN_S:-300} python3 -m dyntool train --config ls_logits --preset gpu2048 --model.attention=$att \
-      --name ls_logits_$att $common > "$R/ls_logits_$att.log" 2>&1 &
-  done
+  wave() {
+    for arg in "$@"; do
+      local name=${arg%%:*} cmd=${arg#*:}
+      timeout ${RUN_S:-300} python3 -m dyntool train $cmd --name $name $common > "$R/$name.log" 2>&1 &
+    done
+    while [ -n "$(jobs -r)" ]; do
+      sleep 30
+      { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+        for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-70)"; done; } 2>&1 | tee -a $W/progress.log
+    done
+  }
   timeout ${RUN_S:-300} python3 bench/gpu_check.py --only parity,graph_breaks,resume \
     --json $W/gpu_check_rest.json > $W/gpu_check_rest.log 2>&1 &
-  while [ -n "$(jobs -r)" ]; do
-    sleep 30
-    { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-      for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-70)"; done; } 2>&1 | tee -a $W/progress.log
-  done
-  wait
+  wave "mhsa:--config wikitext_mhsa --preset gpu" "span:--config wikitext_span --preset gpu"
+  wave "ls:--config wikitext_ls --preset gpu" "qknorm:--config wikitext_qknorm --preset gpu"
+  wave "ls_logits_mhsa:--config ls_logits --preset gpu2048 --model.attention=mhsa" \
+       "ls_logits_ls:--config ls_logits --preset gpu2048 --model.attention=ls"
   tail -n 3 $R/*.log; tail -n 4 $W/gpu_check_rest.log
 }
 
