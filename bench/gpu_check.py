@@ -238,7 +238,7 @@ def _ref_throughput(cfg, device, steps, warm) -> tuple[float, float]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        float(loss)                                                   # one sync per step, as the trainer
+        float(loss.detach())                                          # one sync per step, as the trainer
         if i >= warm:
             times.append(time.perf_counter() - t)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else float("nan")
