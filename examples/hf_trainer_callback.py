@@ -34,4 +34,7 @@ args = transformers.TrainingArguments(output_dir=os.path.join(os.environ.get("OU
                                       logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
                                       disable_tqdm=True)
 transformers.Trainer(model=model, args=args, train_dataset=Windows(), callbacks=[rec]).train()
+# under torchrun: join gloo's worker threads while Python is alive (one freeing a tensor at exit aborts the rank)
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
 print(rec.path)

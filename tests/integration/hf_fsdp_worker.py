@@ -45,6 +45,8 @@ def main(model_dir: str, out: str, name: str, mode: str, seqs: int = 2) -> None:
     if mode == "fsdp":
         kinds = {type(p).__name__ for p in model.parameters()}
         assert kinds == {"DTensor"}, kinds                   # really sharded
+        # join gloo's worker threads while Python is alive: one freeing a tensor at exit aborts the rank
+        torch.distributed.destroy_process_group()
     print("worker done", os.environ.get("RANK", "0"), flush=True)
 
 
