@@ -206,7 +206,19 @@ def group_grad_norms(groups: dict[str, list[torch.Tensor]]) -> dict[str, torch.T
     if not grads:
         return {}
     norms = torch.stack(torch._foreach_norm(grads)).float()               # (n_params,)
-    idx = torch.tensor(owner, device=norms.device)
+    idx = _owner_index(tuple(owner), norms.device)
     sq = torch.zeros(len(names), device=norms.device).index_add_(0, idx, norms * norms)
     return dict(zip(names, sq.sqrt().unbind()))
+
+
+_OWNERS: dict = {}
+
+
+def _owner_index(owner: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The parameter → group index on the device, made once: a host list copied to a GPU on every
+    step is a blocking copy, i.e. a host sync per step."""
+    key = (owner, device)
+    if key not in _OWNERS:
+        _OWNERS[key] = torch.tensor(owner, device=device)
+    return _OWNERS[key]
 

@@ -218,8 +218,13 @@ class RecordingCallback(Callback):
         if norms:
             t = torch.stack(list(norms.values())).float()
             # to the host without a sync of its own: the copy is queued before the trainer's one
-            # sync of the step (loss, grad norm), so it has landed when on_step_end reads it
-            self._gn = (list(norms), t.to("cpu", non_blocking=True) if t.is_cuda else t)
+            # sync of the step (loss, grad norm); the event makes on_step_end wait for it anyway
+            ev = None
+            if t.is_cuda:
+                t = t.to("cpu", non_blocking=True)
+                ev = torch.cuda.Event()
+                ev.record()
+            self._gn = (list(norms), t, ev)
 
     def _group_norms(self) -> dict:
         from .gpt import group_grad_norms            # one fused norm kernel, not one per parameter
@@ -235,6 +240,8 @@ class RecordingCallback(Callback):
             metrics[mn.LOGIT_MAX] = max(max(r) for r in lm)
         metrics.update(self._extra)
         if self._gn is not None:
+            if self._gn[2] is not None:
+                self._gn[2].synchronize()
             for name, v in zip(self._gn[0], self._gn[1].tolist()):
                 metrics[mn.grad_norm(name)] = v
         metrics.update(self._cheap)
