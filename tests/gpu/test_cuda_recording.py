@@ -2,7 +2,7 @@
 session runs ``pytest tests/gpu``).  Two runs of the same float32 config, same seed, one per
 device: the step-0 record (taken before any optimizer step, so the weights are equal) and the
 cheap tier's step-0 statistics agree to float32 accuracy; dense (every head) and streamed
-(``record.heads``) full tiers both."""
+(``record.heads``; gathered on the host, or written block by block) full tiers."""
 from __future__ import annotations
 
 import numpy as np
@@ -19,8 +19,11 @@ COMMON = ("--max-steps", "2", "--train.dtype=float32", "--record.dtype=float32",
           "--record.cheap_every=1", "--train.final_eval=false", "--record.seqs=2", "--train.compile=false")
 
 
-@pytest.mark.parametrize("heads", [None, "L1H0,L0H*"], ids=["dense", "streamed"])
-def test_cuda_record_equals_cpu_record(tmp_path, heads):
+@pytest.mark.parametrize("heads,host_mib", [(None, 256), ("L1H0,L0H*", 256), ("L1H0,L0H*", 0)],
+                         ids=["dense", "streamed-held", "streamed-rows"])
+def test_cuda_record_equals_cpu_record(tmp_path, monkeypatch, heads, host_mib):
+    from dyntool.record import recorder
+    monkeypatch.setattr(recorder, "HOST_BUFFER_MIB", host_mib)   # 0: every block written as computed
     sel = () if heads is None else (f"--record.heads={heads}",)
     runs = {}
     for dev in ("cpu", "cuda"):

@@ -74,20 +74,26 @@ def _gpt2():
 
 def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
     """The streamed selection equals the dense record, whether the step is gathered on the host
-    and written by the writer thread (it fits HOST_BUFFER_MIB) or written block by block in row
-    chunks as it is computed (it does not)."""
+    and written with one call per matrix (it fits HOST_BUFFER_MIB) or written block by block as
+    it is computed (it does not); both store row chunks."""
     from dyntool.record import recorder
+    from dyntool.record.store_writer import StoreWriter
     from tests.adapters.hf_reference import float64_softmax
+    calls, real = [], StoreWriter.write_rows
+    monkeypatch.setattr(StoreWriter, "write_rows", lambda self, name, *a: (calls.append(name), real(self, name, *a)))
     with float64_softmax():
         model, inputs = _gpt2()
-        out = {}
+        out, writes = {}, {}
         for name, heads, host_mib in (("all", "all", 256), ("held", "L1H1", 256), ("rows", "L1H1", 0)):
             monkeypatch.setattr(recorder, "HOST_BUFFER_MIB", host_mib)
+            calls.clear()
             with RunRecorder(model, tmp_path, max_steps=1, every=1, probe=inputs, seqs=2, dtype="float32",
                              heads=heads, max_block_mib=4e-3 if heads != "all" else 64, name=name) as rec:
                 rec.probe_step(0)
                 rec.log(0, loss=1.0)
-            out[name] = open_run(rec.path)
+            out[name], writes[name] = open_run(rec.path), list(calls)
+    assert sorted(writes["held"]) == sorted(MATS)                      # one write per matrix
+    assert len(writes["rows"]) > len(MATS) and set(writes["rows"]) == set(MATS)   # one per block
     d = out["all"]
     for p in (out["held"], out["rows"]):
         assert not p.problems and p.store.attrs["layers"] == [1] and p.store.attrs["heads"] == [[1]]
@@ -95,7 +101,7 @@ def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
         for name in MATS + ("value_grad", "attn_entropy"):
             np.testing.assert_allclose(p.arrays[name][0, 0, 0], d.arrays[name][0, 1, 1], rtol=1e-6, atol=1e-7,
                                        err_msg=name)
-    assert out["rows"].arrays["attn"]._z.chunks[-2] < out["rows"].arrays["attn"].shape[-2]   # row chunks
+        assert p.arrays["attn"]._z.chunks[-2] < p.arrays["attn"].shape[-2]   # stored in row chunks
     with pytest.raises(ConfigError, match="L5: the model has layers 0..1"):
         RunRecorder(model, tmp_path / "no", max_steps=1, every=1, probe=inputs, heads="L5H0")
     with pytest.raises(ConfigError, match="H9: the model has heads 0..1"):
