@@ -73,8 +73,9 @@ def _check_memory(cfg: TrainConfig, vocab: int, n_params: int) -> None:
     need = 4 * (4 * n_params + B * T * per_token)
     why = safeio.memory_problem(need, "one training step")
     if why:
-        raise ConfigError("data.batch_size", f"{why} (batch {d.batch_size}, block {T}, {m.n_layer} layers of "
-                                             f"{m.n_embd}); lower data.batch_size / data.block_size / the model size")
+        raise ConfigError("data.batch_size", f"{why} (batch {d.batch_size}, eval batch {d.eval_batch_size}, block {T}, "
+                                             f"{m.n_layer} layers of {m.n_embd}); lower data.batch_size / "
+                                             "data.eval_batch_size / data.block_size / the model size")
 
 
 class NothingToDo(Exception):
