@@ -1,15 +1,16 @@
 """What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
 
-    python bench/gpu_recorder_cost.py [--T 2048] [--batch 4] [--reps 7] [--steps 5] [--json FILE]
+    python bench/gpu_recorder_cost.py [--T 2048] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full]
+                                      [--json FILE]     # part B first; the JSON is written after each part
 
-A. Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
+A. (second) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
    paired per-round ratios) of one training step (forward + backward + fused AdamW, bf16 autocast)
    of dyntool's GPT at 12 layers × 12 heads × 768, T = 2048, vocabulary 50,257:
    ``off_eager``, ``off_compiled`` (torch.compile; what a run without recording executes) and
    ``cheap_eager*`` (the cheap tier, :class:`dyntool.flight.FlightRecorder`, on every step, its
    statistics read: the trainer runs such steps eager, since the observer seam is skipped inside
    compiled code) with query-row blocks of ``record.max_block_mib`` = 64 (the default), 1024 and 4096.  Each arm's time ends with ``torch.cuda.synchronize()``.
-B. The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
+B. (first) The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
    eager, the cheap tier on every step), recording ``record.heads`` on a 1-sequence probe every
    10th step, streamed in blocks of ``record.max_block_mib``: the recorded steps' time against the
    median of the others, in the same run.
@@ -136,14 +137,18 @@ def main(argv=None) -> int:
     res = {"hardware": f"{pr.name}; torch {torch.__version__}; CUDA {torch.version.cuda}",
            "reps": a.reps, "steps": a.steps}
     t0 = time.perf_counter()
+
+    def save():                                  # after each part: a time limit keeps what is done
+        res["seconds"] = time.perf_counter() - t0
+        if a.json:
+            Path(a.json).write_text(json.dumps(res, indent=1))
+    res["full"] = bench_full(a.T, a.heads, a.data)          # first: it was never measured
+    print(json.dumps(res["full"], indent=1), flush=True)
+    save()
     if not a.only_full:
         res["cheap"] = bench_cheap(a.T, a.batch, a.reps, a.steps, a.profile)
         print(json.dumps(res["cheap"], indent=1), flush=True)
-    res["full"] = bench_full(a.T, a.heads, a.data)
-    print(json.dumps(res["full"], indent=1), flush=True)
-    res["seconds"] = time.perf_counter() - t0
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=1))
+        save()
     return 0
 
 

@@ -7,13 +7,26 @@
 #            qknorm (3000 steps, or as far as RUN_S seconds allow), then ls_logits at T = 2048 (mhsa,
 #            ls); gpu_check parity, graph_breaks and resume beside the first wave
 #   bench/gpu_session.sh tests timing runs      # the parts in this order; results in $OUT/results.tgz
+# Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
+# for a 600 s call), and the results are packed on exit, also when a limit or a signal ends it.
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
-# and its needs), RUN_S (seconds per run of "runs"), TP_S / RC_S (limits of the two timed parts),
-# ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of the cheap tier).
+# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TP_S / RC_S (limits of
+# the two timed parts, default 200 / 200), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
+# the cheap tier).
 set -u
-OUT=${OUT:-$PWD/gpu_out}; W=/tmp/gpu_work; mkdir -p "$OUT" $W
+OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
+W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
+DEADLINE=${DEADLINE:-560}
 WIKITEXT=${WIKITEXT:-$PWD/.gpudata/wikitext-2}
 export PYTHONUNBUFFERED=1 DYNTOOL_WIKITEXT="$WIKITEXT"
+pack() { tar czf "$OUT/results.tgz" -C "$W" --exclude='*.zarr' --exclude='*.pt' . 2>/dev/null; }
+trap pack EXIT
+trap 'pack; exit 143' TERM INT
+left() {                                     # a part's limit: its default, or what the deadline leaves
+  local want=$1 rest=$(( DEADLINE - SECONDS - 20 ))
+  (( rest < 10 )) && rest=10
+  echo $(( want < rest ? want : rest ))
+}
 if [ -d "${WHEELS:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$WHEELS"/*.whl || exit 1
@@ -27,16 +40,19 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
 
 part_tests() {
-  timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
+  timeout "$(left 90)" python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
   [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
 }
 
 part_timing() {
-  timeout ${TP_S:-200} python3 bench/gpu_check.py --only throughput --steps 60 --arms ${ARMS:-mhsa,ls,span} \
-    --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
-  timeout ${RC_S:-100} python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 --data "$WIKITEXT" \
+  # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
+  timeout "$(left ${TP_S:-200})" python3 bench/gpu_check.py --only throughput --steps 160 \
+    --arms ${ARMS:-mhsa,ls,span} --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
+  pack
+  timeout "$(left ${RC_S:-200})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 --data "$WIKITEXT" \
     ${PROFILE:+--profile} --json $W/recorder_cost.json > $W/recorder_cost.log 2>&1
   [ -f $W/recorder_cost.json ] && cat $W/recorder_cost.json || tail -n 20 $W/recorder_cost.log
+  pack
 }
 
 part_runs() {
@@ -44,17 +60,22 @@ part_runs() {
   local R=$W/runs; mkdir -p $R
   local common="--out $R --quiet --data.path=$WIKITEXT $NO_REC"
   wave() {
+    local limit; limit=$(left ${RUN_S:-150})
     for arg in "$@"; do
       local name=${arg%%:*} cmd=${arg#*:}
-      timeout ${RUN_S:-300} python3 -m dyntool train $cmd --name $name $common > "$R/$name.log" 2>&1 &
+      timeout "$limit" python3 -m dyntool train $cmd --name $name $common > "$R/$name.log" 2>&1 &
     done
+    local last=$SECONDS
     while [ -n "$(jobs -r)" ]; do
-      sleep 30
+      sleep 3
+      (( SECONDS - last < 30 )) && continue
+      last=$SECONDS
       { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
         for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-70)"; done; } 2>&1 | tee -a $W/progress.log
     done
+    pack
   }
-  timeout ${RUN_S:-300} python3 bench/gpu_check.py --only parity,graph_breaks,resume \
+  timeout "$(left ${RUN_S:-150})" python3 bench/gpu_check.py --only parity,graph_breaks,resume \
     --json $W/gpu_check_rest.json > $W/gpu_check_rest.log 2>&1 &
   wave "mhsa:--config wikitext_mhsa --preset gpu" "span:--config wikitext_span --preset gpu"
   wave "ls:--config wikitext_ls --preset gpu" "qknorm:--config wikitext_qknorm --preset gpu"
@@ -65,9 +86,8 @@ part_runs() {
 
 for part in "$@"; do
   case "$part" in
-    tests|timing|runs) echo "== $part $(date +%T)"; part_$part ;;
+    tests|timing|runs) echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; part_$part ;;
     *) echo "usage: bench/gpu_session.sh [tests] [timing] [runs]" >&2; exit 2 ;;
   esac
 done
-# every result in one file back (no arrays, no checkpoints)
-tar czf "$OUT/results.tgz" -C $W --exclude='*.zarr' --exclude='*.pt' . && ls -la "$OUT"
+ls -la "$OUT"
