@@ -102,33 +102,38 @@ def cleanup_on_reject(out: str | Path | None):
         raise full from None
 
 
+def _in_chain(e: BaseException | None, match) -> BaseException | None:
+    """The first exception in ``e``'s cause/context chain that ``match`` accepts (loops cut)."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if match(e):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def out_of_gpu_memory(e: BaseException) -> RunError | None:
     """A one-line error for a device out of memory (``torch.OutOfMemoryError``: CUDA, also when
     wrapped), or None for anything else.  Not an internal error: the model, batch or recording
     does not fit beside what else holds the device."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch"):
-            what = str(e).split(". ")[0].strip() or "out of memory"
-            return RunError(f"the GPU ran out of memory ({what}); lower data.batch_size, data.block_size or "
-                            "record.seqs, or run fewer processes on the GPU (what was recorded so far is kept)")
-        e = e.__cause__ or e.__context__
-    return None
+    oom = _in_chain(e, lambda x: type(x).__name__ == "OutOfMemoryError" and type(x).__module__.startswith("torch"))
+    if oom is None:
+        return None
+    what = str(oom).split(". ")[0].strip() or "out of memory"
+    return RunError(f"the GPU ran out of memory ({what}); lower data.batch_size, data.block_size or "
+                    "record.seqs, or run fewer processes on the GPU (what was recorded so far is kept)")
 
 
 def disk_full(e: BaseException) -> RunError | None:
     """A one-line error for a full disk or quota (also when wrapped, e.g. by the recording
     writer), or None for anything else."""
-    seen = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = f": {e.filename}" if getattr(e, "filename", None) else ""
-            return RunError(f"the disk is full ({e.strerror or 'no space left on device'}{where}); "
-                            "free space and run again (what was recorded so far is kept)")
-        e = e.__cause__ or e.__context__
-    return None
+    full = _in_chain(e, lambda x: isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT))
+    if full is None:
+        return None
+    where = f": {full.filename}" if getattr(full, "filename", None) else ""
+    return RunError(f"the disk is full ({full.strerror or 'no space left on device'}{where}); "
+                    "free space and run again (what was recorded so far is kept)")
 
 
 def _has_records(q: Path) -> bool:
