@@ -155,10 +155,8 @@ class Recorder:
         # block as it is computed.  Either way on this thread, so the host holds at most one step.
         # Why: block by block, a recorded step of the gpu preset (320 writes) cost 1.4 s on an H100
         # against 17 ms for a plain one, and on 2 CPU cores the writes were about half of it
-        itemsize = {m: 2 if storage_dtype(self.cfg, m) == "float16" else 4 for m in mats}
-        held = sum(itemsize.values()) * math.prod(shape) <= HOST_BUFFER_MIB * 2**20
-        buf = {m: np.full(shape, np.nan, dtype=np.float16 if itemsize[m] == 2 else np.float32)
-               for m in mats} if held else None
+        held = sum(self._np_dtype(m)().itemsize for m in mats) * math.prod(shape) <= HOST_BUFFER_MIB * 2**20
+        buf = {m: np.full(shape, np.nan, dtype=self._np_dtype(m)) for m in mats} if held else None
 
         def emit(li, si, r0, r1, blocks):
             where = (li, si, slice(None), slice(r0 - self.q0, r1 - self.q0))
@@ -226,10 +224,12 @@ class Recorder:
         self.store.append(int(step), out)
         self.n_recorded += 1
 
+    def _np_dtype(self, name: str):
+        return np.float16 if storage_dtype(self.cfg, name) == "float16" else np.float32
+
     def _to_np(self, x: torch.Tensor, name: str) -> np.ndarray:
-        dt = np.float16 if storage_dtype(self.cfg, name) == "float16" else np.float32
         with np.errstate(over="ignore"):      # values past float16's range become inf, visibly
-            return x.cpu().numpy().astype(dt, copy=False)
+            return x.cpu().numpy().astype(self._np_dtype(name), copy=False)
 
     def close(self) -> None:
         self.store.close()
