@@ -25,6 +25,7 @@ can compute per-step logit statistics through the same seam as recording.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -211,14 +212,8 @@ def group_grad_norms(groups: dict[str, list[torch.Tensor]]) -> dict[str, torch.T
     return dict(zip(names, sq.sqrt().unbind()))
 
 
-_OWNERS: dict = {}
-
-
+@functools.lru_cache(maxsize=16)
 def _owner_index(owner: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """The parameter → group index on the device, made once: a host list copied to a GPU on every
     step is a blocking copy, i.e. a host sync per step."""
-    key = (owner, device)
-    if key not in _OWNERS:
-        _OWNERS[key] = torch.tensor(owner, device=device)
-    return _OWNERS[key]
-
+    return torch.tensor(owner, device=device)
