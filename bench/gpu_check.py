@@ -206,7 +206,7 @@ def flops_per_token(cfg, n_params: int) -> float:
     return 6 * n_params + 12 * m.n_layer * m.n_head * (m.n_embd // m.n_head) * T
 
 
-def _step_times(path: Path, warm: int, every: int) -> tuple[float, float | None]:
+def step_times(path: Path, warm: int, every: int) -> tuple[float, float | None]:
     """Median step time of the plain steps after warm-up, and of the recorded ones (multiples of
     ``every`` after warm-up; None without recording): metrics.jsonl does not flag recorded rows."""
     rows = [json.loads(s) for s in (path / "metrics.jsonl").read_text().splitlines()]
@@ -288,7 +288,7 @@ def check_throughput(device, args, tmp: Path) -> None:
                 continue
             meta = json.loads((path / "meta.json").read_text())
             every = cfg.record.every if cfg.record.enabled else 0
-            dt, dt_rec = _step_times(path, warm, every)
+            dt, dt_rec = step_times(path, warm, every)
             tps = cfg.data.batch_size * cfg.data.block_size / dt
             info = {"tokens_per_s": tps, "step_ms": dt * 1e3}
             if dt_rec is not None:                                   # one recorded step per `every`

@@ -33,6 +33,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_tiers import interleave, ratio                      # noqa: E402
+from common import dir_size                                    # noqa: E402
+from gpu_check import hardware, step_times                     # noqa: E402
 from dyntool.flight import FlightRecorder                      # noqa: E402
 from dyntool.train.config import ModelConfig                   # noqa: E402
 from dyntool.train.gpt import GPT                              # noqa: E402
@@ -105,18 +107,14 @@ def bench_full(T: int, heads: str, data: str | None, device: str = "cuda") -> di
     cfg = load_config("wikitext_mhsa", "gpu", over)
     with tempfile.TemporaryDirectory() as tmp:
         path, _ = run_training(cfg, tmp, name="full-tier", quiet=True, kind="bench")
-        rows = [json.loads(s) for s in (path / "metrics.jsonl").read_text().splitlines()]
-        size = sum(p.stat().st_size for p in (path / "record.zarr").rglob("*") if p.is_file())
-    # the recorded steps are the multiples of record.every (step 0 also pays the warm-up: left out)
-    rec = [r["step_time"] for r in rows if r["step"] > 0 and r["step"] % 10 == 0 and "step_time" in r]
-    plain = [r["step_time"] for r in rows if r["step"] > 2 and r["step"] % 10 and "step_time" in r]
+        # the recorded steps are the multiples of record.every; the first 3 (step 0's warm-up) left out
+        plain, rec = step_times(path, warm=3, every=10)
+        size = dir_size(path / "record.zarr")
     return {"what": f"dyntool train, L=12 nh=12 C=768 B=4 T={T}, eager, cheap tier every step; full tier of "
                     f"record.heads={heads} on a 1-sequence probe every 10 steps (streamed, float32 probe pass)",
-            "recorded_step_ms": statistics.median(rec) * 1e3 if rec else None,
-            "other_step_ms": statistics.median(plain) * 1e3 if plain else None,
-            "recorded_over_other": (statistics.median(rec) / statistics.median(plain)) if rec and plain else None,
-            "record_bytes_on_disk": size, "recorded_steps": len(rec) + 1}
-
+            "recorded_step_ms": rec * 1e3 if rec else None, "other_step_ms": plain * 1e3,
+            "recorded_over_other": rec / plain if rec else None,
+            "record_bytes_on_disk": size, "recorded_steps": len(range(0, steps, 10))}
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -133,9 +131,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("gpu_recorder_cost: needs a CUDA device", file=sys.stderr)
         return 2
-    pr = torch.cuda.get_device_properties(0)
-    res = {"hardware": f"{pr.name}; torch {torch.__version__}; CUDA {torch.version.cuda}",
-           "reps": a.reps, "steps": a.steps}
+    res = {"hardware": hardware(torch.device("cuda")), "reps": a.reps, "steps": a.steps}
     t0 = time.perf_counter()
 
     def save():                                  # after each part: a time limit keeps what is done
