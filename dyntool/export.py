@@ -239,16 +239,26 @@ def _netcdf_attrs(ds):
 
 def check_destination(out: str | Path, what: str = "--to") -> None:
     """An export never goes inside a run (the one exported or any other)."""
+    from .location import is_url, location
     from .paths import _inside_run
-    p = Path(out).expanduser()
-    if "\0" in str(p):
+    if "\0" in str(out):
         raise ExportError(f"{what}: contains a NUL byte")
+    p = location(out, what)
+    if is_url(p):
+        raise ExportError(f"{what} {out}: exports are written to a local folder (object storage is read, "
+                          "never written, by export)")
     try:
         run = _inside_run(p.absolute())
     except OSError as e:
         raise ExportError(f"{what} {p} can't be used: {e.strerror or e}") from None
     if run is not None:
         raise ExportError(f"{what} {p} is inside the run {run}; exports are never written into a run")
+
+
+def _record_problem(run) -> str | None:
+    """Why a run whose recording exists can't be read (None: it reads, or there is none); the
+    same for a local folder and object storage, since both report it in ``run.problems``."""
+    return next((p for p in run.problems if RECORD_DIR in p), None) if run.store is None else None
 
 
 def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
@@ -261,9 +271,8 @@ def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
             first = next(iter(bad.values()))
             raise ExportError(f"run {run.id}: {len(bad)} array(s) can't be read ({', '.join(bad)}; {first}); "
                               "nothing exported (export the others with --arrays)")
-    elif (Path(run.path) / RECORD_DIR).exists() and (arrays or not metrics):
-        why = next((p for p in run.problems if RECORD_DIR in p), f"{RECORD_DIR} can't be read")
-        raise ExportError(f"run {run.id}: {why}; nothing exported")
+    elif _record_problem(run) and (arrays or not metrics):
+        raise ExportError(f"run {run.id}: {_record_problem(run)}; nothing exported")
     if metrics:
         run.metrics
         bad_m = [p for p in run._problems if p.startswith("metrics.jsonl can't be read")
@@ -294,8 +303,7 @@ def export_run(run, out: str | Path, formats: list[str], arrays: list[str] | Non
     ds = None
     if want_arrays:
         if run.store is None:
-            why = next((p for p in run.problems if p.startswith(RECORD_DIR)), None) \
-                if (Path(run.path) / RECORD_DIR).exists() else None
+            why = _record_problem(run)
             raise ExportError(f"run {run.id}: {why}; nothing exported" if why else
                               f"run {run.id} has no record.zarr: nothing for {', '.join(want_arrays)}")
         ds = to_xarray(run, arrays, steps)

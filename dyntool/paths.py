@@ -40,12 +40,13 @@ def _inside_run(p: Path) -> Path | None:
 def check_out(out: str | Path, what: str = "--out") -> Path:
     """``out`` can be created (or exists) and is writable, and is not inside a run. Creates nothing.
     An object-store URL (``s3://``, ``file://``) must answer a LIST instead (:mod:`.record.remote_train`)."""
-    if isinstance(out, str) and out.startswith(("s3://", "file://")):
-        from .record.remote_train import check_out as check_url
-        return check_url(out)
+    from .location import is_url, location
     if not str(out).strip():
         raise ConfigError(what, "is empty; give a folder (\".\" for the current one)")
-    p = Path(out).expanduser()
+    p = location(out, what)
+    if is_url(p):
+        from .record.remote_train import check_out as check_url
+        return check_url(str(p))
     if "\0" in str(p):
         raise ConfigError(what, "contains a NUL byte")
     run = _inside_run(p.absolute())
@@ -79,7 +80,8 @@ def cleanup_on_reject(out: str | Path | None):
     if out is None:
         yield
         return
-    if isinstance(out, str) and out.startswith(("s3://", "file://")):
+    from .location import is_url
+    if is_url(out):
         from .record.remote_train import cleanup_on_reject as cleanup_url
         with cleanup_url(out):
             yield

@@ -14,6 +14,7 @@ from typing import Any
 
 from . import safeio
 from .errors import RunError
+from .location import is_url, location
 from .run_writer import RECORD_DIR, STATUSES
 
 
@@ -209,6 +210,8 @@ class Run:
                     self._problems.extend(self._store.problems)
                 except RecordError as e:
                     self._problems.append(str(e))
+            else:
+                self._problems.extend(orphan_ranks(_names_in(self.path)))
         return self._store or None
 
     @property
@@ -272,6 +275,20 @@ class Run:
         return f"Run({self.id!r}, kind={self.kind}, status={self.status}, steps={self.steps_written})"
 
 
+def orphan_ranks(names) -> list[str]:
+    """The problem of a run whose rank-0 recording is gone while other ranks' remain."""
+    others = sorted(n for n in names if n.startswith("record.rank") and n.endswith(".zarr"))
+    return [f"{RECORD_DIR} (rank 0's recording, which names the ranks) is missing but "
+            f"{', '.join(others)} exist(s); the recording can't be read"] if others else []
+
+
+def _names_in(path: Path) -> list[str]:
+    try:
+        return [e.name for e in os.scandir(path)]
+    except OSError:
+        return []
+
+
 def disk_usage(path: Path, root: Path | None = None) -> int:
     """Allocated bytes below ``path`` (``st_blocks``, as ``du`` counts them: for many small chunk
     files this is well above the sum of their sizes); symlinks are not followed."""
@@ -300,16 +317,26 @@ def is_run_dir(path: Path) -> bool:
         return False
 
 
+def is_run(where) -> bool:
+    """``where`` (a local folder or an object-store URL, see :mod:`dyntool.location`) is one run,
+    not a folder of runs."""
+    where = location(where)
+    if is_url(where):
+        from .record.remote import is_remote_run
+        return is_remote_run(where)
+    return is_run_dir(where)
+
+
 def open_run(path: str | Path, root: str | Path | None = None) -> Run:
-    """The run at ``path``.  Every file read must resolve inside ``root`` (default: the run
-    directory itself; the app and ``ls`` pass the runs folder).  Malformed files are reported in
-    ``Run.problems``, never raised; a recording's chunks are checked on first use of
-    ``Run.problems`` via :meth:`Run.check` (``corrupt``).  ``s3://`` and ``file://`` URLs are read
-    from object storage (:mod:`dyntool.record.remote`)."""
-    if isinstance(path, str) and path.startswith(("s3://", "file://")):
+    """The run at ``path``: a local folder, ``s3://bucket/prefix/RUN`` or ``file:///path/RUN``
+    (:mod:`dyntool.location`; object storage through :mod:`dyntool.record.remote`).  Every local file
+    read must resolve inside ``root`` (default: the run directory itself; the app and ``ls`` pass the
+    runs folder).  Malformed files are reported in ``Run.problems``, never raised; a recording's
+    chunks are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
+    p = location(path)
+    if is_url(p):
         from .record.remote import open_remote_run
-        return open_remote_run(path)
-    p = Path(path)
+        return open_remote_run(str(p))
     try:
         if not p.is_dir():
             raise RunError(f"no run at {p} (not a directory)")
@@ -329,6 +356,24 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     return Run(p, config, meta, problems, real_root, notes)
 
 
+def study_summary(folder) -> dict:
+    """The ``summary.json`` a study writes beside its runs (local or object storage), {} when there
+    is none or it is not a JSON object (unreadable files are never raised here)."""
+    where = location(folder)
+    if is_url(where):
+        from .record.remote import read_remote_json
+        out = json_object(read_remote_json(where, "summary.json"), "summary.json", [])
+        return out if isinstance(out, dict) else {}
+    p = where / "summary.json"
+    try:
+        if p.is_symlink() or not p.is_file():
+            return {}
+        out = safeio.read_json(p)
+    except (OSError, ValueError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
 def _stale(p: Path, seconds: float = 600) -> bool:
     newest = max((f.stat().st_mtime for f in (p / "metrics.jsonl", p / "meta.json") if f.exists()), default=0)
     return time.time() - newest > seconds
@@ -337,7 +382,10 @@ def _stale(p: Path, seconds: float = 600) -> bool:
 def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Path]:
     """Run directories below ``runs_dir`` (study directories included), sorted by path; folders
     resolving outside ``root`` (default ``runs_dir``) are skipped."""
-    start = Path(runs_dir)
+    start = location(runs_dir, "RUNS_DIR")
+    if is_url(start):
+        from .record.remote import find_remote_runs
+        return find_remote_runs(start, max_depth)
     try:
         if not start.is_dir():
             raise RunError(f"runs directory {start} does not exist")
@@ -374,7 +422,12 @@ def list_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None 
     """Every run below ``runs_dir`` (runs inside study directories included), newest first.  A
     malformed run is listed with its problems, never raised; nothing outside ``root`` (default
     ``runs_dir``) is read."""
-    real_root = Path(os.path.realpath(root if root is not None else runs_dir))
-    found = [open_run(d, real_root) for d in find_runs(runs_dir, max_depth, real_root)]
+    where = location(runs_dir, "RUNS_DIR")
+    if is_url(where):
+        found = [open_run(u) for u in find_runs(where, max_depth)]
+        found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
+        return found
+    real_root = Path(os.path.realpath(root if root is not None else where))
+    found = [open_run(d, real_root) for d in find_runs(where, max_depth, real_root)]
     found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
     return found

@@ -121,9 +121,13 @@ def _write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) ->
             f.truncate()
 
 
-def ensure_out_dir(out_dir: str | Path) -> Path:
-    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup)."""
-    out = Path(out_dir)
+def ensure_out_dir(out_dir: str | Path) -> Path | str:
+    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup).
+    An object-store URL is returned as it is: nothing local is ever made from a URL."""
+    from .location import is_url, location
+    out = location(out_dir, "--out")
+    if is_url(out):
+        return str(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -144,9 +148,10 @@ class RunWriter:
     def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
                seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
                extra_meta: dict | None = None) -> "RunWriter":
-        if isinstance(out_dir, str) and out_dir.startswith(("s3://", "file://")):    # object storage
+        from .location import is_url
+        if is_url(out_dir):                                                         # object storage
             from .record.remote import create_run
-            return create_run(out_dir, kind, config, name, seeds=seeds, tags=tags, device=device,
+            return create_run(str(out_dir), kind, config, name, seeds=seeds, tags=tags, device=device,
                               extra_meta=extra_meta)
         out = ensure_out_dir(out_dir)
         run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"

@@ -18,15 +18,18 @@ DPI_RANGE = (30, 1200)          # beyond 1200 dpi a page-sized figure needs giga
 
 def collect_runs(inputs: list[str]) -> list:
     """Runs named by ``inputs`` (run dirs, study dirs, runs folders), each at most once, in order."""
-    from ..run import is_run_dir, list_runs, open_run
+    from ..location import is_url, location
+    from ..run import is_run, list_runs, open_run
     out, seen = [], set()
     for item in inputs:
-        p = Path(item)
-        if not p.exists():
+        p = location(item, "RUN_OR_STUDY")
+        if not is_url(p) and not p.exists():
             raise RunError(f"{p} does not exist")
-        found = [open_run(p)] if is_run_dir(p) else list_runs(p)
+        found = [open_run(p)] if is_run(p) else list_runs(p)
+        if not found:
+            raise RunError(f"{p} holds no runs")
         for r in found:
-            key = Path(r.path).resolve()
+            key = r.path if is_url(r.path) else Path(r.path).resolve()
             if key not in seen:
                 seen.add(key)
                 out.append(r)
@@ -46,6 +49,7 @@ def _dpi(text: str) -> int:
 
 def cmd_figures(args) -> int:
     from ..figures import FIGURES, export_all, load
+    from ..location import is_url
     from ..figures.writer import parse_formats
     from ..figures.registry import FigureError
     load()
@@ -56,6 +60,9 @@ def cmd_figures(args) -> int:
         return 0
     if not args.out:
         raise FigureError("--out DIR is required (where the figures are written)")
+    if is_url(args.out):
+        raise FigureError(f"--out {args.out}: figures are written to a local folder "
+                          "(runs in object storage are read, never written, by figures)")
     formats = parse_formats(args.format)
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     unknown = [n for n in only or [] if n not in FIGURES]

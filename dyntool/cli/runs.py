@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import textwrap
-from pathlib import Path
-
-from .. import safeio
 from ..errors import DyntoolError
 from . import DEFAULT_RUNS
 
@@ -29,7 +26,7 @@ def _status(r) -> str:
     return "corrupt" if r.corrupt else r.status
 
 
-def _table(runs, root: Path) -> list[str]:
+def _table(runs, root) -> list[str]:
     from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
     for r in runs:
@@ -42,8 +39,9 @@ def _table(runs, root: Path) -> list[str]:
 
 
 def cmd_ls(args) -> int:
+    from ..location import location
     from ..run import list_runs
-    root = Path(args.runs_dir)
+    root = location(args.runs_dir, "RUNS_DIR")
     runs = list_runs(root)
     if not runs:
         print(f"no runs under {args.runs_dir}")
@@ -86,10 +84,10 @@ def _short(v) -> str | None:
     return json.dumps(v, separators=(",", ":"))
 
 
-def _info_study(path: Path) -> int:
+def _info_study(path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
-    from ..run import list_runs
+    from ..run import list_runs, study_summary
     runs = list_runs(path)
     if not runs:
         from ..errors import RunError
@@ -101,18 +99,12 @@ def _info_study(path: Path) -> int:
     print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
     print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
     print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
-    summ = path / "summary.json"
-    if summ.is_file() and not summ.is_symlink():
-        try:
-            s = safeio.read_json(summ)
-        except (OSError, ValueError) as e:
-            print(f"problem  summary.json can't be read ({e})")
-        else:
-            if isinstance(s, dict):
-                items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
-                for line in textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
-                                          subsequent_indent="         ", break_long_words=False):
-                    print(line)
+    s = study_summary(path)
+    if s:
+        items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
+        for line in textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
+                                  subsequent_indent="         ", break_long_words=False):
+            print(line)
     print()
     print("\n".join(_table(runs, path)))
     return 0
@@ -120,9 +112,10 @@ def _info_study(path: Path) -> int:
 
 def cmd_info(args) -> int:
     from ..record.sites import site_lines
-    from ..run import is_run_dir, open_run
-    p = args.run if args.run.startswith(("s3://", "file://")) else Path(args.run)
-    if isinstance(p, Path) and p.is_dir() and not is_run_dir(p):
+    from ..location import is_url, location
+    from ..run import is_run, open_run
+    p = location(args.run, "RUN_OR_STUDY")
+    if (is_url(p) or p.is_dir()) and not is_run(p):
         return _info_study(p)
     r = open_run(p)
     m = r.meta
@@ -180,12 +173,12 @@ def cmd_check(args) -> int:
     """Decode every committed chunk of each run (checksums checked where the record has them);
     exit 1 when any run has a problem, or when there is no run to check."""
     from ..errors import RunError
-    from ..run import is_run_dir, list_runs, open_run
-    url = args.run.startswith(("s3://", "file://"))
-    p = args.run if url else Path(args.run)
-    if not url and not p.is_dir():
+    from ..location import is_url, location
+    from ..run import is_run, list_runs, open_run
+    p = location(args.run, "RUN_OR_FOLDER")
+    if not is_url(p) and not p.is_dir():
         raise RunError(f"no run or folder at {p}")
-    runs = [open_run(p)] if url or is_run_dir(p) else list_runs(p)
+    runs = [open_run(p)] if is_run(p) else list_runs(p)
     if not runs:
         print(f"{p}: no runs here (nothing checked)")
         return 1

@@ -10,6 +10,8 @@ import numpy as np
 import pandas as pd
 
 from .. import safeio, stats
+from ..location import URLPath, is_url
+from ..run import study_summary
 from .registry import FigureSkip
 
 LOG8 = math.log(8)
@@ -22,6 +24,11 @@ def need(cond, msg: str) -> None:
 
 # -- studies -----------------------------------------------------------------------------------
 
+def where(run) -> Path | URLPath:
+    """A run's folder as a path object (a local :class:`Path` or an object-store :class:`URLPath`)."""
+    return run.path if isinstance(run.path, (Path, URLPath)) else Path(run.path)
+
+
 @lru_cache(maxsize=64)
 def _read_summary(path: str, mtime: float) -> dict:
     try:
@@ -32,7 +39,10 @@ def _read_summary(path: str, mtime: float) -> dict:
 
 
 def summary_of(run) -> dict:
-    """The ``summary.json`` of the study directory holding ``run`` ({} if none or unreadable)."""
+    """The ``summary.json`` of the study directory holding ``run`` ({} if none or unreadable); in
+    object storage through the same reader as ``dyntool info`` (:func:`dyntool.run.study_summary`)."""
+    if is_url(run.path):
+        return study_summary(where(run).parent)
     p = Path(run.path).parent / "summary.json"
     try:
         return _read_summary(str(p), p.stat().st_mtime)
@@ -44,7 +54,7 @@ def by_parent(runs: list) -> dict[Path, list]:
     """Runs grouped by their directory (a study), in first-seen order."""
     out: dict[Path, list] = {}
     for r in runs:
-        out.setdefault(Path(r.path).parent, []).append(r)
+        out.setdefault(where(r).parent, []).append(r)
     return out
 
 
@@ -60,7 +70,7 @@ def seed_arm(run) -> tuple[int, str]:
     """(seed, arm) of a sticky-study run: config keys, else the ``seed{S}-{arm}`` directory name.
     A value-LR sweep run (``seed{S}-em-x{m}``) keeps its directory suffix as its arm."""
     cfg = run.config or {}
-    m = _SEED_ARM.match(Path(run.path).name)
+    m = _SEED_ARM.match(where(run).name)
     seed = cfg.get("seed", int(m.group(1)) if m else 0)
     arm = cfg.get("arm", m.group(2) if m else "?")
     if m and m.group(2) != arm:
@@ -70,7 +80,7 @@ def seed_arm(run) -> tuple[int, str]:
 
 def is_sweep(run) -> bool:
     """A value-LR sweep run of a sticky study (``seed{S}-em-x{m}``): losses only, not an arm."""
-    m = _SEED_ARM.match(Path(run.path).name)
+    m = _SEED_ARM.match(where(run).name)
     return bool(m) and m.group(2) != (run.config or {}).get("arm", m.group(2))
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..record.sites import head_label, site_label
 from . import style
-from .common import array, need
+from .common import array, need, where
 from .registry import figure
 
 KINDS = ("loop", "hf-callback", "lightning", "capture", "train")
@@ -56,7 +56,7 @@ def _matrix_data(run, name: str) -> tuple[dict, dict]:
     step, masked entries NaN, and their colour limit; what the drawing and caption also need: the
     same matrices by record index, the recorded steps, the store's site attributes, the full shape)."""
     a = array(run, name)
-    need(a is not None, f"{run.path.name} has no readable '{name}'")
+    need(a is not None, f"{where(run).name} has no readable '{name}'")
     steps = run.steps
     first, last = 0, len(a) - 1
     L, H = min(a.shape[1], MAX_LAYERS), min(a.shape[2], MAX_HEADS)
@@ -67,9 +67,9 @@ def _matrix_data(run, name: str) -> tuple[dict, dict]:
             vis = np.isfinite(np.asarray(scores[i, :L, :H, 0], dtype=np.float64))
             mats[i] = np.where(vis, mats[i], np.nan)
     vals = np.concatenate([m[np.isfinite(m)] for m in mats.values()])
-    need(vals.size > 0, f"{run.path.name}: '{name}' holds no finite entry")
+    need(vals.size > 0, f"{where(run).name}: '{name}' holds no finite entry")
     lim = float(np.quantile(np.abs(vals), 0.99)) or float(np.abs(vals).max()) or 1.0
-    data = {"run": run.path.name, "array": name, "steps": [int(steps[i]) for i in mats], "seq": 0,
+    data = {"run": where(run).name, "array": name, "steps": [int(steps[i]) for i in mats], "seq": 0,
             "color_limit": lim, "layers_shown": L, "heads_shown": H,
             "values": {int(steps[i]): mats[i].tolist() for i in mats}}
     return data, {"mats": mats, "steps": steps, "attrs": run.store.attrs, "kind": run.kind, "shape": a.shape}
@@ -137,7 +137,7 @@ def _head_stats_data(run):
     sequences) and max |logit|; the same as (step, layer, head) arrays with the run's name, kind
     and site attributes)."""
     ent, lmax = array(run, "attn_entropy"), array(run, "logit_max")
-    need(ent is not None and lmax is not None, f"{run.path.name} lacks attn_entropy or logit_max")
+    need(ent is not None and lmax is not None, f"{where(run).name} lacks attn_entropy or logit_max")
     n = min(len(ent), len(lmax))
     steps = run.steps[:n]
     with np.errstate(all="ignore"), warnings.catch_warnings():   # empty slots of a head selection: NaN
@@ -149,7 +149,7 @@ def _head_stats_data(run):
             for l in range(L) for h in range(H) for s, a, b in zip(steps, e[:, l, h], m[:, l, h])]
     import pandas as pd
     return pd.DataFrame(rows), {"steps": steps, "entropy": e, "logit_max": m, "attrs": run.store.attrs,
-                                "run": run.path.name, "kind": run.kind}
+                                "run": where(run).name, "kind": run.kind}
 
 
 def _head_stats_draw(extras: dict):

@@ -232,10 +232,11 @@ def _files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[
     return files, outside
 
 
-def check_array(where: str, z: Any, rows: int, base: Path) -> str | None:
+def check_array(where: str, z: Any, rows: int, base) -> str | None:
     """What is wrong with an array's declared geometry, before anything is allocated for it: its
     dimensions, a decoded chunk over ``MAX_CHUNK_RAW`` bytes, more committed chunks than
-    ``MAX_CHUNKS``, or (for a big declaration) many more chunks than files that exist."""
+    ``MAX_CHUNKS``, or (for a big declaration) many more chunks than files that exist.  ``base``:
+    the array's folder, or (object storage) a function returning its chunk keys."""
     shape = tuple(int(n) for n in z.shape)
     grid = z.metadata.chunk_grid
     cs = tuple(int(c) for c in getattr(grid, "chunk_shape", ()) or ())
@@ -255,7 +256,8 @@ def check_array(where: str, z: Any, rows: int, base: Path) -> str | None:
                 f"{MAX_CHUNKS}-chunk limit; not read")
     declared = math.prod(counted) * itemsize
     if nchunks > 1024 or declared > (256 << 20):
-        have = sum(1 for k in _files(base, None)[0] if _CHUNK_KEY.search(k))
+        keys = base() if callable(base) else _files(base, None)[0]
+        have = sum(1 for k in keys if _CHUNK_KEY.search(k))
         if have < nchunks / 2:
             return (f"{where}: declares shape {list(shape)} = {nchunks} chunks ({declared} bytes) but only "
                     f"{have} chunk files exist; not read")

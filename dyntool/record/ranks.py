@@ -204,7 +204,15 @@ class RankedStore:
             self.problems += [f"rank {r}: {p}" if r else p for p in st.problems]
         self.marker = main.marker
         self.steps_written = min(st.steps_written for st in ranks)
-        self._names = sorted(set.intersection(*(set(st.names()) for st in ranks)))
+        self.unreadable = {n: why for st in ranks for n, why in getattr(st, "unreadable", {}).items()}
+        every = [set(st.names()) for st in ranks]
+        self._names = sorted(set.intersection(*every))
+        for name in sorted(set.union(*every) - set(self._names)):     # never dropped silently
+            missing = [r for r, names in enumerate(every) if name not in names]
+            why = f"array {name}: not readable on rank(s) {missing}; left out of the merged record"
+            self.unreadable.setdefault(name, why)
+            if not any(p.startswith(f"array {name}") or f"array {name}:" in p for p in self.problems):
+                self.problems.append(why)
         self._cache: dict = {}
         if "step" in self._names and self.steps_written:
             steps = [st["step"][:self.steps_written] for st in ranks]

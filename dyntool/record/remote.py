@@ -27,17 +27,8 @@ from urllib.parse import urlparse
 
 from .. import safeio
 from ..errors import RunError
+from ..location import SCHEMES, URLPath, is_url, join  # noqa: F401  (is_url, join: re-exported)
 from .ranks import RECORD_DIR, RankedStore, rank_dir
-
-SCHEMES = ("s3://", "file://")
-
-
-def is_url(p) -> bool:
-    return isinstance(p, str) and p.startswith(SCHEMES)
-
-
-def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *[p.strip("/") for p in parts]])
 
 
 def _need():
@@ -81,8 +72,8 @@ def object_store(url: str):
 class Remote:
     """GET/PUT/LIST of the objects below one URL, errors as one-line :class:`RunError`."""
 
-    def __init__(self, url: str):
-        self.url = url.rstrip("/")
+    def __init__(self, url):
+        self.url = str(url).rstrip("/")
         self.store = object_store(self.url)
 
     def get(self, key: str) -> bytes | None:
@@ -112,6 +103,17 @@ class Remote:
                     for o in batch}
         except Exception as e:
             raise RunError(f"{self.url} can't be listed: {_short(e)}") from None
+
+    def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        """(sub-folders, objects) directly below ``prefix``: one delimited LIST, never a listing
+        of every chunk below it."""
+        import obstore
+        try:
+            got = obstore.list_with_delimiter(self.store, prefix.strip("/") or None)
+        except Exception as e:
+            raise RunError(f"{join(self.url, prefix)} can't be listed: {_short(e)}") from None
+        return ([d.rstrip("/").rsplit("/", 1)[-1] for d in got["common_prefixes"]],
+                [o["path"].rsplit("/", 1)[-1] for o in got["objects"]])
 
     def zarr_store(self, sub: str, read_only: bool):
         from zarr.storage import ObjectStore
@@ -197,6 +199,7 @@ class RemoteStoreReader:
 
     def refresh(self) -> None:
         import zarr
+        from .guarded import check_array
         from .store import RecordError, _marker
         self.problems: list[str] = []
         try:
@@ -207,12 +210,22 @@ class RemoteStoreReader:
             raise RecordError(f"{self.sub} can't be read ({type(e).__name__}: {_short(e)})") from None
         self.attrs = dict(self.group.attrs)
         self.marker = _marker(self.attrs, self.problems)
+        self.unreadable: dict[str, str] = {}           # array -> why (as the local reader's)
         self._z = {}
         for name in sorted(self.group.array_keys()):
             try:
-                self._z[name] = self.group[name]
+                z = self.group[name]
+                why = check_array(f"array {name}", z, self.marker,
+                                  lambda name=name: self.remote.list(f"{self.sub}/{name}"))
+            except RunError:
+                raise
             except Exception as e:
-                self.problems.append(f"array {name}: its metadata can't be read ({_short(e)})")
+                why = f"array {name}: its metadata can't be read ({_short(e)})"
+            if why is None:
+                self._z[name] = z
+            else:
+                self.unreadable[name] = why
+                self.problems.append(why)
         have = min((z.shape[0] for z in self._z.values()), default=self.marker)
         if self.marker > have:
             self.problems.append(f"{self.sub}: the commit marker says {self.marker} steps but the arrays "
@@ -283,7 +296,7 @@ def open_remote_record(remote: Remote, limit: int | None = None):
 
 def open_remote_run(url: str):
     """:func:`dyntool.open_run` for an object-store URL: the same :class:`~dyntool.run.Run` API."""
-    from ..run import Run, _check_meta, json_object, metric_rows
+    from ..run import Run, _check_meta, json_object, metric_rows, orphan_ranks
 
     class RemoteRun(Run):
         def __post_init__(self):
@@ -291,7 +304,7 @@ def open_remote_run(url: str):
 
         @property
         def id(self) -> str:
-            return self.meta.get("id") or self.path.rstrip("/").rsplit("/", 1)[-1]
+            return self.meta.get("id") or self.path.name
 
         @property
         def store(self):
@@ -301,6 +314,8 @@ def open_remote_run(url: str):
                     self._store = open_remote_record(self.remote) or False
                     if self._store:
                         self._problems.extend(self._store.problems)
+                    else:
+                        self._problems.extend(orphan_ranks(self.remote.list_dir()[0]))
                 except RecordError as e:
                     self._store = False
                     self._problems.append(str(e))
@@ -320,7 +335,7 @@ def open_remote_run(url: str):
             return self._metrics
 
         def refresh(self):
-            fresh = open_remote_run(self.path)
+            fresh = open_remote_run(str(self.path))
             self.meta, self.config, self._problems = fresh.meta, fresh.config, fresh._problems
             self._store, self._metrics, self._checked = None, None, False
             return self
@@ -333,7 +348,41 @@ def open_remote_run(url: str):
     meta, config = (json_object(remote.get(k), k, problems) for k in ("meta.json", "config.json"))
     if not meta and not config:
         raise RunError(f"{url} is not a dyntool run (no meta.json or config.json)")
-    run = RemoteRun(remote.url, config, _check_meta(meta, problems), problems)
+    run = RemoteRun(URLPath(remote.url), config, _check_meta(meta, problems), problems)
     run.remote = remote
     return run
+
+
+RUN_FILES = ("meta.json", "config.json")
+
+
+def is_remote_run(url) -> bool:
+    """A run folder in object storage (it holds meta.json or config.json)."""
+    return any(f in RUN_FILES for f in Remote(url).list_dir()[1])
+
+
+def find_remote_runs(url, max_depth: int = 3) -> list[URLPath]:
+    """Run folders at or below ``url`` (studies included), sorted; one delimited LIST per folder
+    visited, folders named ``*.zarr`` or ``.*`` never entered (the same walk as a local folder)."""
+    remote = Remote(url)
+    found: list[URLPath] = []
+
+    def walk(prefix: str, depth: int) -> None:
+        dirs, files = remote.list_dir(prefix)
+        if any(f in RUN_FILES for f in files):
+            found.append(URLPath(join(remote.url, prefix)))
+            return
+        if depth >= max_depth:
+            return
+        for d in sorted(dirs):
+            if not d.startswith(".") and not d.endswith(".zarr"):
+                walk(f"{prefix}/{d}".strip("/"), depth + 1)
+
+    walk("", 0)
+    return found
+
+
+def read_remote_json(url, name: str) -> bytes | None:
+    """The raw bytes of ``url/name`` (e.g. a study's summary.json), None if absent."""
+    return Remote(url).get(name)
 

@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_limits
 
 from ..config import to_dict
 from ..errors import RunError
+from ..location import is_url
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record import metric_names as mn
@@ -351,6 +352,9 @@ def write_summary(plan: _Plan, data: _Data, result, log: _Logging, study: Path) 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
               quiet: bool = False) -> Path:
+    if is_url(out_dir):
+        raise RunError(f"--out {out_dir}: a sticky-markov study is written to a local folder "
+                       "(single runs, `sim toy`, `sim bijection` and `train`, can go to object storage)")
     out = ensure_out_dir(out_dir)
     study = out / (name or f"study-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if study.exists():
