@@ -105,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_optional(sub, simsub) -> None:
     """Each command module of this package adds its subcommands (one module per concern)."""
-    from . import app, export, figures, runs, sim, train
-    for m in (runs, sim, train, figures, app, export):
+    from . import app, export, figures, icl_markov, runs, sim, train
+    for m in (runs, sim, icl_markov, train, figures, app, export):
         m.register(sub, simsub)
 
 

@@ -94,6 +94,28 @@ ATTN_ENTROPY_REDUCTION_LAST = f"{ATTN_ENTROPY}/reduction_last_vs_L0"
 ATTN_ENTROPY_REDUCTION_MEAN = f"{ATTN_ENTROPY}/reduction_mean_vs_uniform"
 
 
+# in-context Markov chains (dyntool.sims.icl_markov): KL(strategy ‖ model) on held-out chains
+# (``kl/{strategy}``), the held-out loss (``icl_heldout/{stat}``), and the attention scores per head
+# (``prev_token_score/L{l}H{h}``, ``induction_score/L{l}H{h}``)
+ICL_KL = "kl"
+ICL_SCORES = ("prev_token", "induction")
+
+
+def icl_kl(strategy: str) -> str:
+    return f"{ICL_KL}/{strategy}"
+
+
+def icl_heldout(stat: str) -> str:
+    return f"icl_heldout/{stat}"
+
+
+def icl_score(name: str) -> str:
+    """The metric base of an attention score (``prev_token`` or ``induction``), per head via :func:`head`."""
+    if name not in ICL_SCORES:
+        raise ValueError(f"attention score must be one of {ICL_SCORES}, got {name!r}")
+    return f"{name}_score"
+
+
 _BASE = r"(?P<base>[A-Za-z_][A-Za-z0-9_]*)"
 _REGEX = {
     "layer": re.compile(_BASE + r"/L(?P<layer>\d+)$"),

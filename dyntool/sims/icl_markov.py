@@ -1,0 +1,140 @@
+"""One ``icl-markov`` run: train the two-layer attention-only model on in-context Markov chains and
+record it (Edelman et al. 2024, arXiv 2402.11004; the study around it: :mod:`.icl_markov_study`).
+
+Every step draws a fresh batch of chains (``batch_size`` sequences of T + 1 states from the run's
+prior; the model predicts x_{t+1} from x_0..x_t at all T positions, cross-entropy averaged over
+them) and takes one AdamW step (the authors' minGPT settings: betas (0.9, 0.95), weight decay
+0.1 on the linear maps, no clipping).
+
+Recorded:
+
+* **the cheap tier on every step** (``record.cheap_every = 1``, :class:`dyntool.flight.FlightRecorder`
+  on the step's own forward/backward): per layer × head attention entropy, max logit, ‖∂L/∂S‖,
+  E_α[b], column statistics -> ``metrics.jsonl`` (``score_grad_norm/L0H0`` ...);
+* **the full tier** (α, B, advantages, ∂L/∂S, U, q, k, v, ...) on the ``[record]`` schedule, of the
+  first ``record.seqs`` sequences of the same training batch, captured in the same backward as the
+  cheap tier (``FlightRecorder.alongside``), so on a full-tier step the cheap tier is the full
+  tier's reduction (over the whole batch rather than the recorded sequences);
+* **every ``eval_every`` steps** (the *logged* steps), on a fixed held-out set of chains from a
+  separate generator (``seed + heldout_seed_offset``): KL(strategy ‖ model) for the uniform,
+  unigram and bigram strategies, the held-out loss, and each head's previous-token and induction
+  scores (:mod:`.icl_markov_metrics`); their chance levels and the Bayes loss go to ``meta.json``.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..config import to_dict
+from ..errors import NonFiniteLossError
+from ..flight import FlightRecorder
+from ..progress import progress
+from ..record.policy import check_budget, cheap_wants, schedule
+from ..record.recorder import Recorder
+from ..run_writer import RunWriter
+from . import icl_markov_task as task
+from .icl_markov_config import ICLMarkovConfig
+from .icl_markov_metrics import chance_levels, evaluate
+from .icl_markov_model import ICLMarkovModel
+
+KIND = "icl-markov"
+
+
+def build_model(cfg: ICLMarkovConfig, seed: int) -> ICLMarkovModel:
+    m = cfg.model
+    torch.manual_seed(seed)
+    return ICLMarkovModel(cfg.k, cfg.T, m.n_layer, m.n_head, m.n_embd, m.backend, m.init_std, m.proj_std)
+
+
+def heldout(cfg: ICLMarkovConfig, seed: int, prior: str) -> torch.Tensor:
+    """The fixed held-out chains of a run: (heldout_seqs, T) states."""
+    x, _ = task.sample(cfg.heldout_seqs, cfg.T, cfg.k, cfg.alpha, prior,
+                       np.random.default_rng(seed + cfg.heldout_seed_offset))
+    return x
+
+
+def loss_of(model, x: torch.Tensor) -> torch.Tensor:
+    """Mean next-state cross-entropy of states ``x`` (B, T + 1) at all T positions."""
+    logits = model(x[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), x[:, 1:].reshape(-1))
+
+
+def train_step(model, opt, x: torch.Tensor, flight: FlightRecorder, cap=None, grad_clip: float = 0.0):
+    """One AdamW step on states ``x`` with the cheap tier (``flight``) on its forward/backward and,
+    when ``cap`` (a Capture) is given, the full tier alongside.  Returns (loss, cheap-tier result,
+    gradient norm); the optimizer step comes after both tiers have their gradients."""
+    flight.reset()
+    with (flight.alongside(cap) if cap is not None else flight):
+        loss = loss_of(model, x)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    if not torch.isfinite(loss):
+        raise NonFiniteLossError(0)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else float("inf"))
+    res = flight.result()
+    opt.step()
+    return loss, res, norm
+
+
+def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tags=None, quiet: bool = False,
+            extra_record_steps: list[int] | None = None, study: str = "") -> RunWriter:
+    """Train and record one run (``seed``, ``prior``) into ``out_dir/name``."""
+    from ..train.ddp import resolve_device
+    dev = resolve_device(cfg.device)
+    dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
+    rc = cfg.record
+    if extra_record_steps:
+        rc = replace(rc, steps=sorted(set(rc.steps) | set(int(s) for s in extra_record_steps)))
+    m, T = cfg.model, cfg.T
+    hs = m.n_embd // m.n_head
+    check_budget(rc, len(schedule(rc, cfg.steps)), out_dir, L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs)
+    model = build_model(cfg, seed).to(dev, dtype)
+    opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
+    xh = heldout(cfg, seed, prior)
+    strategies = task.strategy_probs(xh, cfg.k, cfg.alpha)
+    xh = xh.to(dev)
+    strategies = {n: p.to(dev) for n, p in strategies.items()}
+    rng = np.random.default_rng(seed)
+    run_cfg = {**to_dict(cfg), "seed": seed, "prior": prior, "record": to_dict(rc)}
+    run_cfg.pop("seeds")
+    meta = {"record_batch": f"train: the first {rc.seqs} sequences of the step's batch", "study": study,
+            "n_params": model.num_params(), "chance": chance_levels(xh.cpu()),
+            "bayes_loss": task.bayes_loss(xh.cpu(), cfg.k, cfg.alpha), "prior": prior}
+    prev_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    run = RunWriter.create(out_dir, KIND, run_cfg, name=name, seeds=[seed], tags=tags, device=str(dev),
+                           extra_meta=meta)
+    t0 = time.perf_counter()
+    try:
+        with run:
+            store = run.open_store(rc.chunk_steps, rc.flush_seconds,
+                                   attrs={"task": KIND, "k": cfg.k, "T": T, "prior": prior, "adapter": "dyntool"})
+            rec = Recorder(store, rc, cfg.steps, T)
+            flight = FlightRecorder(model, seqs=rc.cheap_seqs or None, max_block_mib=rc.max_block_mib)
+            for step in progress(range(cfg.steps), desc=f"icl-markov {name}", disable=quiet):
+                row = {}
+                if step % cfg.eval_every == 0 or step == cfg.steps - 1:
+                    row = evaluate(model, xh, strategies)
+                x, _ = task.sample(cfg.batch_size, T + 1, cfg.k, cfg.alpha, prior, rng)
+                x = x.to(dev)
+                cap = rec.capture(model) if rec.wants(step) else None
+                try:
+                    loss, res, norm = train_step(model, opt, x, flight, cap, cfg.grad_clip)
+                except NonFiniteLossError:
+                    raise NonFiniteLossError(step) from None
+                if cap is not None:
+                    rec.record_capture(step, cap, extra={"train_loss": loss.item()})
+                if cheap_wants(rc, step):
+                    row.update(flight.metrics(res))
+                run.log(step, loss=loss.item(), grad_norm=float(norm), **row)
+            seconds = time.perf_counter() - t0
+            run.update_meta(final={"seconds": round(seconds, 1), "sec_per_step": seconds / cfg.steps,
+                                   "steps_done": cfg.steps})
+    finally:
+        torch.set_num_threads(prev_threads)
+    return run

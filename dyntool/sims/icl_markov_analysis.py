@@ -1,0 +1,171 @@
+"""The ICL-MC study's analyses of one run, by rules fixed in code before any ``cpu`` run was looked at.
+
+Inputs are a run's ``metrics.jsonl`` columns (a pandas DataFrame with ``step``): the logged steps
+(every ``eval_every``) carry the KLs and attention scores; every step carries the cheap tier.
+
+* **stages** (:func:`stages`): at each logged step the stage is the strategy with the smallest
+  KL(strategy ‖ model); a new stage starts at the first logged step from which it holds for
+  ``HOLD`` = 5 consecutive logged steps.  The first stage is the one at step 0.
+* **10 % of the change** (:func:`t10`): the first logged step from which a series stays at least
+  10 % of its total change (last value − first value) away from its first value, for ``HOLD``
+  logged steps.  The "last value" is the mean of the last ``HOLD`` logged steps (noise).  Per-step
+  cheap-tier series are first averaged over each logged step's window [s, s + eval_every)
+  (:func:`on_logged_grid`).
+* **leading indicator** (:func:`lead`): x(t) the first difference of the indicator on the logged
+  grid, y(t) = −(first difference of KL(bigram ‖ model)): how fast the bigram transition
+  proceeds.  r(ℓ) = corr(x(t), y(t + ℓ)) for |ℓ| ≤ ``MAX_LAG`` logged steps; the lead is the ℓ of
+  the largest r (ℓ > 0: the indicator moves first), in steps ℓ·eval_every.  Control: the same
+  statistic with x shuffled in time (``N_PERM`` permutations, fixed seed); p = (1 + #{null ≥
+  observed}) / (1 + N_PERM).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..record import metric_names as mn
+from ..stats import pearson
+from .icl_markov_task import STRATEGIES
+
+HOLD = 5             # logged steps a new stage (or a 10 % crossing) must hold
+FRACTION = 0.10      # "which layer moves first": 10 % of the change
+MAX_LAG = 20         # logged steps either side, leading indicator
+N_PERM = 500         # shuffled-time permutations of the control
+
+
+def logged(df):
+    """The logged steps' rows (those with the KL columns), sorted by step."""
+    col = mn.icl_kl("bigram")
+    return df[df[col].notna()].sort_values("step") if col in df.columns else df.iloc[:0]
+
+
+def stage_series(df) -> tuple[np.ndarray, list[str]]:
+    """(logged steps, the stage at each: the strategy of smallest KL)."""
+    rows = logged(df)
+    kls = np.stack([rows[mn.icl_kl(s)].to_numpy(float) for s in STRATEGIES], 1)      # (n, 3)
+    return rows["step"].to_numpy(np.int64), [STRATEGIES[i] for i in np.argmin(kls, 1)]
+
+
+def stages(df, hold: int = HOLD) -> list[dict]:
+    """[{stage, start}] in order: the step-0 stage, then each stage that holds ``hold`` logged steps."""
+    steps, st = stage_series(df)
+    if not len(steps):
+        return []
+    out = [{"stage": st[0], "start": int(steps[0])}]
+    for i in range(1, len(st)):
+        if st[i] != out[-1]["stage"] and len(st[i:i + hold]) == hold and len(set(st[i:i + hold])) == 1:
+            out.append({"stage": st[i], "start": int(steps[i])})
+    return out
+
+
+def first_start(stage_list: list[dict], name: str) -> int | None:
+    return next((s["start"] for s in stage_list if s["stage"] == name), None)
+
+
+def on_logged_grid(df, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """A per-step column averaged over each logged step's window [s, next logged step)."""
+    steps = logged(df)["step"].to_numpy(np.int64)
+    if col not in df.columns or not len(steps):
+        return steps, np.full(len(steps), np.nan)
+    s = df["step"].to_numpy(np.int64)
+    v = df[col].to_numpy(float)
+    idx = np.searchsorted(steps, s, side="right") - 1               # the window each step falls in
+    ok = (idx >= 0) & np.isfinite(v)
+    sums = np.bincount(idx[ok], weights=v[ok], minlength=len(steps))
+    counts = np.bincount(idx[ok], minlength=len(steps))
+    with np.errstate(invalid="ignore"):
+        return steps, sums / counts
+
+
+def logged_series(df, col: str) -> tuple[np.ndarray, np.ndarray]:
+    rows = logged(df)
+    return rows["step"].to_numpy(np.int64), rows[col].to_numpy(float) if col in rows else np.full(len(rows), np.nan)
+
+
+def t10(steps: np.ndarray, values: np.ndarray, fraction: float = FRACTION, hold: int = HOLD) -> int | None:
+    """The first step from which ``values`` stays ≥ ``fraction`` of its total change away from its
+    first value for ``hold`` points (None: never, or no change)."""
+    v = np.asarray(values, float)
+    if len(v) < hold + 1 or not np.isfinite(v[0]):
+        return None
+    change = np.nanmean(v[-hold:]) - v[0]
+    if not np.isfinite(change) or change == 0:
+        return None
+    moved = (v - v[0]) / change >= fraction
+    for i in range(1, len(v) - hold + 1):
+        if moved[i:i + hold].all():
+            return int(steps[i])
+    return None
+
+
+def _lag_corr(x: np.ndarray, y: np.ndarray, max_lag: int) -> np.ndarray:
+    """r(ℓ) = corr(x(t), y(t + ℓ)) for ℓ = −max_lag..max_lag."""
+    n = len(x)
+    out = []
+    for lag in range(-max_lag, max_lag + 1):
+        a, b = (x[: n - lag], y[lag:]) if lag >= 0 else (x[-lag:], y[: n + lag])
+        out.append(pearson(a, b))
+    return np.array(out)
+
+
+def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_lag: int = MAX_LAG,
+         n_perm: int = N_PERM, seed: int = 0) -> dict:
+    """The leading-indicator test (module docstring): lag of the best cross-correlation between the
+    indicator's changes and the bigram transition's progress, with a shuffled-time control."""
+    x, y = np.diff(np.asarray(indicator, float)), -np.diff(np.asarray(kl_bigram, float))
+    ok = np.isfinite(x) & np.isfinite(y)
+    x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
+    max_lag = min(max_lag, len(x) // 3)
+    if max_lag < 1 or len(x) < 10:
+        return {"lag_steps": None, "r": None, "p": None}
+    r = _lag_corr(x, y, max_lag)
+    best = int(np.nanargmax(r))
+    rng = np.random.default_rng(seed)
+    null = np.array([np.nanmax(_lag_corr(rng.permutation(x), y, max_lag)) for _ in range(n_perm)])
+    every = int(steps[1] - steps[0]) if len(steps) > 1 else 1
+    return {"lag_steps": int((best - max_lag) * every), "r": float(r[best]),
+            "p": float((1 + np.sum(null >= r[best])) / (1 + n_perm)),
+            "null_r_mean": float(null.mean()), "null_r_95": float(np.quantile(null, 0.95)),
+            "r_by_lag": [float(v) for v in r], "lags_steps": [int((i - max_lag) * every) for i in range(len(r))]}
+
+
+def prev_token_head(df, n_layer: int, n_head: int) -> tuple[int, int]:
+    """The (layer, head) with the largest previous-token score at the end (mean of the last HOLD logged)."""
+    best, arg = -np.inf, (0, 0)
+    for l in range(n_layer):
+        for h in range(n_head):
+            _, v = logged_series(df, mn.head(mn.icl_score("prev_token"), l, h))
+            m = np.nanmean(v[-HOLD:]) if len(v) else np.nan
+            if np.isfinite(m) and m > best:
+                best, arg = m, (l, h)
+    return arg
+
+
+def analyse_run(df, n_layer: int, n_head: int) -> dict:
+    """One run's numbers: stages, each head's 10 % steps, KLs and scores at step 0 and at the end,
+    the leading-indicator test on the previous-token head's ‖∂L/∂S‖."""
+    st = stages(df)
+    steps, _ = stage_series(df)
+    out: dict = {"stages": st, "unigram_start": first_start(st, "unigram"),
+                 "bigram_start": first_start(st, "bigram"), "order": [s["stage"] for s in st]}
+    rows = logged(df)
+    for s in STRATEGIES:
+        v = rows[mn.icl_kl(s)].to_numpy(float)
+        out[f"kl_{s}"] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])), "min": float(np.nanmin(v))}
+    heads = {}
+    for l in range(n_layer):
+        for h in range(n_head):
+            d = {}
+            for name in mn.ICL_SCORES:
+                s_, v = logged_series(df, mn.head(mn.icl_score(name), l, h))
+                d[name] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])), "t10": t10(s_, v)}
+            s_, v = on_logged_grid(df, mn.head(mn.SCORE_GRAD_NORM, l, h))
+            d["score_grad_norm"] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])), "t10": t10(s_, v),
+                                    "peak_step": int(s_[np.nanargmax(v)]) if np.isfinite(v).any() else None}
+            heads[f"L{l}H{h}"] = d
+    out["heads"] = heads
+    pl, ph = prev_token_head(df, n_layer, n_head)
+    out["prev_token_head"] = [pl, ph]
+    s_, g = on_logged_grid(df, mn.head(mn.SCORE_GRAD_NORM, pl, ph))
+    out["lead"] = lead(s_, g, rows[mn.icl_kl("bigram")].to_numpy(float))
+    out["n_logged"] = int(len(steps))
+    return out
