@@ -1,6 +1,8 @@
 """``dyntool export RUN``: metrics to Parquet/CSV, arrays to NetCDF/npz, scalars to TensorBoard/W&B."""
 from __future__ import annotations
 
+import sys
+
 
 def cmd_export(args) -> int:
     from ..errors import DyntoolError
@@ -29,6 +31,10 @@ def cmd_export(args) -> int:
             raise
         sink.close()
         print(f"{n} scalars -> {args.to_tensorboard or 'wandb project ' + args.to_wandb}")
+    problems = run.problems                 # what could not be read is said (as `check` does), once
+    if problems:
+        more = f" (+{len(problems) - 1} more: dyntool check {args.run})" if len(problems) > 1 else ""
+        print(f"dyntool: warning: {run.id}: exported what reads; not read: {problems[0]}{more}", file=sys.stderr)
     return 0
 
 

@@ -212,9 +212,12 @@ class RemoteStoreReader:
         self.marker = _marker(self.attrs, self.problems)
         self.unreadable: dict[str, str] = {}           # array -> why (as the local reader's)
         self._z = {}
-        for name in sorted(self.group.array_keys()):
+        listed = [d for d in self.remote.list_dir(self.sub)[0] if d != "static" and not d.endswith(".partial")]
+        for name in sorted(listed):          # listed, not group.array_keys(): one bad member breaks that
             try:
                 z = self.group[name]
+                if not hasattr(z, "shape"):
+                    raise TypeError("not an array")
                 why = check_array(f"array {name}", z, self.marker,
                                   lambda name=name: self.remote.list(f"{self.sub}/{name}"))
             except RunError:
@@ -287,10 +290,18 @@ def open_remote_record(remote: Remote, limit: int | None = None):
     if not isinstance(world, int) or isinstance(world, bool) or world <= 1:
         return main
     from .store import RecordError
-    try:
-        ranks = [main] + [RemoteStoreReader(remote, rank_dir(r), limit) for r in range(1, world)]
-    except RecordError as e:
-        return RankedStore([main], [f"a rank's recording can't be read ({e}); showing rank 0's only"])
+    ranks = [main]
+    for r in range(1, world):                # as the local reader (ranks.open_record) words it
+        if remote.get(f"{rank_dir(r)}/zarr.json") is None:
+            why = "it is missing"
+        else:
+            try:
+                ranks.append(RemoteStoreReader(remote, rank_dir(r), limit))
+                continue
+            except RecordError as e:
+                why = str(e).split(" (GroupNotFound")[0]
+        return RankedStore([main], [f"rank {r}'s recording {rank_dir(r)} can't be read ({why}); "
+                                    "showing rank 0's sequences only"])
     return RankedStore(ranks)
 
 
