@@ -40,12 +40,13 @@ def cmd_train(args) -> int:
         print(f"dyntool: {e}")
         return 0
     if path is not None:
+        from ..train.recording import bounded
         extra = ""
         if "best_val_ppl" in final:
             extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step'] + 1}"
         if "valid_ppl" in final:
             extra += ("; " if extra else " (") + \
-                f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}"
+                f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}{bounded(final)}"
         from ..train.recording import time_summary
         print(f"train run written to {path}{extra + ')' if extra else ''}; {time_summary(final)}")
     return 0

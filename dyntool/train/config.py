@@ -105,7 +105,10 @@ class TrainLoopConfig:
     eval_every: int = 100           # validation every N steps and at the last; 0 = none (final_eval only)
     checkpoint_every: int = 100     # checkpoint every N steps (0 = only at the end, stop_at, signal)
     checkpoint: bool = True         # write checkpoint.pt (needed for --resume)
-    final_eval: bool = True         # full validation + test perplexity at the end (meta.final)
+    # validation + test perplexity at the end (meta.final): auto = the whole splits, or bounded to
+    # about the tokens trained on when the run read fewer; full = always exact; off = none
+    # (the old true/false still load: true = full).  dyntool/train/final_eval.py
+    final_eval: str = "auto"
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | float64 | bfloat16
     compile: bool = False           # torch.compile for non-recording steps (CUDA; eager reference kept)
     logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
@@ -117,8 +120,15 @@ class TrainLoopConfig:
     RENAMED: ClassVar[dict[str, str]] = {"eval_interval": "eval_every", "checkpoint_interval": "checkpoint_every",
                                          "log_interval": "log_every"}
 
+    def __post_init__(self) -> None:
+        from .final_eval import normalize
+        self.final_eval = normalize(self.final_eval)
+
     def validate(self, prefix: str = "") -> None:
         p = prefix
+        from .final_eval import MODES
+        if self.final_eval not in MODES:
+            raise ConfigError(p + "final_eval", f"auto, full or off, got {self.final_eval!r}")
         if self.max_steps < 1 or self.stop_at < 0:
             raise ConfigError(p + "max_steps", "max_steps >= 1 and stop_at >= 0")
         if self.eval_every < 0 or self.checkpoint_every < 0 or self.log_every < 1:

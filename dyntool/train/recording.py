@@ -278,9 +278,18 @@ class ConsoleCallback(Callback):
                   f"{time.perf_counter() - self.t0:.0f}s", file=self.stream, flush=True)
 
     def on_train_end(self, final: dict) -> None:
-        ppl = f"valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}  " if "valid_ppl" in final else ""
+        ppl = f"valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}{bounded(final)}  " \
+            if "valid_ppl" in final else ""
         print(f"{self.label}final: {ppl}{time_summary(final)}  ({time.perf_counter() - self.t0:.0f}s in all)",
               file=self.stream, flush=True)
+
+
+def bounded(final: dict) -> str:
+    """`` (bounded: first N tokens of each split)`` when the final evaluation did not read it all."""
+    if final.get("final_eval") != "bounded":
+        return ""
+    n = final.get("final_eval_tokens", {})
+    return f" (bounded: first {n.get('valid', 0):,} / {n.get('test', 0):,} tokens of valid / test)"
 
 
 def time_summary(final: dict) -> str:

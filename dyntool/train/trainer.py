@@ -127,6 +127,9 @@ class Trainer:
         self.grad_scale = 1.0 / o.accum                    # what each micro-step's loss is scaled by
         self.train_seconds = 0.0                           # optimizer steps only (this process)
         self.eval_seconds = 0.0                            # periodic validation
+        self.eval_tokens = 0                               # targets it read (the final eval's estimate)
+        self.steps_run = 0                                 # steps timed in train_seconds
+        self.last_eval_tokens = 0                          # targets read by the last evaluate()
 
     # -- pieces ---------------------------------------------------------------------------
     def autocast(self):
@@ -175,6 +178,7 @@ class Trainer:
             self.raw.train(was_training)
             if bar:
                 batches.close()
+        self.last_eval_tokens = n
         return float(total) / n if n else float("nan")
 
     # -- one optimizer step ---------------------------------------------------------------
@@ -236,12 +240,14 @@ class Trainer:
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
         last = self.step == cfg.max_steps
         self.train_seconds += dt
+        self.steps_run += 1
         if (self.dist.is_main or self.fsdp) and cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
             te = time.perf_counter()
             vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
                                desc=f"eval (valid) at step {self.step}")
             metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
             self.eval_seconds += metrics["eval_time"]
+            self.eval_tokens += self.last_eval_tokens
             ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
             if self.best is None or vl < self.best["val_loss"]:
                 self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
@@ -287,34 +293,20 @@ class Trainer:
             final["param_sha256_ranks"] = digests
         for cb in self.callbacks:                           # e.g. the step bar closes before the final eval
             getattr(cb, "on_steps_done", lambda: None)()
-        if (self.dist.is_main or self.fsdp) and cfg.final_eval and self.step == cfg.max_steps:
+        if (self.dist.is_main or self.fsdp) and cfg.final_eval != "off" and self.step == cfg.max_steps:
             final.update(self.final_evaluation())
         for cb in self.callbacks:
             cb.on_train_end(final)
         return final
 
     def final_evaluation(self) -> dict:
-        """Exact validation and test perplexity over the whole splits, announced on stderr with
-        a progress bar (a log line per ~30 s when stderr is not a terminal)."""
-        import sys
-        sizes = {s: len(self.corpus.split(s)) - 1 for s in ("valid", "test")}
-        if not self.quiet:
-            print(f"final evaluation: valid ({sizes['valid']:,} tokens) + test ({sizes['test']:,} tokens), "
-                  f"batch {self.final_eval_batch()}  (--train.final_eval=false skips it)",
-                  file=sys.stderr, flush=True)
-        out, t0 = {}, time.perf_counter()
-        for split in ("valid", "test"):
-            loss = self.evaluate(split, batch_size=self.final_eval_batch(), bar=not self.quiet)
-            out[f"{split}_loss"], out[f"{split}_ppl"] = loss, math.exp(min(loss, 700.0))
-        out["final_eval_seconds"] = time.perf_counter() - t0
-        return out
+        """The end-of-run evaluation as ``train.final_eval`` says (:mod:`.final_eval`)."""
+        from . import final_eval
+        return final_eval.run(self)
 
     def final_eval_batch(self) -> int:
-        """Sequences per final-eval batch: at least ``eval_batch_size``, grown to 8,192 tokens
-        (fewer, larger matmuls: 0.75-0.85× the time of 2,048-token batches on 2 CPU cores; the
-        logits are B·T·V floats, 1.1 GB at V = 33k, which is why it stops there)."""
-        d = self.cfg.data
-        return max(d.eval_batch_size, 8192 // d.block_size)
+        from .final_eval import batch_size
+        return batch_size(self.cfg)
 
     def param_digest(self) -> str:
         """sha256 of every parameter's bytes (in state_dict order): equal digests = equal models."""

@@ -67,7 +67,7 @@ def test_recorded_U_is_autograd_dL_dy_with_accumulation(tmp_path):
     """float64, accum 2, training-batch recording: U (grad_scale divided out) == ∂L_micro/∂y."""
     rc, path = train(tmp_path, "--max-steps", "1", "--train.dtype=float64", "--optim.accum=2",
                      "--record.batch=train", "--record.seqs=2", "--record.dtype=float32",
-                     "--record.every=1", "--train.final_eval=false")
+                     "--record.every=1", "--train.final_eval=off")
     assert rc == 0
     run = open_run(path)
     assert run.arrays["grad_scale"][0] == pytest.approx(0.5)
@@ -166,7 +166,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
     from dyntool.record import metric_names as mn
     rc, path = train(tmp_path, "--max-steps", "3", "--train.dtype=float64", "--record.batch=train",
                      "--record.seqs=4", "--record.dtype=float32", "--record.every=1",
-                     "--record.cheap_every=1", "--train.final_eval=false")
+                     "--record.cheap_every=1", "--train.final_eval=off")
     assert rc == 0
     run, m = open_run(path), rows(path)
     assert [r["step"] for r in m] == [0, 1, 2]
@@ -178,7 +178,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
             cheap = torch.tensor([[r[mn.head(name, l, h)] for h in range(2)] for l in range(2)], dtype=torch.float64)
             torch.testing.assert_close(cheap, full[name], rtol=2e-5, atol=1e-7, msg=name)
     rc, path = train(tmp_path, "--max-steps", "4", "--record.every=0", "--record.cheap_every=2",
-                     "--train.log_every=3", "--train.final_eval=false", name="every2")
+                     "--train.log_every=3", "--train.final_eval=off", name="every2")
     assert rc == 0
     got = {r["step"]: r for r in rows(path)}
     assert sorted(got) == [0, 2, 3]

@@ -64,7 +64,7 @@ class _Evil:
 
 
 def test_malicious_checkpoint_is_refused_without_executing(tmp_path, capsys):
-    rc, run = train(tmp_path, "--max-steps", "2", "--train.final_eval=false")
+    rc, run = train(tmp_path, "--max-steps", "2", "--train.final_eval=off")
     assert rc == 0
     marker = tmp_path / "pwned"
     torch.save({"step": 1, "model": _Evil(marker)}, run / "checkpoint.pt")
@@ -103,7 +103,7 @@ def test_checkpoint_written_by_default_interval(tmp_path):
 
 
 def test_resume_without_checkpoint_says_why(tmp_path, capsys):
-    rc, run = train(tmp_path, "--max-steps", "2", "--train.checkpoint=false", "--train.final_eval=false")
+    rc, run = train(tmp_path, "--max-steps", "2", "--train.checkpoint=false", "--train.final_eval=off")
     assert rc == 0 and not (run / "checkpoint.pt").exists()
     capsys.readouterr()
     assert main(["train", "--resume", str(run), "--quiet"]) == 2
@@ -190,7 +190,7 @@ def test_progress_and_final_eval_announced_in_a_log(tmp_path, capsys, monkeypatc
     lines = [ln for ln in err.splitlines() if ln.startswith("r train: ")]     # the run's name first
     assert any(ln.startswith("r train: 3/6 (50%)") for ln in lines), err
     assert all("step/s" in ln and "ETA" in ln and "loss=" in ln and "tok/s=" in ln for ln in lines)
-    assert "final evaluation: valid" in err and "--train.final_eval=false" in err
+    assert "final evaluation: valid" in err and "--train.final_eval=off" in err and "about " in err
     assert any(ln.startswith("final eval (test): ") for ln in err.splitlines())
 
 
@@ -205,7 +205,7 @@ def test_deterministic_switch_on_during_training_and_restored(tmp_path, monkeypa
 
     monkeypatch.setattr(trmod.Trainer, "train_step", spy)
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    rc, _ = train(tmp_path, "--max-steps", "2", "--train.deterministic=true", "--train.final_eval=false")
+    rc, _ = train(tmp_path, "--max-steps", "2", "--train.deterministic=true", "--train.final_eval=off")
     assert rc == 0 and seen == [(True, ":4096:8")] * 2
     assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
 
@@ -347,7 +347,7 @@ def test_kill_9_campaign_full_small_preset(tmp_path):
         pytest.skip("needs the real WikiText-2")
     steps = 260
     argv = ["train", "--config", str(CONFIG), "--preset", "small", "--out", str(tmp_path), "--quiet",
-            "--max-steps", str(steps), "--train.final_eval=false"]
+            "--max-steps", str(steps), "--train.final_eval=off"]
     assert main(argv + ["--name", "ref"]) == 0
     ref = tmp_path / "ref"
     for i, moment in enumerate((105, 130, 170, 205, 230)):
@@ -369,7 +369,7 @@ def test_kill_9_campaign_full_small_preset(tmp_path):
 ])
 def test_resume_validates_the_checkpoint_before_creating_anything(tmp_path, capsys, field, value, needle):
     import torch
-    rc, run = train(tmp_path, "--max-steps", "2", "--train.final_eval=false")
+    rc, run = train(tmp_path, "--max-steps", "2", "--train.final_eval=off")
     assert rc == 0
     ck = torch.load(run / "checkpoint.pt", weights_only=True)
     if value == "wrong-shapes":
