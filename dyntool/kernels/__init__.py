@@ -1,0 +1,22 @@
+"""Fused Triton attention that trains and records the cheap tier (issue 33): see ``op.attention``.
+
+Importing this package imports Triton; ``TRITON_INTERPRET=1`` must be set before (Triton reads
+it when a kernel is defined) to run the kernels on the CPU.  :func:`unavailable` says why the
+kernel cannot serve a device, without importing Triton where it is missing."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+
+def unavailable(device) -> str | None:
+    """None when the fused kernel can run on ``device``; else the reason, in a few words."""
+    import torch
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed"
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        return None
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return None
+    return f"no Triton backend for {dev.type} (set TRITON_INTERPRET=1 before importing dyntool.kernels)"

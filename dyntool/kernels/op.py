@@ -1,0 +1,169 @@
+"""The fused attention as ``torch.library`` custom ops (``triton_op`` + ``wrap_triton``), with autograd.
+
+``dyntool::attn_fwd`` returns (out, lse, forward statistics' partials); ``dyntool::attn_bwd``
+returns (dq, dk, dv, dσ, backward statistics' partials).  Both are functional (no argument is
+mutated), so a compiled step can trace them on a GPU (under the interpreter ``wrap_triton`` is
+called eagerly).  The backward's statistics leave autograd as the *gradient of a token*: a
+zero tensor passed to the forward with ``requires_grad``; after ``backward()`` its ``.grad`` holds
+the partial sums (a fresh token per forward, so nothing is summed across calls that should not).
+
+Layout: q (B, H, T, D), k/v (B, H_kv, Tk, D), any strides with a contiguous last dimension.
+Key padding: per-batch visible key range [lo, hi) and/or a (B, Tk) key mask (int8, 1 = key).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from torch.library import triton_op, wrap_triton
+
+from . import backward as bw
+from . import forward as fw
+
+
+def interpreted() -> bool:
+    import os
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def blocks(D: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, D_PAD): 16 under the interpreter (tl.dot's smallest tile, fastest
+    there); 64 × 64 on a GPU (registers for the fp32 accumulators and the statistics)."""
+    d_pad = max(16, triton.next_power_of_2(D))
+    return (16, 16, d_pad) if interpreted() else (64, 64, d_pad)
+
+
+def n_blocks(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
+    bm, bn, _ = blocks(q.shape[-1])
+    return triton.cdiv(q.shape[2], bm), triton.cdiv(k.shape[2], bn)
+
+
+def bwd_stats_size(q: torch.Tensor, k: torch.Tensor) -> int:
+    """Length of the backward partials (and of the token): per (b, h), nQB·(2 + 3) + nKB·4."""
+    nqb, nkb = n_blocks(q, k)
+    return q.shape[0] * q.shape[1] * (nqb * (bw.N_PRE_STATS + bw.N_DQ_STATS) + nkb * bw.N_DKV_STATS)
+
+
+def _flags(q, km, sinks, slopes, causal, window, softcap, stats):
+    return dict(CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None,
+                HAS_KM=km is not None, STATS=stats,
+                PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
+
+
+def _strides(*ts):
+    return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
+
+
+@triton_op("dyntool::attn_fwd", mutates_args={})
+def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
+             km: torch.Tensor | None, sinks: torch.Tensor | None, slopes: torch.Tensor | None,
+             token: torch.Tensor | None, causal: bool, window: int, scale: float, softcap: float,
+             stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, T, D = q.shape
+    G, Tk = H // k.shape[1], k.shape[2]
+    bm, bn, d_pad = blocks(D)
+    nqb = triton.cdiv(T, bm)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)     # (B, H, T, D)
+    lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
+    st = torch.empty(B, H, nqb, fw.N_FWD_STATS if stats else 0, dtype=torch.float32, device=q.device)
+    dummy = lse                     # a pointer for the absent optional inputs (never read)
+    wrap_triton(fw.attn_fwd)[(nqb, B * H)](
+        q, k, v, out, lse, st if stats else dummy, lo, hi, dummy if km is None else km,
+        dummy if sinks is None else sinks, dummy if slopes is None else slopes,
+        *_strides(q, k, v, out), 0 if km is None else km.stride(0),
+        H, G, T, Tk, D, window, scale, softcap,
+        BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None,
+        **_flags(q, km, sinks, slopes, causal, window, softcap, stats))
+    return out, lse, st
+
+
+@triton_op("dyntool::attn_bwd", mutates_args={})
+def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
+             lse: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, km: torch.Tensor | None,
+             sinks: torch.Tensor | None, slopes: torch.Tensor | None, causal: bool, window: int,
+             scale: float, softcap: float, stats: bool
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    B, H, T, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
+    G = H // Hk
+    bm, bn, d_pad = blocks(D)
+    nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
+    dev = q.device
+    dd = torch.empty(B, H, T, dtype=torch.float32, device=dev)                   # D_i
+    pre = torch.zeros(B, H, nqb, bw.N_PRE_STATS, dtype=torch.float32, device=dev)
+    dqs = torch.zeros(B, H, nqb, bw.N_DQ_STATS, dtype=torch.float32, device=dev)
+    dkvs = torch.zeros(B, H, nkb, bw.N_DKV_STATS, dtype=torch.float32, device=dev)
+    dq = torch.empty(B, H, T, D, dtype=q.dtype, device=dev)
+    dk = torch.empty(B, Hk, Tk, D, dtype=k.dtype, device=dev)
+    dv = torch.empty(B, Hk, Tk, D, dtype=v.dtype, device=dev)
+    flags = _flags(q, km, sinks, slopes, causal, window, softcap, stats)
+    common = (H, G, T, Tk, D, window, scale, softcap)
+    kmp = dd if km is None else km
+    kms = 0 if km is None else km.stride(0)
+    wrap_triton(bw.attn_bwd_pre)[(nqb, B * H)](
+        o, do, dd, pre, *_strides(o, do), H, T, D, BLOCK_M=bm, D_PAD=d_pad, STATS=stats)
+    wrap_triton(bw.attn_bwd_dq)[(nqb, B * H)](
+        q, k, v, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
+        dd if slopes is None else slopes, *_strides(q, k, v, do), kms, *common,
+        BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
+    wrap_triton(bw.attn_bwd_dkdv)[(nkb, B * Hk)](
+        q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes,
+        *_strides(q, k, v, do), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, **flags)
+    dsink = dqs[..., 2].sum(dim=(0, 2))                      # (H,), a fixed-order reduction
+    if sinks is not None:
+        dsink = dsink.to(sinks.dtype)
+    partials = torch.cat([pre.flatten(2), dqs.flatten(2), dkvs.flatten(2)], dim=2).flatten()
+    return dq, dk, dv, dsink, partials
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, lo, hi, km, sinks, slopes, token, causal, window, scale, softcap, stats = inputs
+    out, lse, _ = output
+    ctx.save_for_backward(q, k, v, out, lse, lo, hi, km, sinks, slopes)
+    ctx.args = (causal, window, scale, softcap, stats and token is not None)
+
+
+def _backward(ctx, dout, dlse, dst):
+    q, k, v, out, lse, lo, hi, km, sinks, slopes = ctx.saved_tensors
+    causal, window, scale, softcap, stats = ctx.args
+    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes,
+                                           causal, window, scale, softcap, stats)
+    return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None,
+            partials if stats else None, None, None, None, None, None)
+
+
+attn_fwd.register_autograd(_backward, setup_context=_setup)
+
+
+def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window: int | None = None,
+              softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
+              padding_side: str = "right", key_mask=None, token=None, stats: bool = False):
+    """The fused attention.  Returns ``(out, lse, forward partials)`` (B, H, T, D), (B, H, T), (B, H, nQB, 4).
+
+    ``key_lengths`` (B,): how many keys of each sequence are real, at the end (``padding_side =
+    "left"``) or the start (``"right"``); ``key_mask`` (B, Tk) bool: any set of real keys.
+    ``token``: see the module's docstring (the backward's statistics).  Rows with no visible key
+    give 0 (SDPA's semantics)."""
+    B, _, _, D = q.shape
+    Tk = k.shape[2]
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(f"{q.shape[1]} query heads are not a multiple of {k.shape[1]} key/value heads")
+    if padding_side not in ("left", "right"):
+        raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+    dev = q.device
+    if key_lengths is None:
+        lo = torch.zeros(B, dtype=torch.int32, device=dev)
+        hi = torch.full((B,), Tk, dtype=torch.int32, device=dev)
+    else:
+        n = torch.as_tensor(key_lengths, device=dev).to(torch.int32).expand(B)
+        lo = (Tk - n) if padding_side == "left" else torch.zeros_like(n)
+        hi = torch.full_like(n, Tk) if padding_side == "left" else n
+        lo, hi = lo.contiguous(), hi.contiguous()
+    km = None if key_mask is None else key_mask.to(device=dev, dtype=torch.int8).expand(B, Tk).contiguous()
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"fused attention: {name} needs a contiguous last dimension")
+    return attn_fwd(q, k, v, lo, hi, km, sinks, alibi_slopes, token, bool(causal), int(window or 0),
+                    scale, float(softcap or 0.0), bool(stats))

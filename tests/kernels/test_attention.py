@@ -1,0 +1,148 @@
+"""The fused Triton attention (dyntool.kernels) against float64, under the interpreter.
+
+Per case: out, dq, dk, dv (and the sinks' gradient) equal float64 autograd to ≤ 1e-5 relative
+(‖x − ref‖ / ‖ref‖), and every cheap-tier statistic the kernel writes equals
+``flight.full_tier_reduction`` of the float64 full tier to ≤ 1e-5 relative, at trained-size
+logits (max |τ q·k| ≥ 20).  Sizes are tiny (the interpreter runs each program in numpy) but
+cover partial blocks (T not a multiple of 16), several key and query blocks, and padded head dims."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from dyntool.cheap_stats import Sums
+from dyntool.kernels import op
+from dyntool.kernels import stats as kstats
+
+from . import reference as ref
+
+TOL = 1e-5
+MEASURED: dict[str, dict[str, float]] = {}       # case -> {quantity: relative error}, printed with -s
+
+
+def rel(x, r):
+    x, r = x.detach().double(), r.detach().double()
+    if float(r.norm()) == 0.0:
+        return float(x.norm())
+    return float((x - r).norm() / r.norm())
+
+
+CASES = {
+    # name: shape (B, H, Hk, T, Tk, D) and options
+    "causal": dict(shape=(2, 2, 2, 20, 20, 32)),
+    "noncausal_cross_d80": dict(shape=(2, 2, 2, 12, 27, 80), causal=False),
+    "right_pad_lengths_d96": dict(shape=(2, 2, 2, 19, 19, 96), key_lengths=[19, 11]),
+    "left_pad_lengths_gqa": dict(shape=(2, 4, 2, 18, 18, 64), key_lengths=[18, 7], padding_side="left"),
+    "key_mask_mqa_noncausal": dict(shape=(2, 3, 1, 17, 21, 32), causal=False, key_mask="holes"),
+    "left_pad_key_mask_causal": dict(shape=(2, 2, 1, 18, 18, 32), key_mask="left"),
+    "window": dict(shape=(2, 2, 2, 33, 33, 32), window=5),
+    "softcap": dict(shape=(2, 2, 2, 20, 20, 32), softcap=15.0),
+    "alibi": dict(shape=(2, 2, 2, 20, 20, 32), alibi=True),
+    "sinks_left_pad": dict(shape=(2, 2, 2, 18, 18, 32), sinks=True, key_lengths=[18, 9], padding_side="left"),
+    "d128_exact_blocks": dict(shape=(1, 2, 2, 16, 32, 128), causal=False),
+    "everything": dict(shape=(2, 4, 2, 33, 33, 48), window=9, softcap=25.0, alibi=True, sinks=True,
+                       key_lengths=[33, 20]),
+}
+
+
+def make(case, seed=0, dtype=torch.float32):
+    B, H, Hk, T, Tk, D = case["shape"]
+    g = torch.Generator().manual_seed(seed)
+    gain = 1.8 * D ** 0.25        # trained-size logits: |τ q·k| reaches 20+
+    q = (torch.randn(B, H, T, D, generator=g) * gain).to(dtype)
+    k = (torch.randn(B, Hk, Tk, D, generator=g) * gain).to(dtype)
+    v = torch.randn(B, Hk, Tk, D, generator=g).to(dtype)
+    do = torch.randn(B, H, T, D, generator=g).to(dtype)
+    key_mask = None
+    if case.get("key_mask") == "holes":
+        key_mask = torch.rand(B, Tk, generator=g) > 0.3
+        key_mask[1] = False                       # a sequence whose every row is empty
+        key_mask[1, 3:9] = True
+    elif case.get("key_mask") == "left":          # left padding as Hugging Face's 2-D mask
+        key_mask = torch.ones(B, Tk, dtype=torch.bool)
+        key_mask[1, :6] = False
+    kw = dict(causal=case.get("causal", True), window=case.get("window"), softcap=case.get("softcap"),
+              key_lengths=case.get("key_lengths"), padding_side=case.get("padding_side", "right"),
+              key_mask=key_mask)
+    slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1) / H) if case.get("alibi") else None
+    sinks = torch.randn(H, generator=g) * 2 if case.get("sinks") else None
+    return q, k, v, do, kw, slopes, sinks
+
+
+def run_kernel(q, k, v, do, kw, slopes, sinks, stats=True):
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    sk = None if sinks is None else sinks.clone().requires_grad_()
+    token = torch.zeros(op.bwd_stats_size(q, k), requires_grad=True) if stats else None
+    out, lse, fst = op.attention(*leaves, alibi_slopes=slopes, sinks=sk, token=token, stats=stats, **kw)
+    out.backward(do)
+    return out.detach(), [t.grad for t in leaves], (None if sk is None else sk.grad), fst, token
+
+
+def reference(q, k, v, do, kw, slopes, sinks):
+    B, H, T, D = q.shape
+    Tk = k.shape[2]
+    allowed = ref.allowed_of(B, T, Tk, kw["causal"], kw["window"], kw["key_lengths"], kw["padding_side"],
+                             kw["key_mask"])
+    bias = None if slopes is None else ref.alibi_bias(slopes, T, Tk)
+    args = (allowed, 1 / math.sqrt(D), kw["softcap"], bias, sinks)
+    return ref.grads(q, k, v, do, *args), ref.statistics(q, k, v, do, *args)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fused_equals_float64(name):
+    q, k, v, do, kw, slopes, sinks = make(CASES[name])
+    out, (dq, dk, dv), dsink, fst, token = run_kernel(q, k, v, do, kw, slopes, sinks)
+    (r_out, r_dq, r_dk, r_dv, r_dsink), r_stats = reference(q, k, v, do, kw, slopes, sinks)
+    assert float(r_stats["logit_max"].max()) >= 20.0          # trained-size logits
+    errs = {"out": rel(out, r_out), "dq": rel(dq, r_dq), "dk": rel(dk, r_dk), "dv": rel(dv, r_dv)}
+    if sinks is not None:
+        errs["dsink"] = rel(dsink, r_dsink)
+    sums = Sums(q.shape[1], torch.float64, q.device)
+    nkb = op.n_blocks(q, k)[1]
+    kstats.add_to(sums, kstats.head_sums(fst, token.grad, nkb), q.shape[0], q.shape[2], has_sinks=sinks is not None)
+    mine = sums.finish()
+    assert set(mine) == set(r_stats)
+    for n, r in r_stats.items():
+        assert torch.isfinite(r).all(), n
+        errs[n] = rel(mine[n], r)
+    MEASURED[name] = errs
+    bad = {n: e for n, e in errs.items() if not e <= TOL}
+    assert not bad, f"{name}: relative errors above {TOL}: {bad}"
+
+
+def test_statistics_off_changes_nothing_and_empty_rows_are_zero():
+    """stats=False gives the same output and gradients bit for bit; a row with no visible key
+    outputs 0 and gets no gradient (SDPA's semantics, as the eager path)."""
+    q, k, v, do, kw, slopes, sinks = make(CASES["left_pad_lengths_gqa"], seed=3)
+    on = run_kernel(q, k, v, do, kw, slopes, sinks, stats=True)
+    off = run_kernel(q, k, v, do, kw, slopes, sinks, stats=False)
+    assert torch.equal(on[0], off[0])
+    for a, b in zip(on[1], off[1]):
+        assert torch.equal(a, b)
+    empty = slice(0, 18 - 7)                                  # sequence 1: causal + 11 left pads
+    assert on[0][1, :, empty].abs().max() == 0
+    assert on[1][0][1, :, empty].abs().max() == 0
+
+
+def test_deterministic():
+    small = dict(CASES["everything"], shape=(1, 2, 1, 17, 17, 32))
+    q, k, v, do, kw, slopes, sinks = make(small, seed=5)
+    a = run_kernel(q, k, v, do, kw, slopes, sinks)
+    b = run_kernel(q, k, v, do, kw, slopes, sinks)
+    assert torch.equal(a[3], b[3]) and torch.equal(a[4].grad, b[4].grad)
+    assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def test_bad_arguments_are_refused():
+    q, k, v, *_ = make(CASES["causal"])
+    with pytest.raises(ValueError, match="multiple of"):
+        op.attention(q[:, :1].expand(-1, 3, -1, -1).contiguous(), k, v)
+    with pytest.raises(ValueError, match="padding_side"):
+        op.attention(q, k, v, key_lengths=[3, 4], padding_side="middle")
+
+
+def teardown_module(module):
+    for name, errs in MEASURED.items():
+        print(f"\n{name}: " + " ".join(f"{n}={e:.1e}" for n, e in errs.items()))
