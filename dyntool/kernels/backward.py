@@ -47,9 +47,9 @@ def attn_bwd_pre(O, DO, DD, ST, sob, soh, sot, sdb, sdh, sdt, H, T, D,
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE,
+def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, skmb,
-                H, G, T, Tk, D, window, scale, softcap,
+                H, G, T, Tk, D, scale, softcap,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
@@ -71,6 +71,9 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE,
     dd = tl.load(DD + bh * T + offs_m, mask=rows, other=0.0)
     lo = tl.load(LO + b)
     hi = tl.load(HI + b)
+    window = 0
+    if HAS_WINDOW:
+        window = tl.load(WIN + h)
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(SLOPE + h).to(tl.float32)
@@ -111,9 +114,9 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE,
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, skmb,
-                  H, G, T, Tk, D, window, scale, softcap,
+                  H, G, T, Tk, D, scale, softcap,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr,
@@ -136,11 +139,13 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE,
     km_row = KM + b * skmb
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    start, end = query_range(k0, BLOCK_N, T, Tk, lo, hi, window, CAUSAL, HAS_WINDOW)
-    start = (start // BLOCK_M) * BLOCK_M                          # query blocks as the forward's
     for g in range(G):                                            # the query heads of this kv head
         h = hk * G + g
         bh = b * H + h
+        window = 0
+        if HAS_WINDOW:
+            window = tl.load(WIN + h)
+        start, end = query_range(k0, BLOCK_N, T, Tk, lo, hi, window, CAUSAL, HAS_WINDOW)
         slope = 0.0
         if HAS_ALIBI:
             slope = tl.load(SLOPE + h).to(tl.float32)

@@ -23,9 +23,9 @@ N_FWD_STATS = 4            # entropy sum, score max, |logit| max, sink-mass sum
 
 
 @triton.jit
-def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE,
+def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE, WIN,
              sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, skmb,
-             H, G, T, Tk, D, window, scale, softcap,
+             H, G, T, Tk, D, scale, softcap,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
@@ -43,6 +43,9 @@ def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE,
                 mask=(offs_m[:, None] < T) & dmask[None, :], other=0.0)
     lo = tl.load(LO + b)
     hi = tl.load(HI + b)
+    window = 0
+    if HAS_WINDOW:                                                # keys per query, per head
+        window = tl.load(WIN + h)
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(SLOPE + h).to(tl.float32)

@@ -45,8 +45,8 @@ def bwd_stats_size(q: torch.Tensor, k: torch.Tensor) -> int:
     return q.shape[0] * q.shape[1] * (nqb * (bw.N_PRE_STATS + bw.N_DQ_STATS) + nkb * bw.N_DKV_STATS)
 
 
-def _flags(q, km, sinks, slopes, causal, window, softcap, stats):
-    return dict(CAUSAL=causal, HAS_WINDOW=window > 0, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None,
+def _flags(q, km, slopes, win, causal, softcap, stats):
+    return dict(CAUSAL=causal, HAS_WINDOW=win is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None,
                 HAS_KM=km is not None, STATS=stats,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
@@ -58,7 +58,7 @@ def _strides(*ts):
 @triton_op("dyntool::attn_fwd", mutates_args={})
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
              km: torch.Tensor | None, sinks: torch.Tensor | None, slopes: torch.Tensor | None,
-             token: torch.Tensor | None, causal: bool, window: int, scale: float, softcap: float,
+             win: torch.Tensor | None, token: torch.Tensor | None, causal: bool, scale: float, softcap: float,
              stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     G, Tk = H // k.shape[1], k.shape[2]
@@ -70,19 +70,19 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
     dummy = lse                     # a pointer for the absent optional inputs (never read)
     wrap_triton(fw.attn_fwd)[(nqb, B * H)](
         q, k, v, out, lse, st if stats else dummy, lo, hi, dummy if km is None else km,
-        dummy if sinks is None else sinks, dummy if slopes is None else slopes,
+        dummy if sinks is None else sinks, dummy if slopes is None else slopes, dummy if win is None else win,
         *_strides(q, k, v, out), 0 if km is None else km.stride(0),
-        H, G, T, Tk, D, window, scale, softcap,
+        H, G, T, Tk, D, scale, softcap,
         BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None,
-        **_flags(q, km, sinks, slopes, causal, window, softcap, stats))
+        **_flags(q, km, slopes, win, causal, softcap, stats))
     return out, lse, st
 
 
 @triton_op("dyntool::attn_bwd", mutates_args={})
 def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
              lse: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, km: torch.Tensor | None,
-             sinks: torch.Tensor | None, slopes: torch.Tensor | None, causal: bool, window: int,
-             scale: float, softcap: float, stats: bool
+             sinks: torch.Tensor | None, slopes: torch.Tensor | None, win: torch.Tensor | None,
+             causal: bool, scale: float, softcap: float, stats: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
@@ -97,18 +97,19 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     dq = torch.empty(B, H, T, D, dtype=q.dtype, device=dev)
     dk = torch.empty(B, Hk, Tk, D, dtype=k.dtype, device=dev)
     dv = torch.empty(B, Hk, Tk, D, dtype=v.dtype, device=dev)
-    flags = _flags(q, km, sinks, slopes, causal, window, softcap, stats)
-    common = (H, G, T, Tk, D, window, scale, softcap)
+    flags = _flags(q, km, slopes, win, causal, softcap, stats)
+    common = (H, G, T, Tk, D, scale, softcap)
+    winp = dd if win is None else win
     kmp = dd if km is None else km
     kms = 0 if km is None else km.stride(0)
     wrap_triton(bw.attn_bwd_pre)[(nqb, B * H)](
         o, do, dd, pre, *_strides(o, do), H, T, D, BLOCK_M=bm, D_PAD=d_pad, STATS=stats)
     wrap_triton(bw.attn_bwd_dq)[(nqb, B * H)](
         q, k, v, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
-        dd if slopes is None else slopes, *_strides(q, k, v, do), kms, *common,
+        dd if slopes is None else slopes, winp, *_strides(q, k, v, do), kms, *common,
         BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
     wrap_triton(bw.attn_bwd_dkdv)[(nkb, B * Hk)](
-        q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes,
+        q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
         *_strides(q, k, v, do), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, **flags)
     dsink = dqs[..., 2].sum(dim=(0, 2))                      # (H,), a fixed-order reduction
     if sinks is not None:
@@ -118,31 +119,33 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, lo, hi, km, sinks, slopes, token, causal, window, scale, softcap, stats = inputs
+    q, k, v, lo, hi, km, sinks, slopes, win, token, causal, scale, softcap, stats = inputs
     out, lse, _ = output
-    ctx.save_for_backward(q, k, v, out, lse, lo, hi, km, sinks, slopes)
-    ctx.args = (causal, window, scale, softcap, stats and token is not None)
+    ctx.save_for_backward(q, k, v, out, lse, lo, hi, km, sinks, slopes, win)
+    ctx.args = (causal, scale, softcap, stats and token is not None)
 
 
 def _backward(ctx, dout, dlse, dst):
-    q, k, v, out, lse, lo, hi, km, sinks, slopes = ctx.saved_tensors
-    causal, window, scale, softcap, stats = ctx.args
-    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes,
-                                           causal, window, scale, softcap, stats)
-    return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None,
-            partials if stats else None, None, None, None, None, None)
+    q, k, v, out, lse, lo, hi, km, sinks, slopes, win = ctx.saved_tensors
+    causal, scale, softcap, stats = ctx.args
+    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout.contiguous(), lse, lo, hi, km, sinks, slopes, win,
+                                           causal, scale, softcap, stats)
+    return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None, None,
+            partials if stats else None, None, None, None, None)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window: int | None = None,
+def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window=None,
               softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
               padding_side: str = "right", key_mask=None, token=None, stats: bool = False):
     """The fused attention.  Returns ``(out, lse, forward partials)`` (B, H, T, D), (B, H, T), (B, H, nQB, 4).
 
     ``key_lengths`` (B,): how many keys of each sequence are real, at the end (``padding_side =
     "left"``) or the start (``"right"``); ``key_mask`` (B, Tk) bool: any set of real keys.
+    ``window``: keys per query, the query's own included (causal attention), an int or one per
+    query head (0 = no window for that head: LS attention's global heads).
     ``token``: see the module's docstring (the backward's statistics).  Rows with no visible key
     give 0 (SDPA's semantics)."""
     B, _, _, D = q.shape
@@ -156,14 +159,22 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         lo = torch.zeros(B, dtype=torch.int32, device=dev)
         hi = torch.full((B,), Tk, dtype=torch.int32, device=dev)
     else:
-        n = torch.as_tensor(key_lengths, device=dev).to(torch.int32).expand(B)
+        n = torch.as_tensor(key_lengths, device=dev).to(torch.int32).reshape(-1)
+        if n.numel() not in (1, B):
+            raise ValueError(f"key_lengths has {n.numel()} entries for a batch of {B}")
+        n = n.expand(B)
         lo = (Tk - n) if padding_side == "left" else torch.zeros_like(n)
         hi = torch.full_like(n, Tk) if padding_side == "left" else n
         lo, hi = lo.contiguous(), hi.contiguous()
     km = None if key_mask is None else key_mask.to(device=dev, dtype=torch.int8).expand(B, Tk).contiguous()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    win = None
+    if window is not None and bool(torch.as_tensor(window).ne(0).any()):
+        win = torch.as_tensor(window, device=dev).to(torch.int32).expand(q.shape[1]).clone()
+        win[win <= 0] = q.shape[2] + Tk + 1                      # that head: no window
+        win = win.contiguous()
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"fused attention: {name} needs a contiguous last dimension")
-    return attn_fwd(q, k, v, lo, hi, km, sinks, alibi_slopes, token, bool(causal), int(window or 0),
+    return attn_fwd(q, k, v, lo, hi, km, sinks, alibi_slopes, win, token, bool(causal),
                     scale, float(softcap or 0.0), bool(stats))

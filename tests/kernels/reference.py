@@ -11,8 +11,11 @@ from dyntool.quantities import head_quantities, masked_softmax, score_parts
 
 
 def allowed_of(B, T, Tk, causal, window=None, key_lengths=None, padding_side="right", key_mask=None):
-    """(B, 1, T, Tk) bool, built independently of the kernel's tile masks."""
-    base = causal_allowed(T, Tk, window) if causal else torch.ones(T, Tk, dtype=torch.bool)
+    """(B, 1|H, T, Tk) bool, built independently of the kernel's tile masks."""
+    if isinstance(window, (list, tuple)):                # one per head (0: none), as LS attention
+        base = torch.stack([causal_allowed(T, Tk, w or None) for w in window])[None]
+    else:
+        base = (causal_allowed(T, Tk, window) if causal else torch.ones(T, Tk, dtype=torch.bool))[None, None]
     if window and not causal:
         raise ValueError("the reference's window is causal")
     keys = torch.ones(B, Tk, dtype=torch.bool)
@@ -22,7 +25,7 @@ def allowed_of(B, T, Tk, causal, window=None, key_lengths=None, padding_side="ri
         keys = (j >= Tk - n) if padding_side == "left" else (j < n)
     if key_mask is not None:
         keys = keys & key_mask
-    return base[None, None] & keys[:, None, None, :]
+    return base & keys[:, None, None, :]
 
 
 def alibi_bias(slopes, T, Tk):

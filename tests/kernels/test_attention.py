@@ -38,6 +38,7 @@ CASES = {
     "key_mask_mqa_noncausal": dict(shape=(2, 3, 1, 17, 21, 32), causal=False, key_mask="holes"),
     "left_pad_key_mask_causal": dict(shape=(2, 2, 1, 18, 18, 32), key_mask="left"),
     "window": dict(shape=(2, 2, 2, 33, 33, 32), window=5),
+    "window_per_head_ls": dict(shape=(1, 4, 2, 35, 35, 32), window=[4, 0, 19, 0]),
     "softcap": dict(shape=(2, 2, 2, 20, 20, 32), softcap=15.0),
     "alibi": dict(shape=(2, 2, 2, 20, 20, 32), alibi=True),
     "sinks_left_pad": dict(shape=(2, 2, 2, 18, 18, 32), sinks=True, key_lengths=[18, 9], padding_side="left"),
@@ -127,7 +128,7 @@ def test_statistics_off_changes_nothing_and_empty_rows_are_zero():
 
 
 def test_deterministic():
-    small = dict(CASES["everything"], shape=(1, 2, 1, 17, 17, 32))
+    small = dict(CASES["everything"], shape=(1, 2, 1, 17, 17, 32), key_lengths=[12])
     q, k, v, do, kw, slopes, sinks = make(small, seed=5)
     a = run_kernel(q, k, v, do, kw, slopes, sinks)
     b = run_kernel(q, k, v, do, kw, slopes, sinks)
@@ -141,6 +142,8 @@ def test_bad_arguments_are_refused():
         op.attention(q[:, :1].expand(-1, 3, -1, -1).contiguous(), k, v)
     with pytest.raises(ValueError, match="padding_side"):
         op.attention(q, k, v, key_lengths=[3, 4], padding_side="middle")
+    with pytest.raises(ValueError, match="key_lengths"):
+        op.attention(q, k, v, key_lengths=[3, 4, 5])
 
 
 def teardown_module(module):
