@@ -16,6 +16,7 @@ import html
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,10 @@ import streamlit as st
 
 from dyntool import safeio
 from dyntool.errors import RunError
+from dyntool.location import URLPath, is_url, join
 from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, StoreReader, read_marker
-from dyntool.run import RECORD_DIR, Run, list_runs, open_run
+from dyntool.run import RECORD_DIR, Run, find_runs, list_runs, open_run
 from dyntool.steps import steps_taken
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
@@ -60,19 +62,27 @@ def label(text) -> str:
 # where runs live
 # ---------------------------------------------------------------------------------------
 
-def runs_root() -> Path:
+def runs_root() -> Path | URLPath:
     """RUNS_DIR: ``$DYNTOOL_RUNS_DIR`` (set by ``dyntool app``), else ``streamlit run main.py -- DIR``,
-    else ``./runs``; resolved, so every later containment check compares real paths."""
+    else ``./runs``; resolved, so every later containment check compares real paths.  An
+    object-store URL (``s3://``, ``file://``) stays a URL: its runs are read, never written."""
     raw = os.environ.get(ENV_ROOT)
     if not raw and len(sys.argv) > 1 and sys.argv[0].endswith("main.py"):
         raw = sys.argv[1]
+    if is_url(raw):
+        return URLPath(raw)
     return Path(raw or "runs").expanduser().resolve()
 
 
-def resolve_inside(root: Path, rel: str | Path) -> Path:
+def resolve_inside(root: Path | URLPath, rel: str | Path) -> Path | URLPath:
     """``root / rel`` resolved; raises :class:`AppInputError` if it escapes ``root`` or is not a path."""
     if "\x00" in str(rel):
         raise AppInputError("a folder name can't contain a NUL byte")
+    if is_url(root):                         # no links in object storage: '..' and absolute names refused
+        parts = [q for q in str(rel).split("/") if q not in ("", ".")]
+        if str(rel).startswith("/") or ".." in parts:
+            raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
+        return URLPath(join(str(root), *parts))
     try:
         p = (root / rel).resolve()
     except (OSError, ValueError) as e:
@@ -82,9 +92,14 @@ def resolve_inside(root: Path, rel: str | Path) -> Path:
     return p
 
 
-def rel(root: Path, path: Path | str) -> str:
-    p = Path(path)
+def rel(root: Path | URLPath, path: Path | URLPath | str) -> str:
+    p = (URLPath(path) if is_url(root) else Path(path)) if isinstance(path, str) else path
     return "." if p == root else str(p.relative_to(root))
+
+
+def parent_of(path: str) -> str:
+    """The folder holding a run (its study), as text, for a local path or a URL alike."""
+    return str(URLPath(path).parent if is_url(path) else Path(path).parent)
 
 
 @st.cache_data(ttl=3, show_spinner=False)
@@ -92,6 +107,13 @@ def discover(root: str, sub: str = "") -> list[str]:
     """Runs below ``root/sub`` (study directories included) as paths relative to ``root``, found by
     :func:`dyntool.run.list_runs` (which skips folders resolving outside ``root``).  Re-listed at most
     every 3 s."""
+    if is_url(root):
+        base = URLPath(root)
+        start = resolve_inside(base, sub)
+        try:
+            return sorted(rel(base, u) for u in find_runs(start, MAX_DEPTH))
+        except RunError as e:
+            raise AppInputError(str(e)) from None
     base = Path(root)
     start = resolve_inside(base, sub)
     if not start.is_dir():
@@ -106,7 +128,10 @@ def discover(root: str, sub: str = "") -> list[str]:
 
 def signature(path: str) -> tuple:
     """Cheap change detector: (mtime, size) of meta.json, metrics.jsonl and the record's zarr.json
-    (stat only: nothing is read here)."""
+    (stat only: nothing is read here).  In object storage, where a stat is a request: the clock, so
+    a remote run is re-read at most every 3 s."""
+    if is_url(path):
+        return (int(time.time() // 3),)
     p = Path(path)
     out = []
     for f in (p / "meta.json", p / "metrics.jsonl", p / RECORD_DIR / "zarr.json"):
@@ -119,6 +144,8 @@ def signature(path: str) -> tuple:
 
 
 def _record(path: str) -> Path | None:
+    if is_url(path):
+        return None
     rec = Path(path) / RECORD_DIR
     return rec if rec.exists() or rec.is_symlink() else None
 
@@ -126,6 +153,12 @@ def _record(path: str) -> Path | None:
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _reader(path: str, mark: int | None):
     """A StoreReader bounded at ``mark`` committed steps (None: at the marker it finds)."""
+    if is_url(path):
+        from dyntool.record.remote import Remote, open_remote_record
+        try:
+            return open_remote_record(Remote(path), limit=mark)
+        except (RecordError, RunError) as e:
+            raise AppInputError(f"the recording can't be read: {e}") from None
     rec = _record(path)
     if rec is None:
         return None
@@ -138,12 +171,23 @@ def _reader(path: str, mark: int | None):
 def marker(path: str) -> int:
     """Committed steps the app may read: the core's commit marker, bounded by the data it finds
     (a marker past the data is a problem of the run, and nothing past the data is read)."""
+    if is_url(path):                      # one read of the group metadata, at most every 3 s
+        return _remote_marker(path, signature(path))
     rec = _record(path)
     if rec is None:
         return 0
     try:
         r = _reader(path, read_marker(rec, runs_root()))
     except (RecordError, AppInputError):
+        return 0
+    return r.steps_written if r is not None else 0
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _remote_marker(path: str, sig: tuple) -> int:
+    try:
+        r = _reader(path, None)
+    except AppInputError:
         return 0
     return r.steps_written if r is not None else 0
 
@@ -342,7 +386,7 @@ def is_live(run: Run) -> bool:
 
 def clear_caches() -> None:
     for f in (discover, summary, metrics, array_info, steps, matrix, pooled, head_series, vectors,
-              head_outputs, static):
+              head_outputs, static, _remote_marker):
         f.clear()
     _open_run.clear()
     _reader.clear()

@@ -1,14 +1,24 @@
 """``dyntool app [RUNS_DIR] [--port N] [--headless] [--address HOST]``: start the Streamlit app.
 
 The app is the package :mod:`dyntool.app` (shipped by ``pip install``); this command checks the
-port and address, then execs ``streamlit run <dyntool/app/main.py>`` bound to localhost unless told
-otherwise, and hands RUNS_DIR over in ``$DYNTOOL_RUNS_DIR`` (and after ``--``).
+port and address, then runs ``streamlit run <dyntool/app/main.py>`` bound to localhost unless told
+otherwise, and hands RUNS_DIR (a folder, or an ``s3://`` / ``file://`` URL, read-only) over in
+``$DYNTOOL_RUNS_DIR`` (and after ``--``).
+
+Streamlit always runs headless: a non-headless Streamlit stops at its first-run "Welcome to
+Streamlit! … Email:" prompt on a fresh machine, and waits there forever when started from a script
+or in the background.  Without ``--headless`` this command opens the browser itself once the port
+answers (where there is a display), and writes nothing into the user's ``~/.streamlit``.
 """
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 from ..errors import DyntoolError, RunError
@@ -49,9 +59,20 @@ def check_bind(address: str, port: int | None) -> None:
                                + (" (choose another with --port)" if e.errno == 98 else "")) from None
 
 
-def streamlit_argv(runs_dir: Path, port: int | None, headless: bool, address: str) -> list[str]:
+def free_port(address: str, first: int = 8501, tries: int = 100) -> int:
+    """Streamlit's default port, or the next free one (chosen here so the browser knows where)."""
+    for port in range(first, first + tries):
+        try:
+            check_bind(address, port)
+            return port
+        except DyntoolError:
+            continue
+    raise DyntoolError(f"no free port in {first}..{first + tries - 1} on {address}; choose one with --port")
+
+
+def streamlit_argv(runs_dir, port: int | None, address: str) -> list[str]:
     argv = [sys.executable, "-m", "streamlit", "run", str(app_entry()),
-            f"--server.address={address}", f"--server.headless={'true' if headless else 'false'}",
+            f"--server.address={address}", "--server.headless=true",
             "--browser.gatherUsageStats=false", "--server.fileWatcherType=none",
             "--client.toolbarMode=minimal"]
     if port is not None:
@@ -59,22 +80,63 @@ def streamlit_argv(runs_dir: Path, port: int | None, headless: bool, address: st
     return argv + ["--", str(runs_dir)]
 
 
-def cmd_app(args) -> int:
-    runs_dir = Path(args.runs_dir).expanduser().resolve()
+def _runs_dir(text: str):
+    from ..location import is_url, location
+    where = location(text, "RUNS_DIR")
+    if is_url(where):                       # answers a LIST (one line on a wrong bucket, no network)
+        from ..run import find_runs
+        find_runs(where, max_depth=0)
+        return where
+    runs_dir = where.expanduser().resolve()
     if not runs_dir.is_dir():
         raise RunError(f"runs directory {runs_dir} does not exist (record runs first, e.g. "
-                       f"`dyntool sim toy --out {args.runs_dir}`)")
+                       f"`dyntool sim toy --out {text}`)")
+    return runs_dir
+
+
+def _has_display() -> bool:
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _open_when_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Open the browser once the server answers its health check (never before: a browser that
+    loads too early shows an error page)."""
+    t0 = time.monotonic()
+    while proc.poll() is None and time.monotonic() - t0 < timeout:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    import webbrowser
+                    webbrowser.open(url)
+                    return
+        except OSError:
+            time.sleep(0.3)
+
+
+def cmd_app(args) -> int:
+    runs_dir = _runs_dir(args.runs_dir)
     import importlib.util
-    if importlib.util.find_spec("streamlit") is None:       # fail here, not inside the exec
+    if importlib.util.find_spec("streamlit") is None:       # fail here, not inside the server
         raise DyntoolError("streamlit is not installed (pip install 'streamlit>=1.45')")
     check_bind(args.address, args.port)
-    argv = streamlit_argv(runs_dir, args.port, args.headless, args.address)
+    port = args.port or free_port(args.address)
+    argv = streamlit_argv(runs_dir, port, args.address)
     env = {**os.environ, ENV_ROOT: str(runs_dir)}
-    print(f"dyntool app: serving {runs_dir} on http://{args.address}:{args.port or 8501}", file=sys.stderr)
+    url = f"http://{args.address}:{port}"
+    print(f"dyntool app: serving {runs_dir} on {url}", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, argv, env)
-    return 0  # not reached
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+    if not args.headless and _has_display():
+        threading.Thread(target=_open_when_ready, args=(url, proc), daemon=True).start()
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:           # Ctrl-C reaches Streamlit too (same process group)
+            try:
+                return proc.wait(timeout=10)
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                proc.kill()
+                return 130
 
 
 def register(sub, simsub) -> None:
@@ -83,9 +145,11 @@ def register(sub, simsub) -> None:
                        description="Start the dyntool app on RUNS_DIR: runs table, overview curves, "
                                    "matrices, trajectories, comparisons.")
     p.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS, metavar="RUNS_DIR",
-                   help=f"directory holding runs (default: {DEFAULT_RUNS}); the app reads nothing outside it")
+                   help=f"directory holding runs, or s3://bucket/prefix, file:///path (read-only) "
+                        f"(default: {DEFAULT_RUNS}); the app reads nothing outside it")
     p.add_argument("--port", type=int, default=None, help="port (default: Streamlit's, 8501)")
-    p.add_argument("--headless", action="store_true", help="don't open a browser")
+    p.add_argument("--headless", action="store_true",
+                   help="don't open a browser (the server never waits at Streamlit's first-run prompt either way)")
     p.add_argument("--address", default="localhost",
                    help="address to bind (default: localhost; anything else exposes your runs on the network)")
     p.set_defaults(fn=cmd_app)

@@ -202,6 +202,7 @@ class RemoteStoreReader:
         from .guarded import check_array
         from .store import RecordError, _marker
         self.problems: list[str] = []
+        self.notes: list[str] = []
         try:
             self.group = zarr.open_group(store=self.remote.zarr_store(self.sub, read_only=True), mode="r")
         except RunError:
@@ -256,6 +257,10 @@ class RemoteStoreReader:
             return sorted(self.group["static"].array_keys())
         except KeyError:
             return []
+
+    def static_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Shapes of the ``static/`` arrays (metadata only), as the local reader's."""
+        return {n: tuple(self.group["static"][n].shape) for n in self.static_names()}
 
     def static(self, name: str):
         return self.group["static"][name][...]

@@ -257,3 +257,83 @@ def test_run_strings_are_plain_text_and_fetch_nothing(tmp_path):
         server.stop()
         trap.shutdown()
     assert hits == [], hits
+
+
+def test_app_without_headless_and_without_a_terminal_serves_and_writes_no_streamlit_config(tmp_path):
+    """``dyntool app RUNS`` as the README shows it (no --headless), started with no terminal and a
+    fresh HOME: Streamlit's first-run "Email:" prompt would block it forever; it must serve the
+    page and leave ``~/.streamlit`` alone."""
+    runs = tmp_path / "runs"
+    fixtures.make_toy(runs, "toy-a", steps=5)
+    home = tmp_path / "home"
+    home.mkdir()
+    port = free_port()
+    env = {**os.environ, "HOME": str(home), "PYTHONUNBUFFERED": "1"}
+    env.pop("DISPLAY", None)
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "dyntool", "app", str(runs), "--port", str(port)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://localhost:{port}/_stcore/health", timeout=60)
+        with urllib.request.urlopen(f"http://localhost:{port}/", timeout=10) as r:
+            assert r.status == 200 and b"<html" in r.read().lower()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+    log.seek(0)
+    out = log.read().decode(errors="replace")
+    assert "Email" not in out and "Welcome to Streamlit" not in out, out
+    assert not (home / ".streamlit").exists(), list((home / ".streamlit").iterdir())
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install -y chromium)")
+def test_app_lists_and_shows_runs_in_object_storage(tmp_path):
+    """``dyntool app s3://bucket/runs`` against the local S3 server: the Runs page lists the runs
+    (a single run and a study's), and Overview and Matrices draw one of them, read-only."""
+    pytest.importorskip("obstore", reason="obstore not installed (pip install dyntool[scale])")
+    moto_server = pytest.importorskip("moto.server", reason="moto[server] not installed")
+    import boto3
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    srv.start()
+    host, port = srv.get_host_and_port()
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_REGION": "us-east-1",
+           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    server = browser = None
+    try:
+        c = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        c.create_bucket(Bucket="app-runs")
+        local = tmp_path / "runs"
+        fixtures.make_toy(local, "toy-remote", steps=20)
+        for f in sorted(local.rglob("*")):
+            if f.is_file():
+                c.upload_file(str(f), "app-runs", f"runs/{f.relative_to(local).as_posix()}")
+        before = {o["Key"]: o["ETag"] for o in c.list_objects_v2(Bucket="app-runs")["Contents"]}
+        server = Server("s3://app-runs/runs")
+        browser = Browser()
+        shots = Path(os.environ.get("DYNTOOL_SCREENSHOTS", tmp_path))
+        shots.mkdir(parents=True, exist_ok=True)
+        for page, words in {"": ("Runs", "1 run(s) under"), "overview?run=toy-remote": ("Overview", "Training loss"),
+                            "matrices?run=toy-remote": ("Matrices", "α (attention)")}.items():
+            browser.open(f"{server.url}/{page}")
+            text = browser.text()
+            browser.screenshot(shots / f"browser-s3-{page.split('?')[0] or 'runs'}.png")
+            for w in words:
+                assert w in text, f"{page}: {w!r} not on the page: {text[:1500]}"
+            assert "Traceback" not in text and "could not be drawn" not in text and "can't be read" not in text, text[:2000]
+        after = {o["Key"]: o["ETag"] for o in c.list_objects_v2(Bucket="app-runs")["Contents"]}
+        assert after == before                               # the app never writes a remote run
+    finally:
+        if browser is not None:
+            browser.close()
+        if server is not None:
+            server.stop()
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        srv.stop()

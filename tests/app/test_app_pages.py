@@ -256,8 +256,9 @@ def test_cli_app_command(tmp_path, monkeypatch, capsys):
     from dyntool.cli import app as app_cli
     args = cli.build_parser().parse_args(["app", str(tmp_path), "--port", "8123", "--headless"])
     assert args.fn is app_cli.cmd_app
-    argv = app_cli.streamlit_argv(tmp_path, 8123, True, "localhost")
+    argv = app_cli.streamlit_argv(tmp_path, 8123, "localhost")
     assert "--server.address=localhost" in argv and "--server.port=8123" in argv
+    assert "--server.headless=true" in argv              # never Streamlit's first-run prompt
     assert argv[-2:] == ["--", str(tmp_path)] and argv[4].endswith("app/main.py")
     assert cli.main(["app", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool import safeio
+from dyntool.location import is_url
+from dyntool.run import study_summary
 from dyntool.stats import mean_std
 from dyntool.app import analysis, data, downloads, plots, ui
 from dyntool.app.data import AppInputError
@@ -54,14 +55,12 @@ def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
         return None
     root = ui.root()
     for p in paths:
-        f = Path(p).parent / "summary.json"
-        if f.resolve().is_relative_to(root) and f.exists():
-            try:
-                h = safeio.read_json(f).get("h_min")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if isinstance(h, (int, float)):
-                return float(h), f"H_min = {h:.4f}"
+        folder = data.parent_of(p)
+        if not is_url(folder) and not Path(folder).resolve().is_relative_to(root):
+            continue
+        h = study_summary(folder).get("h_min")
+        if isinstance(h, (int, float)) and not isinstance(h, bool):
+            return float(h), f"H_min = {h:.4f}"
     return None
 
 
@@ -109,7 +108,7 @@ def pick_options(paths: list[str], metrics_avail: dict[str, int]) -> tuple[str, 
     configs = [data.get_run(p).config for p in paths]
     keys = analysis.differing_keys(configs)
     groupings = keys + ["kind", NO_GROUP]
-    default_group = analysis.default_grouping(keys, [Path(p).parent for p in paths])
+    default_group = analysis.default_grouping(keys, [data.parent_of(p) for p in paths])
 
     c = st.columns([2, 2, 1, 1, 1])
     if st.session_state.get("cmp_metric") not in metrics_avail:
