@@ -44,6 +44,14 @@ def make_bijection(out, name: str = "bijection", steps: int = 12) -> Path:
     return run_bijection(cfg, str(out), name=name, quiet=True).path
 
 
+def make_icl_markov(out, name: str = "icl-markov") -> Path:
+    """A tiny in-context Markov chain study (the ``ci`` preset of dyntool/presets/icl_markov.toml)."""
+    from dyntool import config
+    from dyntool.sims.icl_markov_config import ICLMarkovConfig
+    from dyntool.sims.icl_markov_study import run_study
+    return run_study(config.load(ICLMarkovConfig, "icl_markov.toml", "ci"), str(out), name=name, quiet=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # sticky chain
 # ---------------------------------------------------------------------------------------------

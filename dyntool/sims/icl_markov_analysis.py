@@ -128,6 +128,20 @@ def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_la
             "r_by_lag": [float(v) for v in r], "lags_steps": [int((i - max_lag) * every) for i in range(len(r))]}
 
 
+def peak_lead(steps: np.ndarray, indicator: np.ndarray, start: int | None) -> dict:
+    """Added after seeing seed 0's figure (not one of the rules fixed before looking): how many steps
+    the indicator's peak comes before the bigram stage's start, and the shuffled-time control's
+    chance that a peak lands that early or earlier within the run and still before the start: with
+    the indicator's values shuffled over the n logged steps the peak is uniform on them, so
+    p = #{logged steps in [peak, start)} / n."""
+    v = np.asarray(indicator, float)
+    if start is None or not np.isfinite(v).any():
+        return {"lead_steps": None, "p": None}
+    peak = int(steps[np.nanargmax(v)])
+    window = np.sum((steps >= min(peak, start)) & (steps < max(peak, start)))
+    return {"peak_step": peak, "lead_steps": int(start - peak), "p": float(max(window, 1) / len(steps))}
+
+
 def prev_token_head(df, n_layer: int, n_head: int) -> tuple[int, int]:
     """The (layer, head) with the largest previous-token score at the end (mean of the last HOLD logged)."""
     best, arg = -np.inf, (0, 0)
@@ -167,5 +181,6 @@ def analyse_run(df, n_layer: int, n_head: int) -> dict:
     out["prev_token_head"] = [pl, ph]
     s_, g = on_logged_grid(df, mn.head(mn.SCORE_GRAD_NORM, pl, ph))
     out["lead"] = lead(s_, g, rows[mn.icl_kl("bigram")].to_numpy(float))
+    out["peak_lead"] = peak_lead(s_, g, out["bigram_start"])
     out["n_logged"] = int(len(steps))
     return out

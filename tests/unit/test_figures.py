@@ -28,6 +28,7 @@ def root(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("figruns")
     fx.make_toy(d, steps=40)
     fx.make_bijection(d)
+    fx.make_icl_markov(d)
     # a --controls study first (list_runs puts the newest first, so sticky-study stays the main study)
     fx.make_sticky_study(d, name="sticky-controls", seeds=(0, 1), arms=("sgd", "em", "routing", "all"), T=40,
                          steps=20, every=10, crop=10, pool=8, sweep=False)

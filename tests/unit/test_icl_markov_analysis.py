@@ -96,3 +96,26 @@ def test_summary_counts_the_second_layer_first():
     assert d["second_layer_first"]["induction"] == {"second_first": 1, "of": 2}
     assert d["bigram_start"]["mean"] == pytest.approx(255) and d["paper_order"] == 2
     assert "bigram stage at step 255 ± 7" in table(s)
+
+
+def test_peak_lead_and_its_shuffled_time_chance():
+    steps = np.arange(100) * 20
+    g = np.exp(-0.5 * ((steps - 400) / 60.0) ** 2)                        # peaks at 400
+    res = an.peak_lead(steps, g, 520)
+    assert res == {"peak_step": 400, "lead_steps": 120, "p": 6 / 100}      # logged steps 400..500
+    assert an.peak_lead(steps, g, None)["lead_steps"] is None
+    assert an.peak_lead(steps, g, 300)["lead_steps"] == -100              # peak after the start
+
+
+def test_resummarise_two_studies_adds_their_seeds(tmp_path):
+    from dyntool import config
+    from dyntool.sims.icl_markov_config import ICLMarkovConfig
+    from dyntool.sims.icl_markov_study import resummarise, run_study
+    cfg = config.load(ICLMarkovConfig, "icl_markov.toml", "ci", values={"steps": 12, "control": False})
+    a = run_study(cfg, tmp_path, name="a", quiet=True)
+    b = run_study(config.update(cfg, {"seeds": [3]}), tmp_path, name="b", quiet=True)
+    s = resummarise([a, b])
+    assert s["seeds"] == [0, 3] and sorted(s["priors"]["dirichlet"]["per_seed"]) == ["0", "3"]
+    import json
+    one = json.loads((a / "summary.json").read_text())
+    assert one["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"] == s["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"]

@@ -30,6 +30,11 @@ def test_simulation_names_are_pinned():
     assert mn.bijection_heldout("loss") == "heldout/loss"
     assert (mn.ATTN_ENTROPY_UNIFORM, mn.ATTN_ENTROPY_REDUCTION_LAST, mn.ATTN_ENTROPY_REDUCTION_MEAN) == (
         "attn_entropy/uniform", "attn_entropy/reduction_last_vs_L0", "attn_entropy/reduction_mean_vs_uniform")
+    assert mn.icl_kl("bigram") == "kl/bigram" and mn.icl_heldout("loss") == "icl_heldout/loss"
+    assert mn.head(mn.icl_score("induction"), 1, 0) == "induction_score/L1H0"
+    assert mn.head(mn.icl_score("prev_token"), 0, 2) == "prev_token_score/L0H2"
+    with pytest.raises(ValueError):
+        mn.icl_score("copying")
 
 
 @pytest.mark.parametrize("name", ["logit_max/L0H3", "attn_entropy/L12H10", "logit_max/L7"])
@@ -73,6 +78,7 @@ HAND_FORMATTED = [re.compile(p) for p in (
     r"^(manifold|key_orth|attn_entropy|logit_max|grad_norm|" + "|".join(mn.CHEAP_TIER) + r")/",
     r"^heldout_(\{\}|[gvx])_",
     r"^heldout/",
+    r"^(kl|icl_heldout|prev_token_score|induction_score)/",
 )]
 
 
@@ -107,7 +113,7 @@ def hand_formatted(source: str) -> list[tuple[int, str]]:
                                   'x = "key_orth/ctx/L0"', 'x = rf"{name}/L(\\d+)H(\\d+)"',
                                   'x = f"heldout_{rep}_{k}"', "x = 'heldout_g_r2_linear'",
                                   'x = f"{base}/L{l}H{h}"', 'x = "attn_entropy/uniform"', 'x = f"logit_max/L{l}"',
-                                  'x = f"heldout/{k}"'])
+                                  'x = f"heldout/{k}"', 'x = "kl/bigram"', 'x = f"induction_score/L{l}H{h}"'])
 def test_the_scan_catches_a_hand_formatted_name(line):
     assert hand_formatted(line)
 
