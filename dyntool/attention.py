@@ -48,6 +48,9 @@ class AttentionCore(nn.Module):
         self._capture = None          # the attached observer (a Fanout when several), else None
         self._observers: list = []
         self.attend_fn = None         # optional replacement core, e.g. the span variant's backward
+        # set by a FlightRecorder with record.kernel fused (dyntool.fused_path.FusedSite): computes
+        # the attention and its statistics in one kernel on recorded steps; None = not serving
+        self.fused_fn = None
         self._dense_cache: dict = {}
 
     def allowed(self, T: int, device) -> torch.Tensor:
@@ -75,7 +78,10 @@ class AttentionCore(nn.Module):
         scale = 1.0 / math.sqrt(q.shape[-1])
         cap = self._capture
         scores = None
-        if self.backend == "manual":
+        y = None if self.fused_fn is None else self.fused_fn(self, q, k, v, scale)
+        if y is not None:
+            pass
+        elif self.backend == "manual":
             y, scores = self._manual(q, k, v, scale)
         elif self.attend_fn is not None:
             y = self.attend_fn(q, k, v, self._sdpa_mask_args(T, q.device), scale)

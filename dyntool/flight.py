@@ -20,6 +20,13 @@ Why it is cheap and what it keeps:
   visible key follow the attention's own semantics, read off its output (0 or uniform);
 - the result is a few (L, nh) tensors: one host sync when read.
 
+The path (``kernel``, :mod:`dyntool.fused_path`): ``auto`` reduces in the fused Triton kernel
+(:mod:`dyntool.kernels`) where it serves (dyntool's own attention on CUDA) and eagerly as above
+elsewhere; ``eager`` always eagerly; ``fused`` demands the kernel (one-line refusal naming the site
+and why not).  :meth:`FlightRecorder.paths` says which path each site took.  On a fused site the
+kernel computes the attention itself and writes per-program partial sums; they are reduced when
+:meth:`result` is called, so the step itself never waits on the host.
+
 There is no self-check here (it would cost a T × T pass per layer on every step): the same seam
 with a Capture checks the model on the full tier's steps, and the tests pin the cheap tier to the
 full tier's reductions in float64.  With a Capture on the same step, :meth:`FlightRecorder.alongside`
@@ -32,6 +39,7 @@ from contextlib import contextmanager
 import torch
 
 from . import cheap_stats
+from . import fused_path
 from .observe import Fanout, Observer, Site
 from .record import metric_names as mn
 
@@ -48,7 +56,7 @@ class _Pending:
 
 class FlightRecorder(Observer):
     def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
-                 max_block_mib: float = 64.0, attention=None):
+                 max_block_mib: float = 64.0, attention=None, kernel: str = "auto"):
         from .adapters import AdapterError, find_adapter
         try:
             self.adapter = find_adapter(model, attention)
@@ -64,14 +72,38 @@ class FlightRecorder(Observer):
         self._pending = 0                 # forwards whose backward has not reached the hook yet
         self._handles: list = []
         self._attached = False
+        try:
+            self.kernel = fused_path.check_kernel(kernel)
+        except ValueError as e:
+            raise FlightError(str(e)) from None
+        self._paths = fused_path.decide(self.adapter, model, self.kernel)
+        if self.kernel == "fused":
+            for i, s in enumerate(self.sites):
+                if self._paths[s] != "fused":
+                    raise FlightError(f"record.kernel=fused: {fused_path.site_name(i, s)}: "
+                                      f"{self._paths[s].removeprefix('eager: ')}")
+        cores = dict(zip(self.sites, getattr(self.adapter, "cores", [])))
+        self._fused = {s: fused_path.FusedSite(cores[s], lambda *call, s=s: self._calls.append(
+            (s, *call))) for s in self.sites if self._paths[s] == "fused"}
+        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T)
+
+    def paths(self) -> dict[str, str]:
+        """{site: "fused" | "eager: <reason>"}: the path each site's statistics take."""
+        return {fused_path.site_name(i, s): self._paths[s] for i, s in enumerate(self.sites)}
+
+    def _arm(self, on: bool) -> None:
+        for fs in self._fused.values():
+            fs.core.fused_fn = fs if on else None
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> "FlightRecorder":
         self.adapter.attach(self)
+        self._arm(True)
         self._attached = True
         return self
 
     def __exit__(self, *exc) -> None:
+        self._arm(False)
         self._drop_handles()
         if self._attached:
             self.adapter.detach()
@@ -87,17 +119,19 @@ class FlightRecorder(Observer):
         """Feed this recorder and ``capture`` (a :class:`~dyntool.capture.Capture` of the same
         model) from one adapter: ``with flight.alongside(cap): ...`` replaces ``with cap:``."""
         capture.adapter.attach(Fanout([capture, self]))
+        self._arm(True)
         try:
             yield capture
         finally:
+            self._arm(False)
             self._drop_handles()
             capture.__exit__(None, None, None)         # its handles and the adapter
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
                 scores=None, bias=None, softcap=None, sinks=None) -> None:
-        if not out.requires_grad or not torch.is_grad_enabled():
-            return                        # an evaluation forward: no U will come
+        if not out.requires_grad or not torch.is_grad_enabled() or site in self._fused:
+            return                        # an evaluation forward (no U will come), or the kernel's
         sl = slice(None) if self.seqs is None else slice(0, self.seqs)
         p = _Pending()
         p.q, p.k, p.v = q[sl].detach(), k[sl].detach(), v[sl].detach()
@@ -137,8 +171,9 @@ class FlightRecorder(Observer):
     def result(self) -> dict[str, torch.Tensor]:
         """Statistics since the last :meth:`reset`: name -> (L, nh) tensor, rows in ``sites``
         order (NaN for a site that recorded nothing, e.g. a head count that differs)."""
-        if self._pending:
-            raise FlightError(f"{self._pending} attention output(s) never received their gradient: call "
+        self._reduce_fused()
+        if self._pending or self._calls:
+            raise FlightError(f"{self._pending + len(self._calls)} attention output(s) never received their gradient: call "
                               "backward() inside the recorder and run recording steps uncompiled")
         if not self._sums:
             raise FlightError("no attention ran with gradients inside the flight recorder")
@@ -157,6 +192,24 @@ class FlightRecorder(Observer):
             out[name] = torch.stack(rows)                                   # (L, nh)
         return out
 
+    def _reduce_fused(self) -> None:
+        """The fused sites' partial sums (forward's, and the backward's in each token's grad) → Sums."""
+        from .kernels import stats as kstats
+        left = []
+        for call in self._calls:
+            site, fst, token, nkb, T = call
+            if token.grad is None:          # no backward yet: counted as pending in result()
+                left.append(call)
+                continue
+            B, H = fst.shape[0], fst.shape[1]
+            S = B if self.seqs is None else min(self.seqs, B)
+            parts = kstats.head_sums(fst[:S], token.grad.reshape(B, H, -1)[:S], nkb)
+            sums = self._sums.get(site)
+            if sums is None:
+                sums = self._sums[site] = cheap_stats.Sums(H, torch.float32, fst.device)
+            kstats.add_to(sums, parts, S, T, self.grad_scale)
+        self._calls = left
+
     def metrics(self, result: dict | None = None) -> dict[str, float]:
         """``{base/L{l}H{h}: value}`` for every statistic (names from record.metric_names)."""
         res = self.result() if result is None else result
@@ -167,6 +220,7 @@ class FlightRecorder(Observer):
 
     def reset(self) -> None:
         self._sums.clear()
+        self._calls.clear()
         self._pending = 0
         self._drop_handles()
 

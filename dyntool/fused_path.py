@@ -1,0 +1,109 @@
+"""Which path each attention site's cheap tier takes: the fused Triton kernel or the eager reduction.
+
+``record.kernel`` (``FlightRecorder(model, kernel=...)``, ``RunRecorder``, the callbacks,
+``dyntool train --record.kernel=...``):
+
+- ``auto`` (default): the fused kernel (:mod:`dyntool.kernels`) where it can serve (CUDA with
+  Triton), the eager reduction (:mod:`dyntool.cheap_stats`) elsewhere;
+- ``eager``: always the eager reduction;
+- ``fused``: the kernel or a one-line refusal naming the site and the reason (on the CPU it runs
+  under ``TRITON_INTERPRET=1``, set before dyntool.kernels is imported: slow, for tests).
+
+Where the kernel serves, it *computes* the site's attention on recorded steps (output and
+gradients from one pass that also writes the statistics); elsewhere the model's own attention
+runs and the observer seam feeds the eager reduction.  :func:`decide` gives the map
+{site: "fused" | "eager: <reason>"} that ``FlightRecorder.paths()`` returns and runs keep in meta.
+Served today: dyntool's own ``AttentionCore`` (mhsa, ls, qknorm) with causal, sliding-window or
+full masks; span keeps its own backward (and so the eager path).
+"""
+from __future__ import annotations
+
+import torch
+
+KERNELS = ("auto", "eager", "fused")
+
+
+def check_kernel(kernel: str) -> str:
+    if kernel not in KERNELS:
+        raise ValueError(f"record.kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
+    return kernel
+
+
+def site_name(index: int, site) -> str:
+    """The key of a site in ``paths()``: L{index}, with the module path when the adapter knows it."""
+    return f"L{index}" + (f" ({site.name})" if site.name else "")
+
+
+def mask_spec(mask, n_head: int, T: int):
+    """``(causal, windows)`` that reproduce ``mask`` at length T exactly, or a reason string.
+
+    Read off the dense mask on the CPU (no device sync), once per (mask, T): full → not causal;
+    causal with a window of w keys per head (w = the last row's visible keys; 0 = none) when each
+    head's matrix equals :func:`dyntool.observe.causal_allowed` with that window."""
+    from .observe import causal_allowed
+    dense = mask.dense(T, n_head)                                   # (nh|1, T, T) on the CPU
+    if bool(dense.all()):
+        return False, None
+    wins = []
+    for h in range(dense.shape[0]):
+        w = int(dense[h, T - 1].sum())
+        w = 0 if w == T else w
+        if not torch.equal(dense[h], causal_allowed(T, T, w or None)):
+            return f"mask {mask.name} is neither causal, a causal sliding window nor full"
+        wins.append(w)
+    if not any(wins):
+        return True, None
+    return True, wins if len(wins) > 1 else wins * n_head
+
+
+def decide(adapter, model, kernel: str) -> dict:
+    """{Site: "fused" | "eager: <reason>"} for every site of ``adapter``."""
+    sites = adapter.sites()
+    if kernel == "eager":
+        return {s: "eager: record.kernel=eager" for s in sites}
+    cores = getattr(adapter, "cores", None)
+    if cores is None:
+        return {s: f"eager: the {adapter.name} adapter has no fused path yet" for s in sites}
+    p = next(model.parameters(), None)
+    device = p.device if p is not None else torch.device("cpu")
+    from .kernels import unavailable
+    why = unavailable(device)
+    if why is None and kernel == "auto" and device.type != "cuda":
+        why = f"auto picks the kernel on CUDA only (device {device.type})"
+    if why is None and p is not None and p.dtype == torch.float64:
+        why = "float64 model (the kernel computes in fp32)"
+    out = {}
+    for s, core in zip(sites, cores):
+        if why is not None:
+            out[s] = "eager: " + why
+        elif core.attend_fn is not None:
+            out[s] = "eager: span keeps its own backward"
+        else:
+            spec = mask_spec(core.mask, core.n_head, 64)
+            out[s] = "fused" if not isinstance(spec, str) else "eager: " + spec
+    return out
+
+
+class FusedSite:
+    """Runs one ``AttentionCore``'s attention through the kernel on a recorded step and keeps
+    (forward partials, token) per forward; the statistics are reduced when read, not in the step."""
+
+    def __init__(self, core, on_call):
+        self.core, self.on_call = core, on_call
+        self._specs: dict[int, tuple] = {}
+
+    def __call__(self, core, q, k, v, scale):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return None                       # an evaluation forward: the model's own attention
+        from .kernels import op
+        T = q.shape[-2]
+        spec = self._specs.get(T)
+        if spec is None:
+            spec = self._specs[T] = mask_spec(core.mask, core.n_head, T)
+        if isinstance(spec, str):
+            raise RuntimeError(f"dyntool: error: record.kernel=fused: layer {core.layer_index}: {spec} at T={T}")
+        causal, windows = spec
+        token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+        y, _, fst = op.attention(q, k, v, causal=causal, window=windows, scale=scale, token=token, stats=True)
+        self.on_call(fst, token, op.n_blocks(q, k)[1], T)
+        return y

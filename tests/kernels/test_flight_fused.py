@@ -1,0 +1,86 @@
+"""FlightRecorder(kernel="fused") on dyntool's GPT, under the interpreter: the kernel computes the
+attention and its statistics; they equal the eager path's on the float64 copy of the same model
+and batch (an independent computation) to ≤ 1e-5 relative, and so do the model's gradients."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from dyntool.flight import STATS, FlightError, FlightRecorder
+from dyntool.train.config import ModelConfig
+from dyntool.train.gpt import GPT
+
+V, T = 40, 20           # T = 20: two query blocks of 16, the second partial
+
+
+def gpt(attention="mhsa", **kw):
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(attention=attention, n_layer=2, n_head=2, n_embd=32, **kw), V, T)
+    with torch.no_grad():                  # trained-size logits
+        for blk in m.h:
+            blk.attn.c_attn.weight[:64] *= 20.0
+            if blk.attn.q_norm is not None:
+                blk.attn.q_norm.weight *= 3.5
+                blk.attn.k_norm.weight *= 3.5
+    return m
+
+
+def step(model, kernel, grad_scale=1.0, seqs=None):
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V, (3, T), generator=g), torch.randint(0, V, (3, T), generator=g)
+    flight = FlightRecorder(model, kernel=kernel, grad_scale=grad_scale, seqs=seqs)
+    with flight:
+        (model(x, y)[1] * grad_scale).backward()
+    return flight, flight.result(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+@pytest.mark.parametrize("attention,kw", [("mhsa", {}), ("ls", dict(n_local=1, n_global=1, window=6)),
+                                          ("qknorm", {})])
+def test_fused_step_equals_eager(attention, kw):
+    m = gpt(attention, **kw)
+    m64 = copy.deepcopy(m).double()
+    flight, fused, g_fused = step(m, "fused", grad_scale=0.5, seqs=2)
+    assert set(flight.paths().values()) == {"fused"}
+    eager_flight, eager, g_eager = step(m64, "eager", grad_scale=0.5, seqs=2)
+    assert all(p.startswith("eager: ") for p in eager_flight.paths().values())
+    assert float(eager["logit_max"].max()) > 20.0
+    assert set(fused) == set(eager) == {n for n in STATS if n != "sink_mass"}
+    for n in STATS:
+        if n in eager:
+            assert rel(fused[n], eager[n]) <= 1e-5, (n, rel(fused[n], eager[n]))
+    # all parameters as one vector (k_norm.bias's true gradient is 0: a row-constant score shift)
+    flat = lambda g: torch.cat([g[n].flatten().double() for n in sorted(g)])     # noqa: E731
+    assert rel(flat(g_fused), flat(g_eager)) <= 1e-5
+
+
+def test_fused_refuses_in_one_line_and_auto_says_why():
+    m = gpt("span")
+    with pytest.raises(FlightError, match=r"^record.kernel=fused: L0: span keeps its own backward$"):
+        FlightRecorder(m, kernel="fused")
+    with pytest.raises(FlightError, match="record.kernel must be one of auto, eager, fused"):
+        FlightRecorder(m, kernel="fast")
+    paths = FlightRecorder(gpt(), kernel="auto").paths()
+    assert paths == {"L0": "eager: auto picks the kernel on CUDA only (device cpu)",
+                     "L1": "eager: auto picks the kernel on CUDA only (device cpu)"}
+    with pytest.raises(FlightError, match="float64 model"):
+        FlightRecorder(gpt().double(), kernel="fused")
+
+
+def test_no_backward_is_reported_and_eval_forward_untouched():
+    m = gpt()
+    flight = FlightRecorder(m, kernel="fused")
+    x = torch.randint(0, V, (2, T))
+    with flight:
+        with torch.no_grad():
+            m(x)                                  # no grad: the model's own attention, nothing kept
+        m(x)                                      # a forward whose backward never comes
+    assert all(c.fused_fn is None for c in (b.attn.core for b in m.h))
+    with pytest.raises(FlightError, match="2 attention output"):
+        flight.result()
