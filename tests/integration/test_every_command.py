@@ -235,3 +235,35 @@ def test_a_missing_or_damaged_rank_record_is_named_by_every_command(kinds, s3, c
         assert rc in (0, 2) and "Traceback" not in err, err
         lines = err.strip().splitlines()                   # what was not read is said, in one line
         assert len(lines) == 1 and says in lines[0], (where, rc, err)
+
+
+def test_writers_make_no_local_path_from_a_url_and_refuse_what_they_do_not_serve(s3, capsys, in_empty_cwd):
+    rc, out, err = run_cli(capsys, "sim", "toy", "--out", f"s3://{BUCKET}/sims", "--name", "t", "--steps", "3",
+                           "--quiet")
+    assert rc == 0 and f"s3://{BUCKET}/sims/t" in out, err
+    assert open_run(f"s3://{BUCKET}/sims/t").steps_written > 0
+    for argv, says in ((["sim", "sticky-markov", "--out", f"s3://{BUCKET}/sims", "--quiet"], "local folder"),
+                       (["sim", "toy", "--out", "gs://bucket/runs"], "gs://"),
+                       (["train", "--out", "gs://bucket/runs"], "gs://"),
+                       (["ls", "gs://bucket/runs"], "gs://"),
+                       (["ls", ""], "empty"), (["info", ""], "empty"), (["check", ""], "empty"),
+                       (["figures", f"s3://{BUCKET}/sims/t", "--out", f"s3://{BUCKET}/figs"], "local folder"),
+                       (["export", f"s3://{BUCKET}/sims/t", "--to", f"s3://{BUCKET}/exp"], "local folder"),
+                       (["sim", "toy", "--out", "~no-such-user-here/x"], "no such user")):
+        assert says in _refused(capsys, *argv), argv
+
+
+def test_a_huge_declared_shape_in_object_storage_is_refused_quickly(kinds, s3, capsys, in_empty_cwd):
+    import json
+
+    import boto3
+    c = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    _upload(s3, kinds["local-one"][2], "huge")
+    key = "huge/one/record.zarr/attn/zarr.json"
+    meta = json.loads(c.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    meta["shape"] = [meta["shape"][0]] + [10**6] * (len(meta["shape"]) - 1)
+    c.put_object(Bucket=BUCKET, Key=key, Body=json.dumps(meta).encode())
+    for cmd in ("info", "check"):
+        t0 = time.monotonic()
+        rc, out, err = run_cli(capsys, cmd, f"s3://{BUCKET}/huge/one")
+        assert time.monotonic() - t0 < 30 and "array attn" in out and "not read" in out, (cmd, out, err)
