@@ -285,3 +285,20 @@ def test_live_slices_labelled_with_marker_m_hold_m_rows(tmp_path, monkeypatch):
     assert StoreReader(rec, limit=m)["step"][:].tolist() == [0, 1, 2, 3]
     assert data.marker(str(run.path)) == 9
     run.finish()
+
+
+@pytest.mark.parametrize("kind", ["marker_past_data", "missing_array_metadata", "metrics_line_list",
+                                  "meta_is_a_list", "meta_wrong_types"])
+def test_export_of_a_damaged_run_says_in_one_line_what_it_did_not_read(folder, kind, tmp_path, capsys):
+    """An export that succeeds on what reads still names, in one stderr line, what it did not read
+    (it used to write its files and exit 0 without a word)."""
+    _, words, _ = KINDS[kind]
+    from dyntool.cli import main
+    rc = main(["export", str(folder / kind), "--to", str(tmp_path / "x"), "--format", "csv,npz"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if rc == 0:
+        assert len(err) == 1 and err[0].startswith("dyntool: warning:") and words.split(":")[0] in err[0], err
+    else:
+        assert rc == 2 and len(err) == 1 and err[0].startswith("dyntool: error:"), err
+    assert main(["export", str(folder / "good"), "--to", str(tmp_path / "y"), "--format", "csv"]) == 0
+    assert capsys.readouterr().err == ""
