@@ -257,6 +257,7 @@ def icl_leading_indicator(runs, **opts):
 
 def _lead_data(runs):
     r = _main(runs)
+    dense = summary_of(r).get("dense_rerun") or {}
     summ = summary_of(r).get("priors", {}).get(_prior(r), {})
     per = summ.get("per_seed", {})
     if not per:                                       # no summary: this run's test, computed here
@@ -269,12 +270,26 @@ def _lead_data(runs):
     rows = [{"seed": s, "lag_steps": lag, "r": v, "null_r_95": a["lead"].get("null_r_95")}
             for s, a in per.items() for lag, v in zip(a["lead"].get("lags_steps", []), a["lead"].get("r_by_lag", []))]
     return pd.DataFrame(rows), {"run": r.id, "steps": steps, "g": g, "kl": kl, "head": (pl, ph),
-                                "bigram_start": an.first_start(an.stages(r.metrics), "bigram"), "per": per}
+                                "bigram_start": an.first_start(an.stages(r.metrics), "bigram"), "per": per,
+                                "adv": dense.get("advantage_to_previous") or {}, "dense": dense}
 
 
 def _lead_draw(extras):
+    adv = extras["adv"]
     fig = style.figure(style.DOUBLE, 2.6)
-    ax1, ax2 = fig.subplots(1, 2)
+    axes = fig.subplots(1, 3 if adv.get("steps") else 2)
+    ax1, ax2 = axes[0], axes[1]
+    if adv.get("steps"):
+        ax3 = axes[2]
+        ax3.plot(adv["steps"], adv["prev"], color=style.OKABE_ITO["vermillion"], marker="o", ms=2, lw=0.8,
+                 label="A(i, i−1)")
+        ax3.plot(adv["steps"], adv["all"], color=style.REF_COLOR, marker="o", ms=2, lw=0.8, label="mean over keys")
+        for b in extras["dense"].get("boundaries", []):
+            ax3.axvline(b, color=style.REF_COLOR, ls="--", lw=0.8)
+        ax3.set_xlabel(style.STEP)
+        ax3.set_ylabel("advantage (full tier, dense rerun)")
+        ax3.legend(fontsize=5, frameon=False)
+        style.panel_label(ax3, "c")
     ax1.plot(extras["steps"], extras["g"], color=style.OKABE_ITO["vermillion"], lw=1.0)
     ax1.set_ylabel(f"‖∂L/∂S‖, L{extras['head'][0]}H{extras['head'][1]}", color=style.OKABE_ITO["vermillion"])
     tw = ax1.twinx()
@@ -306,4 +321,13 @@ def _lead_caption(extras):
             f"({extras['bigram_start']}).  (b) per seed, the correlation of the changes of ‖∂L/∂S‖ with the bigram "
             f"transition's progress at each lag; dotted: the 95th percentile of the best correlation with the "
             f"indicator's changes shuffled in time (500 permutations).  Best lags {lags} steps; permutation p "
-            f"{[round(p, 3) for p in ps]}.")
+            f"{[round(p, 3) for p in ps]}." + _adv_caption(extras))
+
+
+def _adv_caption(extras) -> str:
+    adv, d = extras["adv"], extras["dense"]
+    if not adv.get("steps"):
+        return ""
+    return (f"  (c) the seeded rerun {d.get('run')} (full tier on {len(adv['steps'])} steps, densely around the first "
+            f"run's stage boundaries {d.get('boundaries')}, dashed): the previous-token head's advantage toward the "
+            f"previous position, mean over queries, beside the mean over all visible keys.")

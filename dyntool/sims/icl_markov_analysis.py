@@ -184,3 +184,23 @@ def analyse_run(df, n_layer: int, n_head: int) -> dict:
     out["peak_lead"] = peak_lead(s_, g, out["bigram_start"])
     out["n_logged"] = int(len(steps))
     return out
+
+
+def advantage_to_previous(run, layer: int, head: int) -> dict:
+    """From a run's full tier: per recorded step, the advantage A_{i,i−1} toward the previous
+    position (mean over queries i ≥ 1 and recorded sequences) of one head, beside the mean advantage
+    over all visible keys (the level a key without a preference would have)."""
+    st = run.store
+    if st is None or "advantage" not in st.names():
+        return {"steps": [], "prev": [], "all": []}
+    adv = st["advantage"]
+    steps = [int(s) for s in run.steps[: len(adv)]]
+    prev, every = [], []
+    for n in range(len(steps)):
+        a = np.asarray(adv[n, layer, head], dtype=float)                 # (S, T, T), masked entries 0
+        T = a.shape[-1]
+        i = np.arange(1, T)
+        prev.append(float(a[:, i, i - 1].mean()))
+        vis = np.tril(np.ones((T, T), dtype=bool))
+        every.append(float(a[:, vis].mean()))
+    return {"steps": steps, "prev": prev, "all": every}

@@ -61,8 +61,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         steps = dense_steps(bounds, cfg)
         run = run_one(cfg, study, seed, cfg.prior, run_name(seed, cfg.prior, dense=True), tags, quiet,
                       extra_record_steps=steps, study=study.name)
-        dense = {"seed": seed, "run": run.path.name, "boundaries": bounds, "full_tier_steps": len(steps),
-                 "same_as_first": _same_metrics(study / run_name(seed, cfg.prior), run.path)}
+        dense = _dense_info(study, seed, cfg.prior, run.path, bounds, first)
     summary = summarise(cfg, per, dense)
     _write_json_atomic(study / "summary.json", summary)
     return study
@@ -87,12 +86,21 @@ def resummarise(studies: list[str | Path]) -> dict:
         d = study / run_name(scfg["seeds"][0], scfg["prior"], dense=True)
         if dense is None and d.exists():
             first = per[scfg["prior"]][scfg["seeds"][0]]
-            dense = {"seed": scfg["seeds"][0], "run": d.name,
-                     "boundaries": [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None],
-                     "full_tier_steps": len(open_run(d).steps),
-                     "same_as_first": _same_metrics(study / run_name(scfg["seeds"][0], scfg["prior"]), d)}
+            bounds = [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None]
+            dense = _dense_info(study, scfg["seeds"][0], scfg["prior"], d, bounds, first)
     cfg.seeds = seeds
     return summarise(cfg, per, dense)
+
+
+def _dense_info(study: Path, seed: int, prior: str, path: Path, bounds: list[int], first: dict) -> dict:
+    """The dense rerun: its full-tier steps, whether it trained as the first run did, and the
+    previous-token head's advantage toward the previous position on each full-tier step."""
+    from .icl_markov_analysis import advantage_to_previous
+    run = open_run(path)
+    adv = advantage_to_previous(run, *first["prev_token_head"])
+    return {"seed": seed, "run": path.name, "boundaries": bounds, "full_tier_steps": len(run.steps),
+            "same_as_first": _same_metrics(study / run_name(seed, prior), path),
+            "prev_token_head": first["prev_token_head"], "advantage_to_previous": adv}
 
 
 def _load_json(path: Path) -> dict:

@@ -94,6 +94,15 @@ def test_ci_study_record_passes_check(tmp_path, capsys):
     assert sum("kl/bigram" in r for r in rows) == 21                              # every 2 steps and the last
     meta = json.loads((run / "meta.json").read_text())
     assert meta["status"] == "finished" and 0 < meta["chance"]["prev_token"] < 1
+    # the advantage toward the previous position from the record equals E_α[b]_i − b_{i,i−1} of its α and B
+    from dyntool.run import open_run
+    from dyntool.sims.icl_markov_analysis import advantage_to_previous
+    r = open_run(run)
+    adv = advantage_to_previous(r, 1, 0)
+    a, b = (np.asarray(r.store[n][-1, 1, 0], dtype=float) for n in ("attn", "compat"))    # (S, T, T)
+    i = np.arange(1, a.shape[-1])
+    by_hand = ((a * b).sum(-1)[:, i] - b[:, i, i - 1]).mean()
+    assert adv["steps"] == [0, 20, 39] and adv["prev"][-1] == pytest.approx(by_hand, rel=1e-3, abs=1e-9)
 
 
 @pytest.mark.parametrize("args, what", [
