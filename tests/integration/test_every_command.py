@@ -224,8 +224,11 @@ def test_a_missing_or_damaged_rank_record_is_named_by_every_command(kinds, s3, c
     local = tmp_path / "norank0"                          # the same, in a local folder
     shutil.copytree(src, local / "two")
     shutil.rmtree(local / "two" / "record.zarr")
+    shutil.copytree(src, tmp_path / "noarray" / "two")   # one rank's array folder deleted: never silent
+    shutil.rmtree(tmp_path / "noarray" / "two" / "record.rank1.zarr" / "attn")
     for where, says in ((f"s3://{BUCKET}/gone/two", "rank 1"), (f"s3://{BUCKET}/broken/two", "attn"),
-                        (f"s3://{BUCKET}/norank0/two", "record.rank1.zarr"), (local / "two", "record.rank1.zarr")):
+                        (f"s3://{BUCKET}/norank0/two", "record.rank1.zarr"), (local / "two", "record.rank1.zarr"),
+                        (tmp_path / "noarray" / "two", "array attn: not readable on rank(s) [1]")):
         rc, out, err = run_cli(capsys, "check", where)
         assert rc == 1 and says in out, (where, out, err)
         rc, out, err = run_cli(capsys, "info", where)
