@@ -50,6 +50,10 @@ class FlightError(RuntimeError):
     pass
 
 
+class KernelRefused(FlightError):
+    """record.kernel=fused where the kernel cannot serve a site (a user's choice, not a bug)."""
+
+
 class _Pending:
     __slots__ = ("q", "k", "v", "o", "allowed", "scale", "bias", "softcap", "sinks", "uniform")
 
@@ -80,7 +84,7 @@ class FlightRecorder(Observer):
         if self.kernel == "fused":
             for i, s in enumerate(self.sites):
                 if self._paths[s] != "fused":
-                    raise FlightError(f"record.kernel=fused: {fused_path.site_name(i, s)}: "
+                    raise KernelRefused(f"record.kernel=fused: {fused_path.site_name(i, s)}: "
                                       f"{self._paths[s].removeprefix('eager: ')}")
         cores = dict(zip(self.sites, getattr(self.adapter, "cores", [])))
         self._fused = {s: fused_path.FusedSite(cores[s], lambda *call, s=s: self._calls.append(

@@ -98,8 +98,8 @@ class RunRecorder:
         if not self.active:
             return
         if self.cfg.cheap_every > 0 and self.writes_metrics:    # under FSDP: rank 0's batch
-            self.flight = FlightRecorder(model, seqs=self.cfg.cheap_seqs or None,
-                                         max_block_mib=self.cfg.max_block_mib, attention=attention)
+            self.flight = FlightRecorder(model, seqs=self.cfg.cheap_seqs or None, max_block_mib=self.cfg.max_block_mib,
+                                         attention=attention, kernel=self.cfg.kernel)
         from ..run_writer import RunWriter
         full = {"source": type(model).__name__, "max_steps": self.max_steps,
                 "model": _model_config(model, attention), "record": asdict(self.cfg), **(config or {})}
@@ -108,6 +108,8 @@ class RunRecorder:
         self.t0 = time.perf_counter()
         if not self.sharded:
             self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
+            if self.flight is not None:     # which path each site's cheap tier takes, and why
+                self.run.update_meta(attention_paths=self.flight.paths())
             return
         from dataclasses import replace
         from ..record.ranks import RankRun

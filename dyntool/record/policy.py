@@ -47,6 +47,9 @@ class RecordConfig:
     cheap_every: int = 0              # every N steps (1: every step; 0: off)
     cheap_seqs: int = 0               # sequences of each micro-batch it reduces over (0: all)
     max_block_mib: float = 64.0       # memory of one query-row block of the tiers' T×T work
+    # the cheap tier's path (dyntool.fused_path): auto (the fused Triton kernel on CUDA, eager
+    # elsewhere), eager, or fused (the kernel or a one-line refusal naming the site)
+    kernel: str = "auto"
     # the crop's old names: "window" is the attention's own (LS), so the crop is only called a crop.
     # Accepted in configs (dyntool.config.rename) and, for code built on RecordConfig(...), here.
     RENAMED: ClassVar[dict[str, str]] = {"query_window": "query_crop", "key_window": "key_crop"}
@@ -86,6 +89,8 @@ class RecordConfig:
             raise ConfigError(p + "steps", "steps must be >= 0")
         if self.cheap_every < 0 or self.cheap_seqs < 0:
             raise ConfigError(p + "cheap_every/cheap_seqs", f"must be >= 0, got {self.cheap_every}, {self.cheap_seqs}")
+        if self.kernel not in ("auto", "eager", "fused"):
+            raise ConfigError(p + "kernel", f"must be auto, eager or fused, got {self.kernel!r}")
         if not self.max_block_mib > 0:
             raise ConfigError(p + "max_block_mib", f"must be > 0, got {self.max_block_mib}")
         if self.log_spaced < 0 or self.disk_budget_gb <= 0:

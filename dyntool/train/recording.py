@@ -114,8 +114,14 @@ class RecordingCallback(Callback):
                 store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
                                                            for row in self.probe[0].tolist()]})
         if rc.enabled and rc.cheap_every > 0:
-            self.flight = FlightRecorder(model, grad_scale=tr.grad_scale, seqs=rc.cheap_seqs or None,
-                                         max_block_mib=rc.max_block_mib)
+            from ..errors import ConfigError
+            from ..flight import KernelRefused
+            try:
+                self.flight = FlightRecorder(model, grad_scale=tr.grad_scale, seqs=rc.cheap_seqs or None,
+                                             max_block_mib=rc.max_block_mib, kernel=rc.kernel)
+            except KernelRefused as e:
+                raise ConfigError("record.kernel", str(e).removeprefix("record.kernel=")) from None
+            self.run.update_meta(attention_paths=self.flight.paths())   # which path, and why
         self.groups = model.grad_groups()
         self.cores = [blk.attn.core for blk in model.h]
         model.track_qk(cfg.train.logit_stat != "off")
@@ -262,6 +268,9 @@ class MetricsLogger(Callback):
         if force or step % self.every == 0:
             self.run.log(step, **metrics)
 
+    def on_final_state(self, step: int, metrics: dict) -> None:
+        self.run.log(step, **metrics)           # the validation after the last step: row N
+
 
 class ConsoleCallback(Callback):
     """One line per validation (and the final numbers) on stderr."""
@@ -272,10 +281,14 @@ class ConsoleCallback(Callback):
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         self.last = metrics
-        if "val_loss" in metrics:
-            print(f"{self.label}step {step + 1}: loss {metrics['loss']:.4f}  val {metrics['val_loss']:.4f} "
+        if "val_loss" in metrics:           # step = steps taken: the model both numbers are of
+            print(f"{self.label}step {step}: loss {metrics['loss']:.4f}  val {metrics['val_loss']:.4f} "
                   f"(ppl {metrics['val_ppl']:.1f})  {metrics['tokens_per_s']:.0f} tok/s  "
                   f"{time.perf_counter() - self.t0:.0f}s", file=self.stream, flush=True)
+
+    def on_final_state(self, step: int, metrics: dict) -> None:
+        print(f"{self.label}step {step}: val {metrics['val_loss']:.4f} (ppl {metrics['val_ppl']:.1f})  "
+              f"{time.perf_counter() - self.t0:.0f}s", file=self.stream, flush=True)
 
     def on_train_end(self, final: dict) -> None:
         ppl = f"valid ppl {final['valid_ppl']:.2f}  test ppl {final['test_ppl']:.2f}{bounded(final)}  " \

@@ -1,0 +1,41 @@
+"""``dyntool train --record.kernel=...`` and ``RunRecorder(kernel=...)``: the path map lands in the
+run's meta; fused (under the interpreter) writes the same cheap statistics as eager; a fused
+request that cannot be served is one line and exit 2, with no run folder left behind."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from dyntool.cli import main
+from dyntool.record import metric_names as mn
+from tests.integration.test_train import rows, train
+
+
+def test_train_fused_equals_eager(tmp_path):
+    common = ("--max-steps", "2", "--record.every=0", "--record.cheap_every=1", "--train.final_eval=off",
+              "--train.eval_every=0", "--model.backend=sdpa")
+    rc, fused = train(tmp_path, *common, "--record.kernel=fused", name="fused")
+    assert rc == 0
+    rc, eager = train(tmp_path, *common, "--record.kernel=eager", name="eager")
+    assert rc == 0
+    meta = json.loads((fused / "meta.json").read_text())
+    assert meta["attention_paths"] == {"L0": "fused", "L1": "fused"}
+    assert json.loads((eager / "meta.json").read_text())["attention_paths"]["L0"] == "eager: record.kernel=eager"
+    a, b = rows(fused), rows(eager)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
+    for ra, rb in zip(a, b):
+        for name in ("attn_entropy", "score_grad_norm", "value_grad_norm", "column_entropy", "compat_var"):
+            x = torch.tensor([ra[mn.head(name, l, h)] for l in range(2) for h in range(2)], dtype=torch.float64)
+            y = torch.tensor([rb[mn.head(name, l, h)] for l in range(2) for h in range(2)], dtype=torch.float64)
+            assert float((x - y).norm() / y.norm()) <= 1e-4, name     # two fp32 trainings, 2 steps apart
+
+
+def test_train_fused_refused_in_one_line(tmp_path, capsys):
+    rc, path = train(tmp_path, "--max-steps", "1", "--record.cheap_every=1", "--record.kernel=fused",
+                     "--model.attention=span")
+    assert rc == 2 and not path.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["dyntool: error: config error: record.kernel: fused: L0: span keeps its own backward"]
+    assert main(["train", "--config", "wikitext_mhsa", "--record.kernel=fast", "--out", str(tmp_path)]) == 2
+    assert "record.kernel" in capsys.readouterr().err
