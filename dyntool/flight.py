@@ -88,8 +88,8 @@ class FlightRecorder(Observer):
                                       f"{self._paths[s].removeprefix('eager: ')}")
         cores = dict(zip(self.sites, getattr(self.adapter, "cores", [])))
         self._fused = {s: fused_path.FusedSite(cores[s], lambda *call, s=s: self._calls.append(
-            (s, *call))) for s in self.sites if self._paths[s] == "fused"}
-        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T)
+            (s, *call, self.grad_scale))) for s in self.sites if self._paths[s] == "fused"}
+        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, grad scale)
 
     def paths(self) -> dict[str, str]:
         """{site: "fused" | "eager: <reason>"}: the path each site's statistics take."""
@@ -201,7 +201,7 @@ class FlightRecorder(Observer):
         from .kernels import stats as kstats
         left = []
         for call in self._calls:
-            site, fst, token, nkb, T = call
+            site, fst, token, nkb, T, grad_scale = call
             if token.grad is None:          # no backward yet: counted as pending in result()
                 left.append(call)
                 continue
@@ -211,7 +211,7 @@ class FlightRecorder(Observer):
             sums = self._sums.get(site)
             if sums is None:
                 sums = self._sums[site] = cheap_stats.Sums(H, torch.float32, fst.device)
-            kstats.add_to(sums, parts, S, T, self.grad_scale)
+            kstats.add_to(sums, parts, S, T, grad_scale)
         self._calls = left
 
     def metrics(self, result: dict | None = None) -> dict[str, float]:

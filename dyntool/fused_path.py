@@ -72,6 +72,8 @@ def decide(adapter, model, kernel: str) -> dict:
         why = f"auto picks the kernel on CUDA only (device {device.type})"
     if why is None and p is not None and p.dtype == torch.float64:
         why = "float64 model (the kernel computes in fp32)"
+    if why is None and p is not None and p.dtype == torch.bfloat16 and device.type != "cuda":
+        why = "bfloat16 under the Triton interpreter (numpy has no bfloat16)"
     out = {}
     for s, core in zip(sites, cores):
         if why is not None:

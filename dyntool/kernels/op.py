@@ -173,6 +173,10 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         win = torch.as_tensor(window, device=dev).to(torch.int32).expand(q.shape[1]).clone()
         win[win <= 0] = q.shape[2] + Tk + 1                      # that head: no window
         win = win.contiguous()
+    if interpreted() and q.dtype == torch.bfloat16:     # numpy has no bfloat16: garbage, not an error
+        raise ValueError("fused attention: the Triton interpreter has no bfloat16 (use float32/float16 on the CPU)")
+    if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"fused attention: {q.dtype} inputs (float32, float16, bfloat16 only)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"fused attention: {name} needs a contiguous last dimension")

@@ -136,6 +136,24 @@ def test_deterministic():
     assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
 
 
+def test_float16_error_within_twice_sdpa():
+    """float16 inputs, fp32 accumulation: the error against float64 is at most 2× torch SDPA's own
+    float16 error on the same inputs (bfloat16 is checked on the GPU: the interpreter has none)."""
+    import torch.nn.functional as F
+    case = CASES["causal"]
+    q, k, v, do, kw, slopes, sinks = make(case)
+    r_out, r_dq, r_dk, r_dv, _ = ref.grads(q, k, v, do, ref.allowed_of(2, 20, 20, True), 1 / math.sqrt(32))
+    h = [t.half() for t in (q, k, v, do)]
+    out, (dq, dk, dv), *_ = run_kernel(*h, kw, slopes, sinks, stats=False)
+    leaves = [t.clone().requires_grad_() for t in h[:3]]
+    s_out = F.scaled_dot_product_attention(*leaves, is_causal=True)
+    s_out.backward(h[3])
+    for mine, sdpa, r in ((out, s_out, r_out), (dq, leaves[0].grad, r_dq), (dk, leaves[1].grad, r_dk),
+                          (dv, leaves[2].grad, r_dv)):
+        assert mine.dtype == torch.float16
+        assert rel(mine, r) <= 2 * rel(sdpa, r), (rel(mine, r), rel(sdpa, r))
+
+
 def test_bad_arguments_are_refused():
     q, k, v, *_ = make(CASES["causal"])
     with pytest.raises(ValueError, match="multiple of"):
@@ -144,6 +162,8 @@ def test_bad_arguments_are_refused():
         op.attention(q, k, v, key_lengths=[3, 4], padding_side="middle")
     with pytest.raises(ValueError, match="key_lengths"):
         op.attention(q, k, v, key_lengths=[3, 4, 5])
+    with pytest.raises(ValueError, match="no bfloat16"):
+        op.attention(*(t.bfloat16() for t in (q, k, v)))
 
 
 def teardown_module(module):

@@ -39,3 +39,27 @@ def test_train_fused_refused_in_one_line(tmp_path, capsys):
     assert err == ["dyntool: error: config error: record.kernel: fused: L0: span keeps its own backward"]
     assert main(["train", "--config", "wikitext_mhsa", "--record.kernel=fast", "--out", str(tmp_path)]) == 2
     assert "record.kernel" in capsys.readouterr().err
+
+
+def test_run_recorder_kernel_option(tmp_path):
+    """RunRecorder(kernel="fused") (the callbacks pass the same keyword): the path map in meta,
+    and two micro-steps at grad_scale 0.5 give the statistics of the eager recorder."""
+    from dyntool.integrations.loop import RunRecorder
+    from tests.kernels.test_flight_fused import V, gpt
+    m = gpt()
+    x, y = torch.randint(0, V, (2, 20)), torch.randint(0, V, (2, 20))
+    got = {}
+    for kernel in ("fused", "eager"):
+        with RunRecorder(m, tmp_path, max_steps=1, every=0, batch="train", cheap_every=1, kernel=kernel,
+                         name=kernel) as rec:
+            for micro in range(2):
+                with rec.train_step(0, grad_scale=0.5):
+                    (0.5 * m(x, y)[1]).backward()
+            m.zero_grad()
+            rec.log(0, loss=1.0)
+        got[kernel] = rows(rec.path)[0]
+        paths = json.loads((rec.path / "meta.json").read_text())["attention_paths"]
+        assert set(paths) == {"L0", "L1"} and paths["L0"].startswith(kernel)
+    for key, val in got["eager"].items():
+        if "/L" in key:
+            assert abs(got["fused"][key] - val) <= 1e-5 * max(1.0, abs(val)), key
