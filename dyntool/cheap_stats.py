@@ -72,6 +72,21 @@ def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sink
     return rows if bool(rows.any()) else None
 
 
+def key_ends(allowed: torch.Tensor, uniform: torch.Tensor | None, T: int, Tk: int, rows: int) -> list[int]:
+    """For each block of ``rows`` query rows, one past the last key any of its rows sees (every key
+    when a block holds a uniform row, which reads them all), read from the mask in one host
+    transfer per call, i.e. once per layer and step, instead of three syncs per block (a
+    ``nonzero``, an ``int`` and an ``any``, which on a GPU made the cheap tier launch-bound)."""
+    vis = allowed.reshape(-1, allowed.shape[-2], Tk).any(0)                  # (T|1, Tk)
+    last = torch.where(vis.any(-1), Tk - 1 - vis.flip(-1).int().argmax(-1), 0)   # (T|1,)
+    if uniform is not None:
+        last = torch.maximum(last.expand(T), uniform.reshape(-1, T).any(0).long() * (Tk - 1))
+    nblk = -(-T // rows)
+    pad = torch.zeros(nblk * rows, dtype=last.dtype, device=last.device)
+    pad[:T] = last.expand(T)
+    return [int(x) + 1 for x in pad.reshape(nblk, rows).amax(-1).tolist()]     # the one host read
+
+
 class Sums:
     """Running per-head sums of one site (nh,), on the device; finished by :meth:`finish`."""
 
@@ -121,22 +136,19 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
     col = torch.zeros(B, n_kv, nh // n_kv, Tk, dtype=q.dtype, device=q.device)   # c_j
     dv = torch.zeros(B, n_kv, nh // n_kv, Tk, v.shape[-1], dtype=q.dtype, device=q.device)  # αᵀU per query head
     flat = lambda t: t.reshape(nh)          # noqa: E731  per-head reductions (n_kv, g) → (nh,)
-    for a0 in range(0, T, rows):
+    ends = key_ends(allowed, uniform, T, Tk, rows)      # keys no row of a block sees are skipped
+    for a0, kend in zip(range(0, T, rows), ends):
         a1 = min(a0 + rows, T)
         al = gal[..., a0:a1, :]
         uni = None if guni is None else guni[..., a0:a1, :]
-        kend = Tk
-        if uni is None or not bool(uni.any()):     # keys no row of this block sees are skipped
-            seen_cols = al.reshape(-1, Tk).any(0).nonzero()
-            kend = int(seen_cols.max()) + 1 if seen_cols.numel() else 1
         al = al[..., :kend]
         bb = None
         if gbias is not None:               # a bias with one row broadcasts over the queries
             bb = gbias[..., a0:a1, :kend] if gbias.shape[-2] > 1 else gbias[..., :kend]
         logits, s = score_parts(gq[..., a0:a1, :], gk[..., :kend, :], scale, softcap, bb)
         seen = al
-        if uni is not None:
-            al = al | uni                          # uniform rows: every key, equal scores
+        if uni is not None:                        # uniform rows: every key, equal scores (a block
+            al = al | uni                          # without one is unchanged: uni is all False)
             s = s.masked_fill(uni, 0.0)
         # (B, n_kv, g, rows, kend) from here on
         sums.logit_max = torch.maximum(sums.logit_max, flat(

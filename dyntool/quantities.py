@@ -76,8 +76,7 @@ def masked_softmax(s: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor |
         p = torch.softmax(torch.cat([sm, sinks.to(s.dtype).expand(*sm.shape[:-1], 1)], dim=-1), dim=-1)
         a, sink_mass = p[..., :-1], p[..., -1]
     empty = ~allowed.any(-1, keepdim=True)
-    if empty.any():
-        a = a.masked_fill(empty, 0.0)
+    a = a.masked_fill(empty, 0.0)             # unconditional: an `if empty.any()` is a device sync
     return a, sink_mass
 
 

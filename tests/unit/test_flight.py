@@ -83,6 +83,37 @@ def test_row_blocks_change_nothing():
         torch.testing.assert_close(many[n], one[n], rtol=1e-12, atol=1e-14)
 
 
+def test_row_blocks_read_the_mask_once_per_call(monkeypatch):
+    """The key range of every row block comes from one host read per layer and step, not from a
+    ``nonzero``/``int``/``any`` per block (each a device sync on a GPU); the numbers stay exact,
+    with a sliding window (keys cut at both ends) and with uniform rows present."""
+    from dyntool import cheap_stats
+    reads = []
+    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    B, nh, Tq, d = 2, 2, 24, 4
+    g = torch.Generator().manual_seed(0)
+    q, k, v, u = (torch.randn(B, nh, Tq, d, generator=g, dtype=torch.float64) for _ in range(4))
+    allowed = torch.ones(Tq, Tq, dtype=torch.bool).tril() & torch.ones(Tq, Tq, dtype=torch.bool).triu(-5)
+    allowed = allowed.expand(B, nh, Tq, Tq).clone()
+    allowed[0, :, 3] = False                                   # an empty row, made uniform
+    uniform = torch.zeros(B, nh, Tq, 1, dtype=torch.bool)
+    uniform[0, :, 3] = True
+    out = torch.randn(B, nh, Tq, d, dtype=torch.float64)
+    per_row = 6 * B * nh * Tq * 8 / 2**20
+    reads.clear()
+    many = cheap_stats.Sums(nh, torch.float64, "cpu")
+    cheap_stats.accumulate(many, q, k, v, out, u, allowed, 0.5, uniform=uniform, max_block_mib=2.5 * per_row)
+    assert reads.count("tolist") == 1 and len(reads) == 1, reads          # 10 blocks, one read
+    one = cheap_stats.Sums(nh, torch.float64, "cpu")
+    cheap_stats.accumulate(one, q, k, v, out, u, allowed, 0.5, uniform=uniform, max_block_mib=64.0)
+    for name, x in many.finish().items():
+        torch.testing.assert_close(x, one.finish()[name], rtol=1e-12, atol=1e-14, msg=name)
+    ends = cheap_stats.key_ends(allowed, None, Tq, Tq, 5)      # causal window: the block's last row
+    assert ends == [5, 10, 15, 20, 24]
+
+
 def test_budget_below_one_row_is_refused():
     m = gpt()
     with pytest.raises(ValueError, match="too small for one query row"):
