@@ -191,7 +191,8 @@ def _refused(capsys, *argv, within: float = 30.0) -> str:
 
 
 COMMANDS = [("ls", "{parent}"), ("info", "{run}"), ("check", "{run}"),
-            ("export", "{run}", "--to", "{tmp}/x"), ("figures", "{run}", "--out", "{tmp}/f")]
+            ("export", "{run}", "--to", "{tmp}/x"), ("figures", "{run}", "--out", "{tmp}/f"),
+            ("app", "{parent}"), ("train", "--resume", "{run}")]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS, ids=lambda c: c[0])
