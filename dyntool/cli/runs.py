@@ -133,7 +133,8 @@ def cmd_info(args) -> int:
     n = steps_taken(m, df)
     if "step" in df and len(df):
         lo, hi = int(df["step"].min()), int(df["step"].max())
-        state0 = "; step 0 = the initial state" if logs_final_state(m) and lo == 0 else ""
+        state0 = "; step 0 = the initial state" if logs_final_state(m) and lo == 0 else \
+            f"; row {hi} = the validation after the last step" if hi == n and not logs_final_state(m) else ""
         rows.append(("steps", f"{n} optimizer steps taken (metrics rows at steps {lo}..{hi}{state0})"))
     else:
         rows.append(("steps", f"{n} optimizer steps taken"))
