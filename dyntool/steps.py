@@ -4,7 +4,9 @@ A metrics row (and a recorded row) with ``step = s`` describes the model after `
 steps, i.e. before update ``s``.  Runs differ only in whether the last state is logged too:
 
 - training (``dyntool train``), the toy head, the wind tunnel, the integrations: row ``s`` is
-  logged and then update ``s`` is applied, so rows ``0 … N-1`` mean **N steps taken**;
+  logged and then update ``s`` is applied, so rows ``0 … N-1`` mean **N steps taken**; training's
+  validation of the model after ``s`` steps is in row ``s`` too (``best_val_step`` = s), and the
+  one after the last step is a row ``N`` of its own (``val_loss``, no ``loss``);
 - the sticky Markov-chain study also logs the state after its last update: rows ``0 … N``
   (step 0 = the initial state, recorded) mean **N steps taken**.
 
@@ -37,4 +39,13 @@ def steps_taken(meta: dict, metrics) -> int:
     if metrics is None or "step" not in metrics or not len(metrics):
         return 0
     last = int(metrics["step"].max())
-    return last if logs_final_state(meta) else last + 1
+    return last if logs_final_state(meta) or _state_row(metrics, last) else last + 1
+
+
+def _state_row(metrics, last: int) -> bool:
+    """Training writes the validation after its last step as a row of its own (no training
+    ``loss``): row N then describes the state after N steps, not an update."""
+    if "loss" not in metrics or "val_loss" not in metrics:
+        return False
+    rows = metrics[metrics["step"] == last]
+    return bool(rows["loss"].isna().all() and rows["val_loss"].notna().any())

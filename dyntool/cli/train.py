@@ -43,7 +43,7 @@ def cmd_train(args) -> int:
         from ..train.recording import bounded
         extra = ""
         if "best_val_ppl" in final:
-            extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step'] + 1}"
+            extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step']}"
         if "valid_ppl" in final:
             extra += ("; " if extra else " (") + \
                 f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}{bounded(final)}"

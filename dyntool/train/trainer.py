@@ -6,7 +6,9 @@ The loop knows nothing about recording or logging: it calls, in list order,
 - ``on_step_start(step)``, then for each micro-step ``micro_step_context(step, micro)`` (a context
   manager entered around that micro-step's forward *and* backward), then
   ``on_step_end(step, metrics)`` (callbacks may add keys; the last one writes them);
-- ``on_eval(step, metrics)`` after a validation pass (its keys are also in that step's metrics);
+- ``on_eval(step, metrics)`` after a validation of the model after ``step`` steps (its keys are
+  also in row ``step``'s metrics; for the state after the last step, which has no training row,
+  ``on_final_state(step, metrics)`` follows, and the metrics logger writes a row of its own);
 - ``wants_eager(step)``: True makes the step run on the uncompiled model (hooks need eager).
 
 Training: AdamW (decay on 2-D weights) with linear warmup + cosine decay, global-norm clipping,
@@ -221,10 +223,34 @@ class Trainer:
         return {"loss": loss_v, "lr": lr, "grad_norm": gn_v}
 
     # -- the loop -------------------------------------------------------------------------
+    def _evaluate_state(self) -> dict:
+        """Validation of the model as it is now, after ``self.step`` steps: its metrics (with
+        ``eval_time``), the best so far updated, ``on_eval(self.step, …)`` called."""
+        te = time.perf_counter()
+        vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
+                           desc=f"eval (valid) at step {self.step}")
+        dt = time.perf_counter() - te                  # not in the training rate
+        self.eval_seconds += dt
+        self.eval_tokens += self.last_eval_tokens
+        ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
+        if self.best is None or vl < self.best["val_loss"]:
+            self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": self.step}
+        for cb in self.callbacks:
+            cb.on_eval(self.step, ev)
+        return {**ev, "eval_time": dt}
+
+    def _wants_eval(self) -> bool:
+        return (self.dist.is_main or self.fsdp) and bool(self.cfg.train.eval_every)
+
     def _one_step(self, stop: int, tokens: int) -> None:
-        """Train step ``self.step`` with its evaluation, callbacks and periodic checkpoint."""
+        """Train step ``self.step`` with its evaluation, callbacks and periodic checkpoint.
+
+        Step numbers count optimizer steps taken (docs/FORMAT.md): the validation of the model
+        after s steps runs before update s and goes into row s, with that update's training loss
+        (which the same model gave); the state after the last step is evaluated by :meth:`fit`."""
         cfg = self.cfg.train
         step = self.step
+        ev = self._evaluate_state() if self._wants_eval() and step and step % cfg.eval_every == 0 else None
         t0 = time.perf_counter()
         for cb in self.callbacks:
             cb.on_step_start(step)
@@ -238,22 +264,10 @@ class Trainer:
             for cb in self.callbacks:
                 cb.on_step_end(step, metrics)
             raise NonFiniteLossError(step, f"loss = {metrics['loss']}")
-        last = self.step == cfg.max_steps
         self.train_seconds += dt
         self.steps_run += 1
-        if (self.dist.is_main or self.fsdp) and cfg.eval_every and (self.step % cfg.eval_every == 0 or last):
-            te = time.perf_counter()
-            vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
-                               desc=f"eval (valid) at step {self.step}")
-            metrics["eval_time"] = time.perf_counter() - te      # not in the training rate
-            self.eval_seconds += metrics["eval_time"]
-            self.eval_tokens += self.last_eval_tokens
-            ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
-            if self.best is None or vl < self.best["val_loss"]:
-                self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": step}
+        if ev is not None:
             metrics.update(ev)
-            for cb in self.callbacks:
-                cb.on_eval(step, ev)
         for cb in self.callbacks:
             cb.on_step_end(step, metrics)
         if self.ckpt_path is not None and cfg.checkpoint_every and \
@@ -282,6 +296,10 @@ class Trainer:
             raise
         if self.ckpt_path is not None:
             self.save_checkpoint(self.ckpt_path)
+        if self._wants_eval() and self.step == cfg.max_steps:     # the last state: its own row
+            ev = self._evaluate_state()
+            for cb in self.callbacks:
+                getattr(cb, "on_final_state", lambda step, metrics: None)(self.step, ev)
         final = {"steps": self.step, "param_sha256": self.param_digest(),
                  "train_seconds": round(self.train_seconds, 3), "eval_seconds": round(self.eval_seconds, 3)}
         if self.best is not None:

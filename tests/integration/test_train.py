@@ -42,12 +42,15 @@ def test_train_cli_end_to_end(tmp_path):
     assert final["steps"] == 8 and final["valid_ppl"] > 1 and final["test_ppl"] > 1
     assert np.isclose(final["valid_ppl"], np.exp(final["valid_loss"]))
     m = rows(path)
-    assert [r["step"] for r in m] == list(range(8))
+    # rows 0..7 are the updates; row 8 is the validation of the state after the last step
+    assert [r["step"] for r in m] == list(range(9))
+    assert set(m[-1]) == {"step", "val_loss", "val_ppl", "eval_time"}
+    m_all, m = m, m[:-1]
     for key in ("loss", "lr", "tokens_per_s", "grad_norm", "logit_max/L0", "logit_max/L1H1",
                 "logit_max", "grad_norm/L0.attn", "grad_norm/emb"):
         assert all(key in r for r in m), key
-    evals = [r for r in m if "val_loss" in r]
-    assert [r["step"] for r in evals] == [3, 7] and all("val_ppl" in r for r in evals)
+    evals = [r for r in m_all if "val_loss" in r]          # after 4 and 8 steps (eval_every=4)
+    assert [r["step"] for r in evals] == [4, 8] and all("val_ppl" in r for r in evals)
     assert all(f"attn_entropy/L1H0" in r for r in m if r["step"] in (0, 3, 6, 7))
     arrs = run.arrays
     assert list(arrs["step"][:]) == [0, 3, 6, 7]
@@ -108,7 +111,8 @@ def test_exact_resume(tmp_path):
     assert rc == 0
     rest = tmp_path / "rest"
     a, b = rows(full), rows(half) + rows(rest)
-    assert [r["step"] for r in b] == list(range(8))
+    assert [r["step"] for r in b] == list(range(9))      # row 8: the validation after the last step
+    assert "val_loss" in b[4] and "val_loss" not in rows(half)[-1]   # the state after 4 steps: evaluated once
     for ra, rb in zip(a, b):
         for key in ("loss", "grad_norm", "lr", "logit_max", "val_loss"):
             assert ra.get(key) == rb.get(key), (ra["step"], key)     # bitwise (json round-trips floats)
@@ -166,7 +170,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
     from dyntool.record import metric_names as mn
     rc, path = train(tmp_path, "--max-steps", "3", "--train.dtype=float64", "--record.batch=train",
                      "--record.seqs=4", "--record.dtype=float32", "--record.every=1",
-                     "--record.cheap_every=1", "--train.final_eval=off")
+                     "--record.cheap_every=1", "--train.final_eval=off", "--train.eval_every=0")
     assert rc == 0
     run, m = open_run(path), rows(path)
     assert [r["step"] for r in m] == [0, 1, 2]
@@ -178,7 +182,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
             cheap = torch.tensor([[r[mn.head(name, l, h)] for h in range(2)] for l in range(2)], dtype=torch.float64)
             torch.testing.assert_close(cheap, full[name], rtol=2e-5, atol=1e-7, msg=name)
     rc, path = train(tmp_path, "--max-steps", "4", "--record.every=0", "--record.cheap_every=2",
-                     "--train.log_every=3", "--train.final_eval=off", name="every2")
+                     "--train.log_every=3", "--train.final_eval=off", "--train.eval_every=0", name="every2")
     assert rc == 0
     got = {r["step"]: r for r in rows(path)}
     assert sorted(got) == [0, 2, 3]

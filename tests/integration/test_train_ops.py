@@ -128,12 +128,12 @@ def test_resume_finished_run_nothing_to_do_then_continues(tmp_path, capsys):
     assert main(["train", "--resume", str(run), "--max-steps", "12", "--quiet"]) == 0
     rest = tmp_path / "r-resume8"
     m = rows(rest)
-    assert [r["step"] for r in m] == [8, 9, 10, 11]
+    assert [r["step"] for r in m] == [8, 9, 10, 11, 12]        # 12: the validation after the last step
     assert open_run(rest).meta["final"]["steps"] == 12 and "valid_ppl" in open_run(rest).meta["final"]
     from dyntool.train.trainer import lr_factor
     from dyntool.train.config import OptimConfig
     f = lr_factor(OptimConfig(warmup_steps=2), 12)
-    assert [r["lr"] for r in m] == pytest.approx([2e-3 * f(s) for s in range(8, 12)], rel=1e-12)
+    assert [r["lr"] for r in m[:-1]] == pytest.approx([2e-3 * f(s) for s in range(8, 12)], rel=1e-12)
     # a second resume of the same run gets a fresh name instead of failing
     assert main(["train", "--resume", str(run), "--max-steps", "10", "--quiet"]) == 0
     assert (tmp_path / "r-resume8-2").is_dir()
