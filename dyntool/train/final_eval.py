@@ -55,8 +55,8 @@ def plan(trainer) -> tuple[str, dict[str, int], int | None, int]:
     if mode == "full" or seen >= sum(sizes.values()):
         return "full", sizes, None, bs
     seqs = max(1, -(-(seen // 2) // T))                 # half the trained tokens per split, whole windows
-    bs = min(bs, seqs)
     n_batches = -(-seqs // bs)
+    bs = -(-seqs // n_batches)                            # batches of equal size: no overshoot
     tokens = {s: min(n, n_batches * bs * T) for s, n in sizes.items()}
     if tokens == sizes:
         return "full", sizes, None, batch_size(cfg)
