@@ -51,11 +51,36 @@ def _flags(q, km, slopes, win, causal, softcap, stats):
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
+def _launch(kernel, grid, *args, **kw):
+    """``wrap_triton(kernel)[grid](...)``.  Under the interpreter ``wrap_triton`` hands back the
+    plain kernel, which cannot run on the fake tensors torch.compile traces with: there the launch
+    is skipped (the outputs' shapes are all tracing needs), so compiled code traces on the CPU too."""
+    if interpreted():
+        from torch._subclasses.fake_tensor import is_fake
+        if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
+            return
+    wrap_triton(kernel)[grid](*args, **kw)
+
+
+def _op(name: str):
+    """``triton_op`` on a GPU (torch.compile traces into it and sees each launch).  Under the
+    interpreter the launches are invisible to tracing, so the op is an opaque ``custom_op`` there,
+    with its own body as the fake implementation (launches skipped on fake tensors)."""
+    if not interpreted():
+        return triton_op(name, mutates_args={})
+
+    def define(fn):
+        op = torch.library.custom_op(name, mutates_args=())(fn)
+        op.register_fake(fn)
+        return op
+    return define
+
+
 def _strides(*ts):
     return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
 
 
-@triton_op("dyntool::attn_fwd", mutates_args={})
+@_op("dyntool::attn_fwd")
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
              km: torch.Tensor | None, sinks: torch.Tensor | None, slopes: torch.Tensor | None,
              win: torch.Tensor | None, token: torch.Tensor | None, causal: bool, scale: float, softcap: float,
@@ -68,7 +93,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     st = torch.empty(B, H, nqb, fw.N_FWD_STATS if stats else 0, dtype=torch.float32, device=q.device)
     dummy = lse                     # a pointer for the absent optional inputs (never read)
-    wrap_triton(fw.attn_fwd)[(nqb, B * H)](
+    _launch(fw.attn_fwd, (nqb, B * H),
         q, k, v, out, lse, st if stats else dummy, lo, hi, dummy if km is None else km,
         dummy if sinks is None else sinks, dummy if slopes is None else slopes, dummy if win is None else win,
         *_strides(q, k, v, out), 0 if km is None else km.stride(0),
@@ -78,7 +103,7 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
     return out, lse, st
 
 
-@triton_op("dyntool::attn_bwd", mutates_args={})
+@_op("dyntool::attn_bwd")
 def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
              lse: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, km: torch.Tensor | None,
              sinks: torch.Tensor | None, slopes: torch.Tensor | None, win: torch.Tensor | None,
@@ -102,13 +127,13 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     winp = dd if win is None else win
     kmp = dd if km is None else km
     kms = 0 if km is None else km.stride(0)
-    wrap_triton(bw.attn_bwd_pre)[(nqb, B * H)](
+    _launch(bw.attn_bwd_pre, (nqb, B * H),
         o, do, dd, pre, *_strides(o, do), H, T, D, BLOCK_M=bm, D_PAD=d_pad, STATS=stats)
-    wrap_triton(bw.attn_bwd_dq)[(nqb, B * H)](
+    _launch(bw.attn_bwd_dq, (nqb, B * H),
         q, k, v, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
         dd if slopes is None else slopes, winp, *_strides(q, k, v, do), kms, *common,
         BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
-    wrap_triton(bw.attn_bwd_dkdv)[(nkb, B * Hk)](
+    _launch(bw.attn_bwd_dkdv, (nkb, B * Hk),
         q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
         *_strides(q, k, v, do), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, **flags)
     dsink = dqs[..., 2].sum(dim=(0, 2))                      # (H,), a fixed-order reduction
@@ -144,8 +169,8 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
 
     ``key_lengths`` (B,): how many keys of each sequence are real, at the end (``padding_side =
     "left"``) or the start (``"right"``); ``key_mask`` (B, Tk) bool: any set of real keys.
-    ``window``: keys per query, the query's own included (causal attention), an int or one per
-    query head (0 = no window for that head: LS attention's global heads).
+    ``window``: keys per query, the query's own included (causal attention), an int or a list of
+    ints, one per query head (0 = no window for that head: LS attention's global heads).
     ``token``: see the module's docstring (the backward's statistics).  Rows with no visible key
     give 0 (SDPA's semantics)."""
     B, _, _, D = q.shape
@@ -168,11 +193,12 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         lo, hi = lo.contiguous(), hi.contiguous()
     km = None if key_mask is None else key_mask.to(device=dev, dtype=torch.int8).expand(B, Tk).contiguous()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    win = None
-    if window is not None and bool(torch.as_tensor(window).ne(0).any()):
-        win = torch.as_tensor(window, device=dev).to(torch.int32).expand(q.shape[1]).clone()
-        win[win <= 0] = q.shape[2] + Tk + 1                      # that head: no window
-        win = win.contiguous()
+    win = None                      # from Python ints: nothing data-dependent for torch.compile
+    ws = [int(w) for w in window] if isinstance(window, (list, tuple)) else [int(window or 0)] * q.shape[1]
+    if len(ws) != q.shape[1]:
+        raise ValueError(f"window has {len(ws)} entries for {q.shape[1]} query heads")
+    if any(w > 0 for w in ws):
+        win = torch.tensor([w if w > 0 else q.shape[2] + Tk + 1 for w in ws], dtype=torch.int32, device=dev)
     if interpreted() and q.dtype == torch.bfloat16:     # numpy has no bfloat16: garbage, not an error
         raise ValueError("fused attention: the Triton interpreter has no bfloat16 (use float32/float16 on the CPU)")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):

@@ -154,6 +154,26 @@ def test_float16_error_within_twice_sdpa():
         assert rel(mine, r) <= 2 * rel(sdpa, r), (rel(mine, r), rel(sdpa, r))
 
 
+def test_compiled_fullgraph_equals_eager():
+    """torch.compile(fullgraph=True) over forward + backward with statistics (aot_eager on the CPU,
+    where the op is opaque; on a GPU tracing goes through triton_op/wrap_triton: tests/gpu's)."""
+    small = dict(CASES["window_per_head_ls"], shape=(1, 2, 1, 20, 20, 32), window=[5, 0])
+    q, k, v, do, kw, slopes, sinks = make(small, seed=2)
+
+    def step(q, k, v, token):
+        out, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
+        return out, fst
+    got = []
+    for fn in (step, torch.compile(step, fullgraph=True, backend="aot_eager")):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        token = torch.zeros(op.bwd_stats_size(q, k), requires_grad=True)
+        out, fst = fn(*leaves, token)
+        out.backward(do)
+        got.append([out, fst, token.grad] + [t.grad for t in leaves])
+    for a, b in zip(*got):
+        assert torch.equal(a, b)
+
+
 def test_bad_arguments_are_refused():
     q, k, v, *_ = make(CASES["causal"])
     with pytest.raises(ValueError, match="multiple of"):
@@ -162,6 +182,8 @@ def test_bad_arguments_are_refused():
         op.attention(q, k, v, key_lengths=[3, 4], padding_side="middle")
     with pytest.raises(ValueError, match="key_lengths"):
         op.attention(q, k, v, key_lengths=[3, 4, 5])
+    with pytest.raises(ValueError, match="window has 3 entries"):
+        op.attention(q, k, v, window=[1, 2, 3])
     with pytest.raises(ValueError, match="no bfloat16"):
         op.attention(*(t.bfloat16() for t in (q, k, v)))
 
