@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from ..config import Device, NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Range
+from ..config import Device, NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
 from .icl_markov_task import PRIORS
@@ -32,7 +32,7 @@ class ICLMarkovModelConfig:
 
 @dataclass
 class ICLMarkovConfig:
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    seeds: list[Seed] = field(default_factory=lambda: [0, 1, 2, 3, 4])
     k: Annotated[int, Range(2, 8)] = 3
     alpha: PosFloat = 1.0               # Dirichlet concentration of every transition row
     T: Annotated[int, Range(4, 4096)] = 100

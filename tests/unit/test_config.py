@@ -131,13 +131,15 @@ def test_packaged_presets_resolve_by_name_and_old_path(name, tmp_path, monkeypat
 
 def test_every_packaged_preset_loads():
     from dyntool.sims.bijection import BijectionConfig
+    from dyntool.sims.icl_markov_config import ICLMarkovConfig
     from dyntool.sims.sticky import StickyConfig
     from dyntool.train.config import TrainConfig
     files = sorted(config.PRESETS.glob("*.toml"))
     assert {f.stem for f in files} >= {"toy", "sticky_markov", "wikitext_mhsa", "wikitext_ls",
                                        "wikitext_span", "wikitext_qknorm"}
     for f in files:
-        cls = {"toy": ToyConfig, "sticky_markov": StickyConfig, "bijection": BijectionConfig}.get(f.stem, TrainConfig)
+        cls = {"toy": ToyConfig, "sticky_markov": StickyConfig, "bijection": BijectionConfig,
+               "icl_markov": ICLMarkovConfig}.get(f.stem, TrainConfig)
         for preset in [None, *config.read_file(f).get("preset", {})]:
             config.load(cls, f, preset)
     with pytest.raises(ConfigError, match="packaged presets"):
