@@ -119,3 +119,11 @@ def test_resummarise_two_studies_adds_their_seeds(tmp_path):
     import json
     one = json.loads((a / "summary.json").read_text())
     assert one["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"] == s["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"]
+
+
+def test_dense_steps_cover_each_boundary_on_a_grid():
+    from dyntool.sims.icl_markov_config import ICLMarkovConfig
+    from dyntool.sims.icl_markov_study import dense_steps
+    cfg = ICLMarkovConfig(steps=1000, dense_window=30, dense_every=10)
+    assert dense_steps([45, 980], cfg) == [10, 20, 30, 40, 50, 60, 70, 950, 960, 970, 980, 990]
+    assert dense_steps([], cfg) == []
