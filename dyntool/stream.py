@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from .capture import Capture, CaptureError, _pad, _where
-from .cheap_stats import block_rows
+from .cheap_stats import block_rows, key_ends
 from .observe import expand_kv
 from .quantities import head_quantities
 from .record import names
@@ -107,6 +107,13 @@ def _blocks(N: int, rows: int, lo: int, hi: int, pool: int):
     return [(a, min(b, N)) for a, b in zip(starts, starts[1:] + [N])]
 
 
+def _key_ends(allowed, uniform, T: int, Tk: int, blocks) -> list[int]:
+    """One past the last key each block's rows see (one host read per head, not one per block):
+    :func:`dyntool.cheap_stats.key_ends` at one-row granularity, maxed over each block."""
+    ends = key_ends(allowed, uniform, T, Tk, 1)                  # per query row
+    return [max(ends[r0:min(r1, T)], default=1) for r0, r1 in blocks]
+
+
 def _pad_block(matrices, S: int, n: int, N: int, dt, device) -> dict[str, torch.Tensor]:
     return {m: torch.full((S, n, N), PAD[m], dtype=dt, device=device) for m in matrices}
 
@@ -130,18 +137,16 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
     computed = tuple(matrices) + (("scores",) if pooled and "scores" not in matrices else ())
     lmax = torch.zeros(1, **f)
     sumsq = torch.zeros(1, **f)
-    count = 0
+    count = torch.zeros(1, **f)                        # on the device: no sync per block
     resid = torch.zeros(2, **f) if slot.ds is not None else None
-    for r0, r1 in _blocks(N, rows, lo, hi, pool):
+    blocks = _blocks(N, rows, lo, hi, pool)
+    kends = _key_ends(allowed, uniform, T, Tk, blocks)  # keys no row of a block sees are skipped
+    for (r0, r1), kend in zip(blocks, kends):
         a1 = min(r1, T)                                # rows past the site's T are padding
         mats = _pad_block(computed, S, r1 - r0, N, dt, q.device) if (r0 < hi and r1 > lo) or pooled else None
         if r0 < a1:
             al = allowed[..., r0:a1, :]
             uni = None if uniform is None else uniform[..., r0:a1, :]
-            kend = Tk
-            if uni is None or not bool(uni.any()):     # keys no row of this block sees are skipped
-                seen = al.reshape(-1, Tk).any(0).nonzero()
-                kend = int(seen.max()) + 1 if seen.numel() else 1
             bb = None if bias is None else (bias[..., r0:a1, :kend] if bias.shape[-2] > 1 else bias[..., :kend])
             qs = head_quantities(q[..., r0:a1, :], k[..., :kend, :], v[..., :kend, :], u[..., r0:a1, :],
                                  al[..., :kend], slot.scale, bias=bb, softcap=slot.softcap,
@@ -153,8 +158,8 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
             for n in ("value_grad", "key_grad"):        # keys past kend get nothing from this block
                 acc[n][..., :kend, :] += qs[n]
             lmax = torch.maximum(lmax, qs["logit_max"])
-            n_seen = int(al[..., :kend].expand(1, S, a1 - r0, kend).sum())
-            sumsq += qs["logit_norm"].square() * max(n_seen, 1)
+            n_seen = al[..., :kend].expand(1, S, a1 - r0, kend).sum().to(dt)
+            sumsq += qs["logit_norm"].square() * n_seen.clamp_min(1)
             count += n_seen
             if resid is not None:
                 ds_auto = slot.ds[:, h, r0:a1, :kend].to(dt).unsqueeze(0) / cap.grad_scale
@@ -174,7 +179,7 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
                 emit(c0, c1, {m: mats[m][:, c0 - r0: c1 - r0] for m in matrices})
     out = {"upstream": u, "values": v, "queries": q, "keys": k, "value_norm": v.norm(dim=-1), **acc,
            **{n: torch.cat(xs, dim=2) for n, xs in vec.items()},
-           "logit_max": lmax, "logit_norm": (sumsq / max(count, 1)).sqrt()}
+           "logit_max": lmax, "logit_norm": (sumsq / count.clamp_min(1)).sqrt()}
     if resid is not None:
         out["routing_residual"] = resid[0:1].sqrt() / resid[1:2].sqrt().clamp_min(1e-300)
     if slot.dq is not None:

@@ -112,6 +112,24 @@ def test_dyntool_gpt_streamed_equals_dense(attention, kw):
         assert "routing_residual" in small
 
 
+def test_streamed_blocks_read_the_mask_once_per_head(monkeypatch):
+    """Every block's key range and the logit-norm counts stay on the device: one host read per
+    head (the key ranges), not a nonzero/int/any/sum read per block (each a sync on a GPU)."""
+    m = gpt("ls", n_local=3, n_global=1, window=4)
+    cap, dense = captured(m, gpt_loss(*batch()), grad_scale=0.5)
+    sel = resolve("L0H*", 2, 4)
+    reads = []
+    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    mats, small = stream(cap, sel, lambda *a: None, rows=3), None
+    monkeypatch.undo()
+    assert len(reads) == 4 and set(reads) == {"tolist"}, reads          # 4 heads × 6 blocks: 4 reads
+    mats, small = streamed(cap, sel, 3)
+    assert_matches(dense, mats, small, sel)
+
+
 def test_pooled_overview_streamed_equals_dense():
     """Pooled tiles from blocks of whole tiles = pooling the dense matrices (float32, as stored)."""
     m = gpt()
