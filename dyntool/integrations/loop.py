@@ -95,6 +95,8 @@ class RunRecorder:
         self._pending = None
         self.flight: FlightRecorder | None = None
         self._cheap_step: int | None = None       # the step the cheap tier is accumulating
+        self._cheap_opened = 0                    # steps the cheap tier watched (0: never wired up)
+        self._cheap_warned = False
         if not self.active:
             return
         if self.cfg.cheap_every > 0 and self.writes_metrics:    # under FSDP: rank 0's batch
@@ -233,6 +235,19 @@ class RunRecorder:
         if self._cheap_step is not None and self._cheap_step != step:
             self._cheap_close()                   # the previous step was never logged
         self._cheap_step, self.flight.grad_scale = int(step), float(grad_scale)
+        self._cheap_opened += 1
+
+    def _warn_cheap_unused(self, step: int) -> None:
+        """``cheap_every`` was set but no step went through ``train_step`` / ``cheap_begin``: the
+        per-step statistics can't be taken, and saying nothing would leave the user guessing."""
+        if self._cheap_warned or self._cheap_opened or self.flight is None:
+            return
+        import sys
+        self._cheap_warned = True
+        print(f"dyntool: warning: RunRecorder(cheap_every={self.cfg.cheap_every}) recorded no per-step "
+              f"statistics (step {step} had none): wrap each step's forward and backward in "
+              "`with rec.train_step(step):` (or call rec.cheap_begin(step) / rec.cheap_end(step))",
+              file=sys.stderr, flush=True)
 
     def cheap_begin(self, step: int, grad_scale: float = 1.0) -> bool:
         """Attach the cheap tier for the whole of ``step`` (every micro-step until
@@ -265,6 +280,8 @@ class RunRecorder:
     def log(self, step: int, **metrics) -> None:
         if not self.active or not self.writes_metrics:
             return
+        if self._cheap_wants(step) and not self._cheap_opened:
+            self._warn_cheap_unused(step)
         if self._cheap_step == step and not self.flight._attached:
             self._cheap_close()
         if self._pending is not None and self._pending[0] == step:
@@ -280,6 +297,8 @@ class RunRecorder:
 
     def close(self, status: str = "finished") -> None:
         if self.active and self.flight is not None:
+            if status == "finished" and self.max_steps > 0:
+                self._warn_cheap_unused(self.max_steps - 1)
             self.flight.__exit__(None, None, None)
             if self._cheap_step is not None and status == "finished":
                 self._cheap_close()

@@ -105,3 +105,36 @@ def test_lightning_callback_cheap_tier(tmp_path):
                enable_model_summary=False, accelerator="cpu", accumulate_grad_batches=2).fit(Module(), loader)
     got = [r for r in rows(cb.path) if "score_grad_norm/L1H1" in r]
     assert sorted({r["step"] for r in got}) == [0, 1, 2]
+
+
+def test_run_recorder_cheap_tier_without_train_step_says_so_in_one_line(tmp_path, capsys):
+    """cheap_every set but the loop never wraps its steps: one warning line naming the fix
+    (once, not per step); the same loop with train_step gets the statistics and no warning."""
+    model = make_model("gpt2", "sdpa")
+    inputs = make_inputs("gpt2")
+    with RunRecorder(model, tmp_path, max_steps=3, every=0, batch="train", cheap_every=1, name="bare") as rec:
+        for step in range(3):
+            model(**inputs).loss.backward()
+            model.zero_grad()
+            rec.log(step, loss=1.0)
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1, err
+    assert err[0].startswith("dyntool: warning: RunRecorder(cheap_every=1) recorded no per-step statistics")
+    assert "rec.train_step(step)" in err[0]
+    assert not any("attn_entropy/L0H0" in r for r in rows(rec.path))
+    with RunRecorder(model, tmp_path, max_steps=2, every=0, batch="train", cheap_every=1, name="wrapped") as rec:
+        for step in range(2):
+            with rec.train_step(step):
+                model(**inputs).loss.backward()
+            model.zero_grad()
+            rec.log(step, loss=1.0)
+    assert "warning" not in capsys.readouterr().err
+    assert all("attn_entropy/L0H0" in r for r in rows(rec.path))
+
+
+def test_run_recorder_cheap_tier_never_logged_warns_at_close(tmp_path, capsys):
+    model = make_model("gpt2", "sdpa")
+    with RunRecorder(model, tmp_path, max_steps=2, every=0, batch="train", cheap_every=1, name="silent"):
+        pass
+    err = capsys.readouterr().err
+    assert err.count("dyntool: warning: RunRecorder(cheap_every=1) recorded no per-step statistics") == 1
