@@ -74,6 +74,7 @@ class StoreWriter:
         self._queue: queue.Queue = queue.Queue(maxsize=4)   # bounded: backpressure on slow disks
         self._error: BaseException | None = None
         self._lock = threading.Lock()                      # buffer: appends vs the flush timer
+        self._rows_slot = threading.Semaphore(1)           # one held step of streamed rows queued
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._worker, name="dyntool-writer", daemon=True)
         self._thread.start()
@@ -139,13 +140,14 @@ class StoreWriter:
         arr[...] = data
 
     def write_rows(self, name: str, index: int, where: tuple, data: np.ndarray, per_step: tuple[int, ...],
-                   chunks: tuple[int, ...]) -> None:
+                   chunks: tuple[int, ...], _on_writer: bool = False) -> None:
         """Write ``data`` into row ``index`` (at ``where`` inside it) of a *streamed* array, now,
         on the caller's thread: the full tier's matrices, query-row block by block, so no step
         of them is ever held whole.  Call it for row ``steps_buffered`` before that step's
         :meth:`append`: the commit marker then covers it like any other array (a row written
         for a step that never got appended is past the marker, and is overwritten by the next)."""
-        self._raise_if_failed()
+        if not _on_writer:
+            self._raise_if_failed()
         arr = self._arrays.get(name)
         if arr is None:
             data = np.asarray(data)
@@ -156,6 +158,15 @@ class StoreWriter:
         if arr.shape[0] <= index:
             arr.resize((index + 1, *arr.shape[1:]))
         arr[(index, *where)] = data
+
+    def write_rows_later(self, index: int, items: list[tuple]) -> None:
+        """:meth:`write_rows` of one step's matrices, ``items`` = [(name, where, data, per_step,
+        chunks), ...], done by the writer thread (zarr's encoding off the training thread).  At most
+        one such step waits in the queue: the call blocks while the previous one is still being
+        written, so the host holds at most two steps (the one queued, the one being built)."""
+        self._raise_if_failed()
+        self._rows_slot.acquire()
+        self._queue.put(("rows", index, items))
 
     @property
     def steps_buffered(self) -> int:
@@ -194,11 +205,16 @@ class StoreWriter:
             try:
                 if job is None:
                     return
-                if self._error is None:
+                if self._error is None and job[0] == "rows":
+                    for item in job[2]:
+                        self.write_rows(item[0], job[1], *item[1:], _on_writer=True)
+                elif self._error is None:
                     self._write(*job)
             except BaseException as e:    # surfaced on the next append/flush
                 self._error = e
             finally:
+                if job is not None and job[0] == "rows":
+                    self._rows_slot.release()
                 self._queue.task_done()
 
     def _create(self, name: str, data: np.ndarray) -> Any:

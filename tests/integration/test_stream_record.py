@@ -79,8 +79,14 @@ def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
     from dyntool.record import recorder
     from dyntool.record.store_writer import StoreWriter
     from tests.adapters.hf_reference import float64_softmax
-    calls, real = [], StoreWriter.write_rows
-    monkeypatch.setattr(StoreWriter, "write_rows", lambda self, name, *a: (calls.append(name), real(self, name, *a)))
+    import threading
+    calls, threads, real = [], {}, StoreWriter.write_rows
+
+    def spy(self, name, *a, **k):
+        calls.append(name)
+        threads.setdefault(host_mib, set()).add(threading.current_thread().name)
+        return real(self, name, *a, **k)
+    monkeypatch.setattr(StoreWriter, "write_rows", spy)
     with float64_softmax():
         model, inputs = _gpt2()
         out, writes = {}, {}
@@ -93,6 +99,7 @@ def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
                 rec.log(0, loss=1.0)
             out[name], writes[name] = open_run(rec.path), list(calls)
     assert sorted(writes["held"]) == sorted(MATS)                      # one write per matrix
+    assert threads[256] == {"dyntool-writer"} and threads[0] == {threading.current_thread().name}
     assert len(writes["rows"]) > len(MATS) and set(writes["rows"]) == set(MATS)   # one per block
     d = out["all"]
     for p in (out["held"], out["rows"]):
