@@ -86,10 +86,11 @@ class FlightRecorder(Observer):
                 if self._paths[s] != "fused":
                     raise KernelRefused(f"record.kernel=fused: {fused_path.site_name(i, s)}: "
                                       f"{self._paths[s].removeprefix('eager: ')}")
-        cores = dict(zip(self.sites, getattr(self.adapter, "cores", [])))
-        self._fused = {s: fused_path.FusedSite(cores[s], lambda *call, s=s: self._calls.append(
-            (s, *call, self.grad_scale))) for s in self.sites if self._paths[s] == "fused"}
-        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, grad scale)
+        self._fused = fused_path.sites_for(self.adapter, self._paths,
+                                           lambda s, *call: self._calls.append((s, *call, self.grad_scale)))
+        if hasattr(self.adapter, "fused"):          # Hugging Face: the dyntool_fused registry entry
+            self.adapter.fused = bool(self._fused)
+        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, sinks?, grad scale)
 
     def paths(self) -> dict[str, str]:
         """{site: "fused" | "eager: <reason>"}: the path each site's statistics take."""
@@ -97,7 +98,7 @@ class FlightRecorder(Observer):
 
     def _arm(self, on: bool) -> None:
         for fs in self._fused.values():
-            fs.core.fused_fn = fs if on else None
+            fs.arm(on)
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> "FlightRecorder":
@@ -122,6 +123,8 @@ class FlightRecorder(Observer):
     def alongside(self, capture):
         """Feed this recorder and ``capture`` (a :class:`~dyntool.capture.Capture` of the same
         model) from one adapter: ``with flight.alongside(cap): ...`` replaces ``with cap:``."""
+        if hasattr(capture.adapter, "fused"):
+            capture.adapter.fused = bool(self._fused)
         capture.adapter.attach(Fanout([capture, self]))
         self._arm(True)
         try:
@@ -129,7 +132,9 @@ class FlightRecorder(Observer):
         finally:
             self._arm(False)
             self._drop_handles()
-            capture.__exit__(None, None, None)         # its handles and the adapter
+            capture.__exit__(None, None, None)
+            if hasattr(capture.adapter, "fused"):
+                capture.adapter.fused = False         # its handles and the adapter
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
@@ -201,7 +206,7 @@ class FlightRecorder(Observer):
         from .kernels import stats as kstats
         left = []
         for call in self._calls:
-            site, fst, token, nkb, T, grad_scale = call
+            site, fst, token, nkb, T, has_sinks, grad_scale = call
             if token.grad is None:          # no backward yet: counted as pending in result()
                 left.append(call)
                 continue
@@ -211,7 +216,7 @@ class FlightRecorder(Observer):
             sums = self._sums.get(site)
             if sums is None:
                 sums = self._sums[site] = cheap_stats.Sums(H, torch.float32, fst.device)
-            kstats.add_to(sums, parts, S, T, grad_scale)
+            kstats.add_to(sums, parts, S, T, grad_scale, has_sinks)
         self._calls = left
 
     def metrics(self, result: dict | None = None) -> dict[str, float]:

@@ -14,13 +14,18 @@ gradients from one pass that also writes the statistics); elsewhere the model's 
 runs and the observer seam feeds the eager reduction.  :func:`decide` gives the map
 {site: "fused" | "eager: <reason>"} that ``FlightRecorder.paths()`` returns and runs keep in meta.
 Served today: dyntool's own ``AttentionCore`` (mhsa, ls, qknorm) with causal, sliding-window or
-full masks; span keeps its own backward (and so the eager path).
+full masks (span keeps its own backward, and so the eager path), and the Hugging Face decoders
+whose attention the tests pin (``HF_MODEL_TYPES``) through the ``dyntool_fused`` registry entry.
 """
 from __future__ import annotations
 
 import torch
 
 KERNELS = ("auto", "eager", "fused")
+# Hugging Face model types checked against the eager path (tests/kernels/test_hf_fused.py): their
+# scores are τ q·k (+ soft-cap), their masks causal + padding (+ window), sinks as s_aux.  Others
+# (ALiBi or T5's bias in a float mask, cross-attention, ...) stay eager until tested.
+HF_MODEL_TYPES = ("gpt2", "llama", "mistral", "gemma2", "gpt_oss")
 
 
 def check_kernel(kernel: str) -> str:
@@ -62,7 +67,7 @@ def decide(adapter, model, kernel: str) -> dict:
     if kernel == "eager":
         return {s: "eager: record.kernel=eager" for s in sites}
     cores = getattr(adapter, "cores", None)
-    if cores is None:
+    if cores is None and adapter.name != "hf":
         return {s: f"eager: the {adapter.name} adapter has no fused path yet" for s in sites}
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
@@ -74,6 +79,11 @@ def decide(adapter, model, kernel: str) -> dict:
         why = "float64 model (the kernel computes in fp32)"
     if why is None and p is not None and p.dtype == torch.bfloat16 and device.type != "cuda":
         why = "bfloat16 under the Triton interpreter (numpy has no bfloat16)"
+    if cores is None:                                               # Hugging Face
+        mtype = getattr(getattr(model, "config", None), "model_type", None)
+        if why is None and mtype not in HF_MODEL_TYPES:
+            why = f"Hugging Face model type {mtype} is not verified with the fused path"
+        return {s: "fused" if why is None else "eager: " + why for s in sites}
     out = {}
     for s, core in zip(sites, cores):
         if why is not None:
@@ -86,6 +96,45 @@ def decide(adapter, model, kernel: str) -> dict:
     return out
 
 
+def _token(q, k):
+    from .kernels import op
+    return torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+
+
+def sites_for(adapter, paths: dict, on_call) -> dict:
+    """{site: FusedSite | HFFusedSite} for the sites whose path is "fused"."""
+    mods = getattr(adapter, "cores", None) or getattr(adapter, "modules", [])
+    kind = FusedSite if hasattr(adapter, "cores") else HFFusedSite
+    return {s: kind(m, lambda *call, s=s: on_call(s, *call)) for s, m in zip(adapter.sites(), mods)
+            if paths[s] == "fused"}
+
+
+class HFFusedSite:
+    """One Hugging Face attention module through the kernel (called by ``adapters.hf``'s
+    ``dyntool_fused`` entry with the 2-D padding mask and the registry's keyword arguments)."""
+
+    def __init__(self, module, on_call):
+        self.module, self.on_call = module, on_call
+
+    def arm(self, on: bool) -> None:
+        from .adapters import hf
+        if on:
+            hf._FUSED[id(self.module)] = self
+        else:
+            hf._FUSED.pop(id(self.module), None)
+
+    def __call__(self, q, k, v, mask, causal, kw):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return None
+        from .kernels import op
+        token = _token(q, k)
+        y, _, fst = op.attention(q, k, v, causal=causal, scale=kw.get("scaling"), window=kw.get("sliding_window"),
+                                 softcap=kw.get("softcap"), sinks=kw.get("s_aux"), key_mask=mask, token=token,
+                                 stats=True)
+        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], kw.get("s_aux") is not None)
+        return y.transpose(1, 2).contiguous()                         # (B, T, nh, d) as the registry's
+
+
 class FusedSite:
     """Runs one ``AttentionCore``'s attention through the kernel on a recorded step and keeps
     (forward partials, token) per forward; the statistics are reduced when read, not in the step."""
@@ -93,6 +142,9 @@ class FusedSite:
     def __init__(self, core, on_call):
         self.core, self.on_call = core, on_call
         self._specs: dict[int, tuple] = {}
+
+    def arm(self, on: bool) -> None:
+        self.core.fused_fn = self if on else None
 
     def __call__(self, core, q, k, v, scale):
         if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
@@ -105,7 +157,7 @@ class FusedSite:
         if isinstance(spec, str):
             raise RuntimeError(f"dyntool: error: record.kernel=fused: layer {core.layer_index}: {spec} at T={T}")
         causal, windows = spec
-        token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+        token = _token(q, k)
         y, _, fst = op.attention(q, k, v, causal=causal, window=windows, scale=scale, token=token, stats=True)
-        self.on_call(fst, token, op.n_blocks(q, k)[1], T)
+        self.on_call(fst, token, op.n_blocks(q, k)[1], T, False)
         return y

@@ -13,6 +13,13 @@ which gets the tensor hook for U.  Masks: a 4-D mask (boolean for sdpa, additive
 holds causal + padding + sliding window; ``None`` means causal (with ``sliding_window`` if given);
 flash's 2-D padding mask is combined with causal + window.
 
+With the cheap tier's fused kernel (``record.kernel``, :mod:`dyntool.fused_path`) the entry is
+``dyntool_fused`` instead: its mask entry is flash attention's (the 2-D (B, Tk) padding mask, or
+None), and the function computes the attention in the kernel for the sites a FlightRecorder armed
+(``_FUSED``), with causal from the module, ``sliding_window``, ``softcap``, ``s_aux`` (sinks) and
+``scaling`` from the keyword arguments; anything else (no grad, an unarmed module) runs the
+module's own eager formula on the 4-D mask built from the 2-D one.
+
 Not supported (a clear error): attention dropout while recording (use ``model.eval()`` or 0 dropout),
 GPT-2's ``reorder_and_upcast_attn`` under eager (it bypasses the registry).
 """
@@ -28,6 +35,8 @@ from . import Adapter, AdapterError
 
 PREFIX = "dyntool_"
 _ACTIVE: dict[int, tuple] = {}          # id(attention module) -> (observer, site) while capturing
+_FUSED: dict[int, object] = {}          # id(attention module) -> fused_path.HFFusedSite while armed
+FUSED = PREFIX + "fused"
 
 
 _ROUTES: dict[type, bool] = {}
@@ -91,6 +100,41 @@ def _recording_fn(impl: str):
     return attention
 
 
+def _fused_attention(module, query, key, value, attention_mask, **kw):
+    """The ``dyntool_fused`` entry: the kernel where armed, the module's eager formula elsewhere."""
+    entry = _ACTIVE.get(id(module))
+    if kw.get("dropout", 0.0) and entry is not None:
+        raise AdapterError(f"layer {entry[1].layer}: attention dropout p={kw['dropout']} is on while "
+                           "recording; recorded α would not be the one used (model.eval() or 0 dropout)")
+    T, Tk = query.shape[-2], key.shape[-2]
+    mask = attention_mask if torch.is_tensor(attention_mask) else None           # (B, Tk) or None
+    causal = kw.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else causal
+    run = _FUSED.get(id(module))
+    out = None if run is None else run(query, key, value, mask, causal, kw)     # (B, T, nh, d)
+    allowed = None
+    if out is None:
+        allowed = allowed_from(mask, T, Tk, causal=causal, window=kw.get("sliding_window"), device=query.device)
+        additive = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill(
+            ~allowed, torch.finfo(query.dtype).min)
+        out, _ = _inner("eager", module)(module, query, key, value, additive, **kw)
+    if entry is not None and not torch.compiler.is_compiling():
+        obs, site = entry                   # a Capture alongside (a FlightRecorder skips its fused sites)
+        if allowed is None:
+            allowed = allowed_from(mask, T, Tk, causal=causal, window=kw.get("sliding_window"), device=query.device)
+        obs.observe(site, query, key, value, out, allowed, kw.get("scaling") or query.shape[-1] ** -0.5,
+                    heads_dim=2, softcap=kw.get("softcap"), sinks=kw.get("s_aux"))
+    return out, None
+
+
+def _register_fused() -> str:
+    from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
+    from transformers.modeling_utils import AttentionInterface
+    AttentionInterface.register(FUSED, _fused_attention)
+    AttentionMaskInterface.register(FUSED, flash_attention_mask)
+    return FUSED
+
+
 def _register(impl: str) -> str:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
@@ -119,6 +163,7 @@ class HFAdapter(Adapter):
         self.model = model
         self.names, self.modules = [n for n, _ in named], [m for _, m in named]
         self._saved: list = []
+        self.fused = False                  # set by a FlightRecorder with fused sites: dyntool_fused
 
     def sites(self):
         # registration order = execution order (encoder before decoder, self before cross);
@@ -137,7 +182,7 @@ class HFAdapter(Adapter):
                 raise AdapterError("GPT-2 reorder_and_upcast_attn bypasses the attention registry; turn it off")
         for c, impl in self._saved:
             # the setter recurses into sub-configs; order matters little as we restore all
-            c._attn_implementation = _register(impl or "eager")
+            c._attn_implementation = _register_fused() if self.fused else _register(impl or "eager")
         for s, m in zip(self.sites(), self.modules):
             _ACTIVE[id(m)] = (observer, s)
 
