@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt as e:
         nxt = getattr(e, "next_step", None)
-        print("dyntool: interrupted; the run was flushed and marked 'interrupted'" + (f"; {nxt}" if nxt else ""),
+        # its own line: on a terminal the progress bar's line is still open
+        print(("\n" if sys.stderr.isatty() else "") +
+              "dyntool: interrupted; the run was flushed and marked 'interrupted'" + (f"; {nxt}" if nxt else ""),
               file=sys.stderr)
         return 130
     except Exception as e:

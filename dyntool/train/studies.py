@@ -114,7 +114,13 @@ def run_study(which: str, out: str, study: StudyConfig | None = None, preset: st
               overrides: list[str] | None = None, quiet: bool = False, name: str | None = None,
               tags: list[str] | None = None) -> Path:
     fn = {"span": study_span, "ls-logits": study_ls_logits}[which]
-    summary = fn(out, study or StudyConfig(), preset, overrides or [], quiet, name, tuple(tags or ()))
+    study = study or StudyConfig()
+    try:
+        summary = fn(out, study, preset, overrides or [], quiet, name, tuple(tags or ()))
+    except KeyboardInterrupt as e:
+        from .study_runs import continue_study
+        e.next_step = continue_study(e, which, study.seeds, study.max_steps, preset, overrides or [], out)
+        raise
     path = Path(summary["dir"]) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str))
     print(f"summary: {path}")

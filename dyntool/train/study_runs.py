@@ -18,7 +18,29 @@ def train_arm(study_dir: Path, name: str, cfg, quiet, tags):
         run_training(cfg, str(study_dir), name=name, tags=tags, quiet=quiet)
     except NonFiniteLossError:
         pass                                          # the run is marked failed; the study goes on
+    except KeyboardInterrupt as e:                    # the study says how to go on (continue_study)
+        e.study_dir, e.study_seed = study_dir, cfg.seed
+        raise
     return open_run(study_dir / name)
+
+
+def continue_study(e: KeyboardInterrupt, which: str, seeds: list[int], max_steps, preset, overrides,
+                   out: str) -> str:
+    """What an interrupted study prints: where it stopped and the command that runs the seeds it
+    did not finish (a study has no checkpoints to resume: the seed that was running starts again,
+    into a new study folder; the finished runs stay where they are)."""
+    import shlex
+    d, seed = getattr(e, "study_dir", None), getattr(e, "study_seed", None)
+    if d is None or seed not in seeds:
+        return "the study stopped before its first run"
+    rest = seeds[seeds.index(seed):]
+    cmd = ["dyntool", "study", which, "--seeds", ",".join(map(str, rest))]
+    cmd += ["--max-steps", str(max_steps)] if max_steps else []
+    cmd += ["--preset", preset] if preset else []
+    cmd += ["--out", out, *overrides]
+    done = len(seeds) - len(rest)
+    return (f"study {d} stopped in seed {seed} ({done} of {len(seeds)} seeds finished, kept there); "
+            f"continue the remaining seeds with: {shlex.join(cmd)}")
 
 
 def new_study_dir(out: str, which: str, name: str | None) -> Path:

@@ -27,7 +27,7 @@ def test_span_study_runs_the_listed_seeds(tmp_path, monkeypatch):
         run = open_run(tmp_path / "s" / f"{arm}-s7")
         assert run.config["seed"] == 7 and run.config["train"]["max_steps"] == 2
         assert run.config["model"]["attention"] == attention and run.config["model"]["n_embd"] == 16
-        assert run.meta["tags"] == ["study-span", "mine"] and int(run.metrics["step"].max()) == 1
+        assert run.meta["tags"] == ["study-span", "mine"] and int(run.metrics["step"].max()) == 2   # row 2: the last state
 
 
 def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
@@ -38,3 +38,49 @@ def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
     c = cfgs["cpu", 3, "ls"]
     assert (c.seed, c.train.max_steps, c.optim.lr, c.data.block_size) == (3, 5, 3e-3, 512)
     assert c.model.attention == "ls" and cfgs["cpu", 0, "mhsa"].model.attention == "mhsa"
+
+
+def test_ctrl_c_in_a_study_names_the_command_that_continues_it(tmp_path, monkeypatch, capsys):
+    from dyntool.train import runner
+    real, seen = runner.run_training, []
+
+    def stop_at_seed_1(cfg, *a, **k):
+        seen.append(cfg.seed)
+        if cfg.seed == 1:
+            raise KeyboardInterrupt
+        return real(cfg, *a, **k)
+    monkeypatch.setattr(runner, "run_training", stop_at_seed_1)
+    rc = main(["study", "span", "--seeds", "0,1,2", "--max-steps", "2", "--out", str(tmp_path),
+               "--name", "s", "--quiet", *TINY_ARGS])
+    assert rc == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dyntool: interrupted")
+    assert f"study {tmp_path / 's'} stopped in seed 1 (1 of 3 seeds finished, kept there)" in err[0]
+    assert f"continue the remaining seeds with: dyntool study span --seeds 1,2 --max-steps 2 --preset small " \
+           f"--out {tmp_path}" in err[0]
+    assert TINY_ARGS[0] in err[0]
+    assert open_run(tmp_path / "s" / "span-s0").status == "finished"
+
+
+def test_ctrl_c_message_starts_its_own_line_on_a_terminal(monkeypatch, capsys):
+    import io
+    import sys
+
+    from dyntool import cli
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+    err = Tty()
+    err.write("train:  40%|####      | 8/20")          # a progress bar's open line
+    monkeypatch.setattr(sys, "stderr", err)
+
+    def interrupted(*a, **k):
+        e = KeyboardInterrupt()
+        e.next_step = "stopped at step 8; continue with: dyntool train --resume runs/wikitext/r"
+        raise e
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert cli.main(["ls"]) == 130
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "train:  40%|####      | 8/20"
+    assert lines[1].startswith("dyntool: interrupted;") and lines[1].endswith("--resume runs/wikitext/r")
