@@ -162,6 +162,22 @@ def _backward(ctx, dout, dlse, dst):
 attn_fwd.register_autograd(_backward, setup_context=_setup)
 
 
+_WINDOWS: dict = {}
+
+
+def _windows(ws: tuple, device) -> torch.Tensor:
+    """The per-head windows on the device, made once (a host-to-device copy every step would wait
+    on the host; one per (windows, device) is reused)."""
+    if torch.compiler.is_compiling():               # a constant of the graph there
+        return torch.tensor(ws, dtype=torch.int32, device=device)
+    key = (ws, str(device))
+    if key not in _WINDOWS:
+        if len(_WINDOWS) > 64:
+            _WINDOWS.clear()
+        _WINDOWS[key] = torch.tensor(ws, dtype=torch.int32, device=device)
+    return _WINDOWS[key]
+
+
 def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window=None,
               softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
               padding_side: str = "right", key_mask=None, token=None, stats: bool = False):
@@ -198,7 +214,7 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
     if len(ws) != q.shape[1]:
         raise ValueError(f"window has {len(ws)} entries for {q.shape[1]} query heads")
     if any(w > 0 for w in ws):
-        win = torch.tensor([w if w > 0 else q.shape[2] + Tk + 1 for w in ws], dtype=torch.int32, device=dev)
+        win = _windows(tuple(w if w > 0 else q.shape[2] + Tk + 1 for w in ws), dev)
     if interpreted() and q.dtype == torch.bfloat16:     # numpy has no bfloat16: garbage, not an error
         raise ValueError("fused attention: the Triton interpreter has no bfloat16 (use float32/float16 on the CPU)")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):

@@ -1,9 +1,15 @@
 """The fused kernels run on the CPU under Triton's interpreter here.  Triton reads
-``TRITON_INTERPRET`` when a kernel is *defined*, so it is set before any test module of this
-folder imports ``dyntool.kernels`` (tests/gpu runs them compiled)."""
+``TRITON_INTERPRET`` when it is imported and when a kernel is *defined*, so it is set before this
+folder imports triton or ``dyntool.kernels``.  On a machine with CUDA this folder is skipped
+instead: the variable would also turn torch.compile's own Triton kernels into interpreted ones
+for the rest of the session, and tests/gpu runs the kernels compiled there."""
 import os
 
 import pytest
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"
-pytest.importorskip("triton")
+if torch.cuda.is_available():
+    collect_ignore_glob = ["test_*.py"]
+else:
+    os.environ["TRITON_INTERPRET"] = "1"
+    pytest.importorskip("triton")

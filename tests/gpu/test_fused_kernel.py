@@ -1,0 +1,130 @@
+"""The fused attention (dyntool.kernels) compiled on a CUDA device (skipped without one; the CPU
+proves it under the interpreter in tests/kernels).  Not yet run: written for the first GPU session.
+
+- float32: every case of tests/kernels to ≤ 1e-5 relative against float64 (``tl.dot`` in IEEE fp32);
+- bfloat16: out, dq, dk, dv within 2× torch's own bf16 error on the same inputs (SDPA where it
+  takes the case, the eager formula in bf16 where it does not: soft-cap, sinks), statistics ≤ 1e-2;
+- a ``torch.compile(fullgraph=True)`` forward + backward with statistics equals the eager call;
+- a recorded training step of dyntool's GPT through ``kernel="fused"`` makes no host sync
+  (``torch.cuda.set_sync_debug_mode("error")``)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.kernels import reference as ref
+from tests.kernels.cases import CASES, make
+
+# nothing here imports triton or dyntool.kernels on a CPU machine: this folder is collected before
+# tests/kernels, whose conftest must set TRITON_INTERPRET before triton is first imported
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+if torch.cuda.is_available():
+    from dyntool.cheap_stats import Sums
+    from dyntool.kernels import op
+    from dyntool.kernels import stats as kstats
+
+DEV = "cuda"
+
+
+def rel(x, r):
+    x, r = x.detach().double(), r.detach().double()
+    return float((x - r).norm() / r.norm()) if float(r.norm()) else float(x.norm())
+
+
+def run(q, k, v, do, kw, slopes, sinks):
+    to = lambda t: None if t is None else t.to(DEV)                 # noqa: E731
+    leaves = [to(t).requires_grad_() for t in (q, k, v)]
+    sk = None if sinks is None else to(sinks).requires_grad_()
+    token = torch.zeros(op.bwd_stats_size(q, k), device=DEV, requires_grad=True)
+    kw = dict(kw, key_mask=to(kw["key_mask"]))
+    out, _, fst = op.attention(*leaves, alibi_slopes=to(slopes), sinks=sk, token=token, stats=True, **kw)
+    out.backward(to(do))
+    sums = Sums(q.shape[1], torch.float64, DEV)
+    kstats.add_to(sums, kstats.head_sums(fst, token.grad, op.n_blocks(q, k)[1]), q.shape[0], q.shape[2],
+                  has_sinks=sinks is not None)
+    return [out.cpu()] + [t.grad.cpu() for t in leaves], {n: x.cpu() for n, x in sums.finish().items()}
+
+
+def args_of(q, k, v, kw, slopes, sinks):
+    B, H, T, D = q.shape
+    allowed = ref.allowed_of(B, T, k.shape[2], kw["causal"], kw["window"], kw["key_lengths"], kw["padding_side"],
+                             kw["key_mask"])
+    bias = None if slopes is None else ref.alibi_bias(slopes, T, k.shape[2])
+    return allowed, 1 / math.sqrt(D), kw["softcap"], bias, sinks
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_float32_on_gpu_equals_float64(name):
+    q, k, v, do, kw, slopes, sinks = make(CASES[name])
+    got, stats = run(q, k, v, do, kw, slopes, sinks)
+    a = args_of(q, k, v, kw, slopes, sinks)
+    want = ref.grads(q, k, v, do, *a)[:4]
+    for x, r in zip(got, want):
+        assert rel(x, r) <= 1e-5
+    for n, r in ref.statistics(q, k, v, do, *a).items():
+        assert rel(stats[n], r) <= 1e-5, n
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bfloat16_within_twice_torch(name):
+    q, k, v, do, kw, slopes, sinks = (t.bfloat16() if torch.is_tensor(t) and t.is_floating_point() else t
+                                      for t in make(CASES[name]))
+    got, stats = run(q, k, v, do, kw, slopes, sinks)
+    a = args_of(q, k, v, kw, slopes, sinks)
+    want = ref.grads(q, k, v, do, *a)[:4]                          # float64 of the bf16 inputs
+    allowed, scale, softcap, bias, sk = a
+    leaves = [t.to(DEV).requires_grad_() for t in (q, k, v)]
+    H = q.shape[1]
+    if softcap is None and sk is None:                             # torch SDPA's own bf16 error
+        from dyntool.observe import expand_kv
+        mask = torch.zeros(allowed.shape, dtype=torch.float64).masked_fill(~allowed, float("-inf"))
+        mask = (mask if bias is None else mask + bias).to(DEV, torch.bfloat16)
+        base = torch.nn.functional.scaled_dot_product_attention(
+            leaves[0], expand_kv(leaves[1], H), expand_kv(leaves[2], H), attn_mask=mask, scale=scale)
+    else:                                                          # the eager formula in bf16
+        base = ref.forward(*leaves, allowed.to(DEV), scale, softcap, None if bias is None else bias.to(DEV),
+                           None if sk is None else sk.to(DEV))
+    base.backward(do.to(DEV))
+    baseline = [base.detach().cpu()] + [t.grad.cpu() for t in leaves]
+    for x, b, r in zip(got, baseline, want):
+        assert rel(x, r) <= 2 * rel(b, r) + 1e-6
+    for n, r in ref.statistics(q, k, v, do, *a).items():
+        assert rel(stats[n], r) <= 1e-2, n
+
+
+def test_compiled_fullgraph_equals_eager():
+    q, k, v, do, kw, slopes, sinks = make(CASES["everything"])
+
+    def step(q, k, v, s, token):
+        out, _, fst = op.attention(q, k, v, alibi_slopes=slopes.to(DEV), sinks=s, token=token, stats=True,
+                                   **dict(kw, key_mask=None))
+        return out, fst
+    got = []
+    for fn in (step, torch.compile(step, fullgraph=True)):
+        leaves = [t.to(DEV).requires_grad_() for t in (q, k, v, sinks)]
+        token = torch.zeros(op.bwd_stats_size(q, k), device=DEV, requires_grad=True)
+        out, fst = fn(*leaves, token)
+        out.backward(do.to(DEV))
+        got.append([out, fst, token.grad] + [t.grad for t in leaves])
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_recorded_training_step_makes_no_host_sync():
+    from dyntool.flight import FlightRecorder
+    from tests.kernels.test_flight_fused import V, gpt
+    m = gpt("ls", n_local=1, n_global=1, window=6).to(DEV)
+    x = torch.randint(0, V, (3, 20), device=DEV)
+    flight = FlightRecorder(m, kernel="fused")
+    assert set(flight.paths().values()) == {"fused"}
+    for sync_check in (False, True):                 # the first step builds the caches
+        with flight:
+            if sync_check:
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                m(x, x)[1].backward()
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+    assert torch.isfinite(flight.result()["attn_entropy"]).all()
