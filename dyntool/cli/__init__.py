@@ -125,6 +125,39 @@ def _split_unknown(unknown: list[str]) -> tuple[list[str], list[str]]:
     return overrides, stray
 
 
+def _command_parser(parser, args):
+    """The (sub)parser of the command that ``args`` came from (``dyntool sim toy`` → its own)."""
+    p = parser
+    for dest in ("command", "sim"):
+        subs = next((a for a in p._actions if isinstance(a, argparse._SubParsersAction)), None)
+        name = getattr(args, dest, None)
+        if subs is None or name not in subs.choices:
+            break
+        p = subs.choices[name]
+    return p
+
+
+def _near_miss(parser, args, overrides: list[str]) -> None:
+    """``--max-step 20`` is a typo of ``--max-steps``, not a config key: say so (one line, exit 2).
+    Only dotless names are checked (``--section.key`` is an override); top-level config keys
+    (``--seed``, ``--device``) stay overrides."""
+    import difflib
+    cmd = _command_parser(parser, args)
+    flags = sorted({o for a in cmd._actions for o in a.option_strings if o.startswith("--")})
+    top = {"seed", "device"}
+    ref = getattr(args, "schema", None)
+    if ref:
+        import dataclasses
+        top |= {f.name for f in dataclasses.fields(schema(ref))}
+    for ov in overrides:
+        name = ov.split("=", 1)[0]
+        if "." in name or name[2:].replace("-", "_") in top or name in flags:
+            continue
+        close = difflib.get_close_matches(name, flags, n=1, cutoff=0.75)
+        if close:
+            cmd.error(f"unrecognized argument {name}; did you mean {close[0]}?")
+
+
 def _run(parser, argv: list[str]) -> int:
     try:
         args, unknown = parser.parse_known_args(argv)
@@ -133,6 +166,7 @@ def _run(parser, argv: list[str]) -> int:
     overrides, stray = _split_unknown(unknown)
     if stray:
         parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    _near_miss(parser, args, overrides)
     args.overrides = overrides
     if not getattr(args, "fn", None):
         (getattr(args, "help_of", None) or parser).print_help()

@@ -12,6 +12,7 @@ from ..errors import DyntoolError
 from . import DEFAULT_RUNS
 
 LABEL = 9            # `dyntool info`: every value starts in this column
+STUDY_LINES, STUDY_RUNS = 12, 20     # `dyntool info STUDY`: a screenful; the rest is in summary.json / ls
 
 
 def _human(n: float) -> str:
@@ -81,7 +82,7 @@ def _short(v) -> str | None:
         if len(v) > 8 or any(isinstance(x, (list, dict)) for x in v):
             return None
         return "[" + ",".join(_short(x) or "…" for x in v) + "]"
-    return json.dumps(v, separators=(",", ":"))
+    return json.dumps(v, separators=(",", ":"), ensure_ascii=False)      # "±", not "\u00b1"
 
 
 def _info_study(path) -> int:
@@ -102,11 +103,17 @@ def _info_study(path) -> int:
     s = study_summary(path)
     if s:
         items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
-        for line in textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
-                                  subsequent_indent="         ", break_long_words=False):
+        lines = textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
+                              subsequent_indent="         ", break_long_words=False)
+        for line in lines[:STUDY_LINES]:
             print(line)
+        if len(lines) > STUDY_LINES:
+            print(f"         … {len(lines) - STUDY_LINES} more lines of values: see {path / 'summary.json'}")
     print()
-    print("\n".join(_table(runs, path)))
+    table = _table(runs, path)
+    print("\n".join(table[:STUDY_RUNS + 1]))
+    if len(table) > STUDY_RUNS + 1:
+        print(f"… {len(table) - STUDY_RUNS - 1} more runs: `dyntool ls {path}` lists them all")
     return 0
 
 

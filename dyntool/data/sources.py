@@ -133,6 +133,10 @@ def parse_hub(spec: str) -> tuple[str, str]:
         raise DataError(f"hub id {spec!r} is malformed: expected {HUB_DEFAULT} or {HUB_DEFAULT}/CONFIG")
     repo = "/".join(parts[:2])
     config = parts[2] if len(parts) == 3 else HUB_CONFIG
+    import difflib                     # a near miss of the known id is a typo: say so, download nothing
+    if repo != HUB_REPO and difflib.get_close_matches(repo.lower(), [HUB_REPO.lower()], n=1, cutoff=0.8):
+        raise DataError(f"hub id {spec!r}: {repo!r} looks like a typo of {HUB_REPO!r}; did you mean "
+                        f"{HUB_PREFIX}{HUB_REPO}{'/' + config if len(parts) == 3 else ''}? (nothing was downloaded)")
     if repo == HUB_REPO and config not in HUB_CONFIGS:
         raise DataError(f"unknown config {config!r} of {repo}: expected one of {', '.join(HUB_CONFIGS)} "
                         f"(the word-level tokenized configs), e.g. {HUB_DEFAULT}/wikitext-103-v1")
