@@ -41,7 +41,6 @@ METRIC_FORMATS = ("parquet", "csv")
 ARRAY_FORMATS = ("netcdf", "npz")
 FILES = {"parquet": "metrics.parquet", "csv": "metrics.csv", "netcdf": "arrays.nc", "npz": "arrays.npz"}
 STATIC_PREFIX = "static_"
-_NEEDS = {"xarray": "export", "pyarrow": "export", "h5netcdf": "export"}
 
 
 class ExportError(DyntoolError):
@@ -50,12 +49,8 @@ class ExportError(DyntoolError):
 
 def need(module: str):
     """Import an optional dependency or fail with one line naming the extra to install."""
-    import importlib
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        extra = _NEEDS.get(module, module)
-        raise ExportError(f"{module} is not installed; pip install 'dyntool[{extra}]'") from None
+    from .extras import need as _need       # the one helper; here raising ExportError
+    return _need(module, error=ExportError)
 
 
 # -- lazy xarray ---------------------------------------------------------------------------

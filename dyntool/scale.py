@@ -18,15 +18,13 @@ whatever the size of the record.
 from __future__ import annotations
 
 from .export import ExportError
+from .extras import need
 
 HEAD_DIMS = ("step", "layer", "head")
 
 
 def need_dask():
-    try:
-        import dask.array  # noqa: F401
-    except ImportError:
-        raise ExportError("dask is not installed; pip install 'dyntool[scale]'") from None
+    need("dask.array", error=ExportError)
 
 
 def _stored_chunks(arr) -> tuple[int, ...] | None:

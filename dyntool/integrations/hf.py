@@ -23,7 +23,9 @@ training batches.
 from __future__ import annotations
 
 import torch
-from transformers import TrainerCallback
+from ..extras import need
+
+TrainerCallback = need("transformers", "HFRecorderCallback").TrainerCallback
 
 from .loop import RunRecorder
 

@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from ..extras import MissingExtra, need
+
 try:
-    import lightning.pytorch as pl
-except ImportError:                     # the standalone package name
-    import pytorch_lightning as pl
+    pl = need("lightning.pytorch", "LightningRecorder")
+except MissingExtra as missing:         # the standalone package name, else the one-line hint
+    try:
+        import pytorch_lightning as pl
+    except ImportError:
+        raise missing from None
 
 from .loop import RunRecorder
 

@@ -13,7 +13,8 @@ def unavailable(device) -> str | None:
     """None when the fused kernel can run on ``device``; else the reason, in a few words."""
     import torch
     if importlib.util.find_spec("triton") is None:
-        return "triton is not installed"
+        from ..extras import hint
+        return hint("triton")
     dev = torch.device(device)
     if dev.type == "cuda":
         return None

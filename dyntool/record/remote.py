@@ -32,10 +32,8 @@ from .ranks import RECORD_DIR, RankedStore, rank_dir
 
 
 def _need():
-    try:
-        import obstore  # noqa: F401
-    except ImportError:
-        raise RunError("object storage needs obstore; pip install 'dyntool[scale]'") from None
+    from ..extras import need
+    need("obstore", "s3:// runs", RunError)
 
 
 def _short(e: BaseException) -> str:

@@ -17,6 +17,7 @@ import contextlib
 import io
 
 from ..errors import DyntoolError, RunError
+from ..extras import need
 from .remote import Remote, _short, is_url, join
 
 CREATED: list[Remote] = []          # runs created by this process (remote.create_run appends)
@@ -25,7 +26,7 @@ CHECKPOINT = "checkpoint.pt"
 
 def check_out(url: str) -> str:
     """``url`` is an object-store prefix this process can list (credentials, endpoint, bucket)."""
-    import obstore
+    obstore = need("obstore", "s3:// runs", RunError)
     r = Remote(url)
     try:
         next(iter(obstore.list(r.store, None, chunk_size=1)), None)

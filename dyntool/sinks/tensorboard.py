@@ -5,14 +5,13 @@ import shutil
 from pathlib import Path
 
 from ..export import ExportError
+from ..extras import need
 
 
 class TensorBoardSink:
     def __init__(self, logdir: str | Path):
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise ExportError("tensorboard is not installed; pip install 'dyntool[tensorboard]'") from None
+        need("tensorboard", "--to-tensorboard", ExportError)      # torch's writer imports it
+        from torch.utils.tensorboard import SummaryWriter
         self.logdir = Path(logdir)
         p, self._created = self.logdir.absolute(), None
         while not p.exists():                   # the top-most directory we create, for cleanup

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 from ..export import ExportError
+from ..extras import need
 
 
 class WandbSink:
     def __init__(self, project: str, run=None, **init_kwargs):
-        try:
-            import wandb
-        except ImportError:
-            raise ExportError("wandb is not installed; pip install wandb") from None
+        wandb = need("wandb", "--to-wandb", ExportError)
         kw = {"project": project, **init_kwargs}
         if run is not None:                       # a dyntool run: its id, config and kind travel along
             kw.setdefault("name", run.id)
