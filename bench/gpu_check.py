@@ -217,15 +217,18 @@ def step_times(path: Path, warm: int, every: int) -> tuple[float, float | None]:
 
 
 def _ref_throughput(cfg, device, steps, warm) -> tuple[float, float]:
-    from nanogpt_ref import RefGPT
+    from nanogpt_ref import RefGPT, get_batch
+    from dyntool.data.wikitext import load_wikitext
     m, d = cfg.model, cfg.data
+    train = load_wikitext(d.path or None).train                       # the trainer's tokens
     torch.manual_seed(0)
     model = RefGPT(VOCAB, d.block_size, m.n_layer, m.n_head, m.n_embd, m.bias,
                    dropout=m.dropout, vocab_multiple=m.vocab_multiple).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.optim.lr, betas=(0.9, 0.95),
                             fused=device.type == "cuda" or None)
     net = torch.compile(model) if cfg.train.compile else model
-    x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), device=device)
+    gen = torch.Generator().manual_seed(0)
+    x, y = get_batch(train, d.batch_size, d.block_size, device, gen)
     amp = torch.autocast(device.type, torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -233,7 +236,8 @@ def _ref_throughput(cfg, device, steps, warm) -> tuple[float, float]:
     for i in range(steps):
         t = time.perf_counter()
         with amp:
-            _, loss = net(x, x)
+            _, loss = net(x, y)
+        x, y = get_batch(train, d.batch_size, d.block_size, device, gen)   # prefetched, as nanoGPT
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         opt.step()

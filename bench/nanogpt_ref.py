@@ -74,3 +74,16 @@ class RefGPT(nn.Module):
         loss = None if targets is None else F.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
                                                             targets.reshape(-1))
         return logits, loss
+
+
+def get_batch(data, batch_size: int, block_size: int, device, generator=None):
+    """nanoGPT ``train.py``'s loader: random windows of the token array, pinned and copied without
+    blocking on CUDA.  The bench draws the next batch right after the forward, as nanoGPT does, so
+    the reference never reuses one tensor and pays for its data like the trainer."""
+    import numpy as np
+    ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
+    x = torch.stack([torch.from_numpy(np.asarray(data[i:i + block_size], dtype=np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(np.asarray(data[i + 1:i + 1 + block_size], dtype=np.int64)) for i in ix])
+    if torch.device(device).type == "cuda":
+        return x.pin_memory().to(device, non_blocking=True), y.pin_memory().to(device, non_blocking=True)
+    return x.to(device), y.to(device)

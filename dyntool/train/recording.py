@@ -190,8 +190,8 @@ class RecordingCallback(Callback):
             if self.cfg.train.logit_stat != "off":      # logit_max/L{l}H{h} is the per-step statistic's
                 res.pop("logit_max")
             self._cheap = {**self.flight.metrics(res), "cheap_tier": True}
-        if micro == self.cfg.optim.accum - 1:
-            self._grad_norms()
+        if micro == self.cfg.optim.accum - 1 and self.trainer.fsdp and self._logged(step):
+            self._grad_norms(self._group_norms())      # sharded: local sums, one all-reduce
 
     def _summarise(self, qs: dict) -> None:
         ent = qs["attn_entropy"].float().mean(dim=(2, 3))           # (L, nh): over seqs, queries
@@ -218,9 +218,36 @@ class RecordingCallback(Callback):
         lm = torch.stack(rows)                                          # (L, nh)
         self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
 
+    def _logged(self, step: int) -> bool:
+        """This step gets a metrics row (MetricsLogger's rule, as far as it is known before the
+        step ends): per-group gradient norms are computed for those steps only."""
+        t = self.cfg.train
+        return step % t.log_every == 0 or bool(t.eval_every and step and step % t.eval_every == 0) or \
+            (self.rec is not None and self.rec.wants(step)) or \
+            (self.flight is not None and cheap_wants(self.cfg.record, step))
+
+    def on_gradients(self, step: int, params: list, norms: torch.Tensor) -> None:
+        """Per-group norms from the trainer's per-parameter norm pass (the one clipping uses)."""
+        if not self._logged(step):
+            return
+        idx, names = self._group_index(tuple(id(p) for p in params), norms.device)
+        sq = torch.zeros(len(names), dtype=torch.float32, device=norms.device)
+        sq.index_add_(0, idx, norms.float().square())
+        self._grad_norms(dict(zip(names, sq.sqrt().unbind())))
+
+    def _group_index(self, ids: tuple[int, ...], device) -> tuple[torch.Tensor, list[str]]:
+        """Parameter → group index on the device, made once per set of parameters with gradients
+        (a host list copied to a GPU every step would be a blocking copy)."""
+        key = (ids, str(device))
+        if getattr(self, "_gidx", (None,))[0] != key:
+            owner = {id(p): g for g, ps in self.groups.items() for p in ps}
+            names = [g for g in self.groups if any(id(p) in ids for p in self.groups[g])]
+            pos = {g: i for i, g in enumerate(names)}
+            self._gidx = (key, torch.tensor([pos[owner[i]] for i in ids], device=device), names)
+        return self._gidx[1], self._gidx[2]
+
     @torch.no_grad()
-    def _grad_norms(self) -> None:
-        norms = self._group_norms()
+    def _grad_norms(self, norms: dict) -> None:
         if norms:
             t = torch.stack(list(norms.values())).float()
             # to the host without a sync of its own: the copy is queued before the trainer's one

@@ -42,6 +42,10 @@ from .ddp import DistInfo
 class Callback:
     def on_train_start(self, trainer: "Trainer") -> None: ...
     def on_step_start(self, step: int) -> None: ...
+    def on_gradients(self, step: int, params: list, norms: torch.Tensor) -> None:
+        """After the last micro-step, before clipping: ``norms`` (n,) are the L2 norms of
+        ``params``' gradients, on the device (the pass clipping uses; no sync of its own)."""
+
     def micro_step_context(self, step: int, micro: int):
         return nullcontext()
     def wants_eager(self, step: int) -> bool:
@@ -95,6 +99,20 @@ def amp_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype | None:
     return None
 
 
+def _norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """(n,) L2 norms, one fused ``_foreach_norm`` per dtype (it takes one dtype at a time), in order."""
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, g in enumerate(grads):
+        by_dtype.setdefault(g.dtype, []).append(i)
+    if len(by_dtype) == 1:
+        return torch.stack(torch._foreach_norm(grads, 2.0))
+    out: list = [None] * len(grads)
+    for idx in by_dtype.values():
+        for i, n in zip(idx, torch._foreach_norm([grads[i] for i in idx], 2.0)):
+            out[i] = n
+    return torch.stack(out)                   # promoted to the widest dtype, as clip_grad_norm_ does
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, model: torch.nn.Module, corpus, dist: DistInfo,
                  callbacks: list[Callback] | None = None, ckpt_path: Path | None = None):
@@ -132,6 +150,7 @@ class Trainer:
         self.eval_tokens = 0                               # targets it read (the final eval's estimate)
         self.steps_run = 0                                 # steps timed in train_seconds
         self.last_eval_tokens = 0                          # targets read by the last evaluate()
+        self._ahead = None                                 # (generator state before it, batch drawn ahead)
 
     # -- pieces ---------------------------------------------------------------------------
     def autocast(self):
@@ -140,6 +159,17 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.amp)
 
     def next_batch(self):
+        """This micro-step's batch: the one drawn ahead during the previous micro-step (its copy to
+        the GPU overlapped that step's compute), then the next one drawn.  The draws come in the
+        same order as without prefetching; a checkpoint keeps the generator state from before the
+        batch drawn ahead (:meth:`state_dict`), so a resumed run draws that batch again."""
+        if self._ahead is None:
+            self._ahead = (self.gen.get_state(), self._draw())
+        batch = self._ahead[1]
+        self._ahead = (self.gen.get_state(), self._draw())
+        return batch
+
+    def _draw(self):
         d = self.cfg.data
         if self.fsdp:
             x, y = get_batch(self.corpus.train, d.batch_size * self.dist.world, d.block_size, self.gen,
@@ -208,19 +238,39 @@ class Trainer:
             torch.distributed.all_reduce(loss_t)
             loss_t /= self.dist.world
         clip = cfg.optim.grad_clip
-        params = self.raw.parameters()
-        gn = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
         if self.fsdp:
             from .fsdp import total_norm
-            gn = total_norm(gn)
+            gn = total_norm(torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip if clip > 0 else float("inf")))
+        else:
+            gn = self._clip(step, clip if clip > 0 else float("inf"))
         lr = self.opt.param_groups[0]["lr"]
-        # the step's one host sync: loss and grad norm together
-        loss_v, gn_v = torch.stack([loss_t.detach().double(), gn.detach().double()]).tolist()
-        if math.isfinite(loss_v):
-            self.opt.step()
-            self.sched.step()
+        # the optimizer is launched before the step's one host sync (loss and grad norm together), so
+        # the GPU never waits for the host; a non-finite loss stops the run right after (fit), and a
+        # model stepped on it is never checkpointed
+        self.opt.step()
+        self.sched.step()
         self.opt.zero_grad(set_to_none=True)
+        loss_v, gn_v = torch.stack([loss_t.detach().double(), gn.detach().double()]).tolist()
         return {"loss": loss_v, "lr": lr, "grad_norm": gn_v}
+
+    @torch.no_grad()
+    def _clip(self, step: int, max_norm: float) -> torch.Tensor:
+        """``clip_grad_norm_`` (the same arithmetic: one fused norm pass, total norm, coefficient
+        clamped to 1, in-place scale) whose per-parameter norms are handed to the callbacks first,
+        so per-group norms come from this pass instead of a second one."""
+        params = [p for p in self.raw.parameters() if p.grad is not None]
+        if not params:
+            return torch.zeros((), device=self.device)
+        grads = [p.grad for p in params]
+        norms = _norms(grads)                                                       # (n,)
+        for cb in self.callbacks:                   # callbacks may duck-type the base class
+            hook = getattr(cb, "on_gradients", None)
+            if hook is not None:
+                hook(step, params, norms)
+        total = torch.linalg.vector_norm(norms, 2.0)
+        coef = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        torch._foreach_mul_(grads, coef.to(grads[0].device))
+        return total
 
     # -- the loop -------------------------------------------------------------------------
     def _evaluate_state(self) -> dict:
@@ -354,9 +404,13 @@ class Trainer:
         else:
             model_sd, optim_sd = self.raw.state_dict(), self.opt.state_dict()
         return {"step": self.step, "model": model_sd, "optim": optim_sd,
-                "sched": self.sched.state_dict(), "data_gen": self._gather(self.gen.get_state()),
+                "sched": self.sched.state_dict(), "data_gen": self._gather(self._gen_state()),
                 "rng": {**ckpt.capture_rng(), "cuda": self._gather(cuda)},
                 "best": dict(self.best) if self.best else None}
+
+    def _gen_state(self) -> torch.Tensor:
+        """The data generator's state as if no batch had been drawn ahead (see :meth:`next_batch`)."""
+        return self._ahead[0] if self._ahead is not None else self.gen.get_state()
 
     def load_state_dict(self, sd: dict) -> None:
         gens = sd["data_gen"]
@@ -375,6 +429,7 @@ class Trainer:
         for g, base in zip(self.opt.param_groups, self.sched.base_lrs):
             g["lr"] = base * self.sched.lr_lambdas[0](self.step)
         self.gen.set_state(gens[self.dist.rank])
+        self._ahead = None
         r = sd["rng"]
         ckpt.restore_rng(r)
         cuda = r.get("cuda") or []
