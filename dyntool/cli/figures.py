@@ -81,6 +81,10 @@ def cmd_figures(args) -> int:
             print(f"  wrote   {name:<20} {files}  ({rep.seconds[name]:.1f}s)", flush=True)
 
     rep = export_all(runs, args.out, formats, only=only, dpi=args.dpi, log=log)
+    from ..figures.recorded import not_drawn       # one run per recorded_* figure: name the others
+    for (drawn, rest), names in not_drawn(runs, rep.written).items():
+        print(f"  note    {', '.join(names)} drew {drawn} only; not drawn: {', '.join(rest)} "
+              f"(give each run its own `dyntool figures RUN --out DIR`)")
     for name, why in rep.skipped.items():
         print(f"  skipped {name:<20} {why}")
     for name, why in rep.failed.items():

@@ -32,10 +32,32 @@ MATRICES = {  # name -> (title, signed)
 MAX_LAYERS, MAX_HEADS = 6, 8          # a readable grid; the caption says when more exist
 
 
-def _with(runs: list, name: str) -> list:
+def _eligible(runs: list, name: str) -> list:
     """Runs with a non-empty recorded ``name``; the user-recorded kinds first."""
     have = [r for r in runs if r.store is not None and name in r.store.names() and r.steps_written > 0]
-    return sorted(have, key=lambda r: KINDS.index(r.kind) if r.kind in KINDS else len(KINDS))[:1]
+    return sorted(have, key=lambda r: KINDS.index(r.kind) if r.kind in KINDS else len(KINDS))
+
+
+def _with(runs: list, name: str) -> list:
+    """The one run these figures draw (each figure is one run's grid)."""
+    return _eligible(runs, name)[:1]
+
+
+def not_drawn(runs: list, written) -> dict[tuple, list[str]]:
+    """For the figures of this module that were written: ``(drawn run, runs not drawn) -> figure
+    names``, where other given runs could have been drawn too (so the command can name them)."""
+    out: dict[tuple, list[str]] = {}
+    for fig in written:
+        if not fig.startswith("recorded_"):
+            continue
+        arr = "attn_entropy" if fig == "recorded_head_stats" else fig.removeprefix("recorded_")
+        have = _eligible(runs, arr)
+        if fig == "recorded_head_stats":
+            have = [r for r in have if "logit_max" in r.store.names()]
+        if len(have) > 1:
+            key = (str(have[0].path), tuple(str(r.path) for r in have[1:]))
+            out.setdefault(key, []).append(fig)
+    return out
 
 
 def _check(name: str):
