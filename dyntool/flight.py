@@ -139,7 +139,9 @@ class FlightRecorder(Observer):
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
                 scores=None, bias=None, softcap=None, sinks=None) -> None:
-        if not out.requires_grad or not torch.is_grad_enabled() or site in self._fused:
+        fs = self._fused.get(site)
+        if not out.requires_grad or not torch.is_grad_enabled() or (fs is not None and getattr(fs, "last", id(out))
+                                                                    == id(out)):
             return                        # an evaluation forward (no U will come), or the kernel's
         sl = slice(None) if self.seqs is None else slice(0, self.seqs)
         p = _Pending()

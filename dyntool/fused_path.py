@@ -67,7 +67,7 @@ def decide(adapter, model, kernel: str) -> dict:
     if kernel == "eager":
         return {s: "eager: record.kernel=eager" for s in sites}
     cores = getattr(adapter, "cores", None)
-    if cores is None and adapter.name != "hf":
+    if cores is None and adapter.name not in ("hf", "sdpa"):
         return {s: f"eager: the {adapter.name} adapter has no fused path yet" for s in sites}
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
@@ -79,6 +79,8 @@ def decide(adapter, model, kernel: str) -> dict:
         why = "float64 model (the kernel computes in fp32)"
     if why is None and p is not None and p.dtype == torch.bfloat16 and device.type != "cuda":
         why = "bfloat16 under the Triton interpreter (numpy has no bfloat16)"
+    if adapter.name == "sdpa":              # a call with attn_mask runs SDPA and is recorded eagerly
+        return {s: "fused" if why is None else "eager: " + why for s in sites}
     if cores is None:                                               # Hugging Face
         mtype = getattr(getattr(model, "config", None), "model_type", None)
         if why is None and mtype not in HF_MODEL_TYPES:
@@ -104,9 +106,34 @@ def _token(q, k):
 def sites_for(adapter, paths: dict, on_call) -> dict:
     """{site: FusedSite | HFFusedSite} for the sites whose path is "fused"."""
     mods = getattr(adapter, "cores", None) or getattr(adapter, "modules", [])
-    kind = FusedSite if hasattr(adapter, "cores") else HFFusedSite
+    kind = FusedSite if hasattr(adapter, "cores") else SDPAFusedSite if adapter.name == "sdpa" else HFFusedSite
     return {s: kind(m, lambda *call, s=s: on_call(s, *call)) for s, m in zip(adapter.sites(), mods)
             if paths[s] == "fused"}
+
+
+class SDPAFusedSite:
+    """One nanoGPT-style module's ``F.scaled_dot_product_attention`` call through the kernel
+    (called by ``adapters.sdpa.attention`` when the call has no ``attn_mask``)."""
+
+    def __init__(self, module, on_call):
+        self.module, self.on_call, self.last = module, on_call, None
+
+    def arm(self, on: bool) -> None:
+        from .adapters import sdpa
+        if on:
+            sdpa._FUSED[id(self.module)] = self
+        else:
+            sdpa._FUSED.pop(id(self.module), None)
+
+    def __call__(self, q, k, v, causal, scale):
+        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return None
+        from .kernels import op
+        token = _token(q, k)
+        y, _, fst = op.attention(q, k, v, causal=causal, scale=scale, token=token, stats=True)
+        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], False)
+        self.last = id(y)
+        return y
 
 
 class HFFusedSite:

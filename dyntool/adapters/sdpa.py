@@ -15,6 +15,10 @@ observer with q, k, v (B, nh, T, d), the output (B, nh, T, d), the mask and the 
 steps: no hooks, no swap.  The module must call SDPA once per forward through ``F.`` /
 ``torch.nn.functional.`` (an import-time alias is not swapped; the Capture then reports that the
 layer never ran).  Dropout inside SDPA is refused while recording.
+
+With the cheap tier's fused kernel (``record.kernel``, :mod:`dyntool.fused_path`), a call without
+``attn_mask`` (``is_causal`` or full, GQA through ``enable_gqa``) of an armed module (``_FUSED``)
+runs in the kernel instead of SDPA; a call with a mask runs SDPA and is recorded eagerly.
 """
 from __future__ import annotations
 
@@ -28,6 +32,7 @@ from . import Adapter, AdapterError
 
 _REAL = F.scaled_dot_product_attention
 _STATE: dict = {"obs": None, "site": None, "seen": False}
+_FUSED: dict[int, object] = {}        # Site.key (id of the module) -> fused_path.SDPAFusedSite while armed
 
 
 def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
@@ -49,7 +54,13 @@ def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
 
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
     """Drop-in for ``F.scaled_dot_product_attention`` that reports to an open Capture."""
-    out = _REAL(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
+    site = _STATE["site"]
+    run = None if site is None else _FUSED.get(site.key)
+    out = None
+    if run is not None and attn_mask is None and not dropout_p and set(kw) <= {"enable_gqa"}:
+        out = run(q, k, v, is_causal, scale)
+    if out is None:
+        out = _REAL(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale, **kw)
     if _STATE["site"] is not None:
         _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p)
     return out
