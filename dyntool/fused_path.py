@@ -14,8 +14,9 @@ gradients from one pass that also writes the statistics); elsewhere the model's 
 runs and the observer seam feeds the eager reduction.  :func:`decide` gives the map
 {site: "fused" | "eager: <reason>"} that ``FlightRecorder.paths()`` returns and runs keep in meta.
 Served today: dyntool's own ``AttentionCore`` (mhsa, ls, qknorm) with causal, sliding-window or
-full masks (span keeps its own backward, and so the eager path), and the Hugging Face decoders
-whose attention the tests pin (``HF_MODEL_TYPES``) through the ``dyntool_fused`` registry entry.
+full masks (span keeps its own backward, and so the eager path), the Hugging Face decoders
+whose attention the tests pin (``HF_MODEL_TYPES``) through the ``dyntool_fused`` registry entry,
+and nanoGPT-style modules' mask-free ``F.scaled_dot_product_attention`` calls (SDPA adapter).
 """
 from __future__ import annotations
 
