@@ -30,7 +30,7 @@ from .cheap_stats import block_rows, key_ends
 from .observe import expand_kv
 from .quantities import head_quantities
 from .record import names
-from .record.recorder import pool_blocks
+from .record.pooling import pool_blocks
 from .record.selection import Selection
 
 # the (S, rows, Tk) temporaries of one block: head_quantities' (~13 at its peak) plus the padded

@@ -91,7 +91,7 @@ def sticky_data(seed: int, T: int, n: int = 8, d_x: int = 20):
 
 def _pool(a: np.ndarray, b: int) -> np.ndarray:
     """Causal block means over visible entries, exactly as the recorder writes ``*_pooled``."""
-    from dyntool.record.recorder import pool_blocks
+    from dyntool.record.pooling import pool_blocks
     return pool_blocks(a, b, np.tri(*a.shape, dtype=bool))
 
 

@@ -19,10 +19,10 @@ def block_mean(x: np.ndarray, block: int, visible: np.ndarray | None = None) -> 
     """Mean over ``block × block`` tiles of a 2-D array over its visible entries (``visible``; by
     default the finite ones, so NaN marks masked entries); edge tiles average what they hold;
     all-masked tiles stay NaN.  The one pooling function of dyntool
-    (:func:`dyntool.record.recorder.pool_blocks`)."""
+    (:func:`dyntool.record.pooling.pool_blocks`)."""
     if block <= 1:
         return x
-    from dyntool.record.recorder import pool_blocks
+    from dyntool.record.pooling import pool_blocks
     x = np.asarray(x, dtype=np.float32)
     return pool_blocks(x, block, np.isfinite(x) if visible is None else np.asarray(visible, dtype=bool))
 

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from .. import quantities as Q
-from ..record.recorder import pool_blocks
+from ..record.pooling import pool_blocks
 
 MATRIX_NAMES = ("attn", "compat", "advantage", "score_grad", "scores")
 POOLED_NAMES = ("attn", "compat", "advantage", "score_grad")
@@ -124,7 +124,7 @@ class StepState:
         """Block means over b×b blocks of the full N×N matrices: each (R, ⌈N/b⌉, ⌈N/b⌉).
 
         The mean is over the VISIBLE entries of a block (fully masked blocks are NaN), by
-        :func:`~dyntool.record.recorder.pool_blocks` one chunk of whole block rows at a time.
+        :func:`~dyntool.record.pooling.pool_blocks` one chunk of whole block rows at a time.
         """
         rows = max(1, rows_per_chunk // block) * block
         parts = {n: [] for n in names}

@@ -7,7 +7,7 @@ import pytest
 
 from dyntool.errors import ConfigError
 from dyntool.record.policy import RecordConfig, check_budget, estimate_bytes, schedule
-from dyntool.record.recorder import pool_blocks
+from dyntool.record.pooling import pool_blocks
 from dyntool.record.store import StoreReader
 from dyntool.record.store_writer import StoreWriter, chunk_shape
 

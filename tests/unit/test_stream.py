@@ -13,7 +13,7 @@ import torch
 from dyntool.capture import Capture
 from dyntool.errors import ConfigError
 from dyntool.record import names
-from dyntool.record.recorder import pool_blocks
+from dyntool.record.pooling import pool_blocks
 from dyntool.record.selection import Selection, model_head, model_layer, parse_heads, resolve
 from dyntool.stream import PAD, rows_per_block, size, stream
 from tests.unit.test_flight import batch, gpt, gpt_loss
