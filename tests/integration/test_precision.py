@@ -53,3 +53,18 @@ def test_float16_gradients_lose_them_and_check_says_so(tmp_path, capsys):
     assert main(["check", str(path)]) == 0                         # readable: a note, not a problem
     out = capsys.readouterr().out
     assert "note: score_grad stored as float16" in out and "underflow" in out
+
+
+@pytest.mark.parametrize("arrays", [None, ["attn", "score_grad", "upstream"], ["attn", "score_grad"]],
+                         ids=["with_B", "U_only", "alpha_only"])
+def test_exact_zeros_of_a_causal_lm_are_no_alarm(tmp_path, capsys, arrays):
+    """The last position of a causal LM carries no loss (U = 0: its ∂L/∂S row is exactly 0) and the
+    first sees one key (α = 1): float32 keeps every nonzero gradient, so `check` says nothing.
+    Was: "score_grad stored as float32: … exactly 0 on disk (underflow); record with
+    record.grad_dtype=float32" (the setting the run already had)."""
+    path, stored, exact = _record(tmp_path, **({"arrays": arrays} if arrays else {}))
+    assert (stored[..., -1, :] == 0).all() and (stored[..., 0, :] == 0).all()   # the exact zeros exist
+    assert not ((exact != 0) & (stored == 0)).any()
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "note" not in out and "underflow" not in out, out
