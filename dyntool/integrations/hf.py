@@ -31,6 +31,18 @@ from .loop import RunRecorder
 
 
 class HFRecorderCallback(TrainerCallback):
+    """Record a Hugging Face ``Trainer`` run into a dyntool run directory (kind ``hf-callback``).
+
+    ``out_dir``/``name``: where the run goes (``runs/NAME``; a fresh name when None).
+    ``probe``: the batch recorded on scheduled steps, a dict of model keyword arguments with
+    ``labels`` (moved to the model's device).  ``every``/``steps``: the full tier's schedule in
+    optimizer steps (``state.global_step``); ``seqs``: probe sequences recorded.  ``config``:
+    extra keys for the run's ``config.json``; ``tokens``: the probe's words (labels the app's
+    matrix axes).  ``record_kw``: any :class:`dyntool.record.policy.RecordConfig` option, e.g.
+    ``cheap_every=1`` (per-head statistics of the training batches on every step), ``heads``,
+    ``dtype``.  ``path``: the run directory once training has begun.  Example: docs/recording.md,
+    "Four short examples"."""
+
     def __init__(self, out_dir="runs", probe=None, every: int = 50, steps=None, name=None, seqs: int = 1,
                  config: dict | None = None, tokens=None, **record_kw):
         self.kw = dict(out_dir=out_dir, probe=probe, every=every, steps=steps, name=name, seqs=seqs,
