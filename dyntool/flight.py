@@ -87,18 +87,20 @@ class FlightRecorder(Observer):
                     raise KernelRefused(f"record.kernel=fused: {fused_path.site_name(i, s)}: "
                                       f"{self._paths[s].removeprefix('eager: ')}")
         self._fused = fused_path.sites_for(self.adapter, self._paths,
-                                           lambda s, *call: self._calls.append((s, *call, self.grad_scale)))
+                                           lambda s, *call: self._calls.append((s, *call, self.grad_scale)),
+                                           self.kernel)
         if hasattr(self.adapter, "fused"):          # Hugging Face: the dyntool_fused registry entry
             self.adapter.fused = bool(self._fused)
         self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, sinks?, grad scale)
 
     def paths(self) -> dict[str, str]:
         """{site: "fused" | "eager: <reason>"}: the path each site's statistics take."""
-        return {fused_path.site_name(i, s): self._paths[s] for i, s in enumerate(self.sites)}
+        failed = {s: "eager: " + fs.failed for s, fs in self._fused.items() if fs.failed}
+        return {fused_path.site_name(i, s): failed.get(s, self._paths[s]) for i, s in enumerate(self.sites)}
 
     def _arm(self, on: bool) -> None:
         for fs in self._fused.values():
-            fs.arm(on)
+            fs.arm(on and not fs.failed)
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> "FlightRecorder":
@@ -140,8 +142,7 @@ class FlightRecorder(Observer):
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
                 scores=None, bias=None, softcap=None, sinks=None) -> None:
         fs = self._fused.get(site)
-        if not out.requires_grad or not torch.is_grad_enabled() or (fs is not None and getattr(fs, "last", id(out))
-                                                                    == id(out)):
+        if not out.requires_grad or not torch.is_grad_enabled() or (fs is not None and fs.last == id(out)):
             return                        # an evaluation forward (no U will come), or the kernel's
         sl = slice(None) if self.seqs is None else slice(0, self.seqs)
         p = _Pending()

@@ -99,93 +99,99 @@ def decide(adapter, model, kernel: str) -> dict:
     return out
 
 
-def _token(q, k):
-    from .kernels import op
-    return torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
-
-
-def sites_for(adapter, paths: dict, on_call) -> dict:
-    """{site: FusedSite | HFFusedSite} for the sites whose path is "fused"."""
+def sites_for(adapter, paths: dict, on_call, kernel: str = "fused") -> dict:
+    """{site: FusedSite | SDPAFusedSite | HFFusedSite} for the sites whose path is "fused".  With
+    ``kernel="auto"`` a kernel that fails to build or launch sends its site back to the eager path
+    (with a warning and the reason in ``failed``) instead of failing the step."""
     mods = getattr(adapter, "cores", None) or getattr(adapter, "modules", [])
     kind = FusedSite if hasattr(adapter, "cores") else SDPAFusedSite if adapter.name == "sdpa" else HFFusedSite
-    return {s: kind(m, lambda *call, s=s: on_call(s, *call)) for s, m in zip(adapter.sites(), mods)
-            if paths[s] == "fused"}
+    return {s: kind(m, lambda *call, s=s: on_call(s, *call), kernel == "auto")
+            for s, m in zip(adapter.sites(), mods) if paths[s] == "fused"}
 
 
-class SDPAFusedSite:
-    """One nanoGPT-style module's ``F.scaled_dot_product_attention`` call through the kernel
-    (called by ``adapters.sdpa.attention`` when the call has no ``attn_mask``)."""
+class _Fused:
+    """What every fused site does per forward: skip evaluation forwards, hand the kernel a fresh
+    token, keep (partials, token) through ``on_call``, and remember the output it made (``last``:
+    the recorder's observer then knows this output needs no eager reduction)."""
 
-    def __init__(self, module, on_call):
-        self.module, self.on_call, self.last = module, on_call, None
+    def __init__(self, target, on_call, fallback: bool):
+        self.target, self.on_call, self.fallback = target, on_call, fallback
+        self.last, self.failed = None, None
 
-    def arm(self, on: bool) -> None:
-        from .adapters import sdpa
-        if on:
-            sdpa._FUSED[id(self.module)] = self
-        else:
-            sdpa._FUSED.pop(id(self.module), None)
-
-    def __call__(self, q, k, v, causal, scale):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            return None
+    def run(self, q, k, v, has_sinks=False, **kw):
+        if self.failed or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
+            return None                        # an evaluation forward: the model's own attention
         from .kernels import op
-        token = _token(q, k)
-        y, _, fst = op.attention(q, k, v, causal=causal, scale=scale, token=token, stats=True)
-        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], False)
+        token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+        try:
+            y, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
+        except Exception as e:                  # noqa: BLE001  auto: never fail a step for the kernel
+            if not self.fallback or isinstance(e, ValueError):
+                raise
+            import warnings
+            self.failed = f"the fused kernel failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
+            warnings.warn(f"dyntool: {self.failed}; this site's cheap tier runs eagerly", RuntimeWarning, 2)
+            self.arm(False)
+            return None
+        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], has_sinks)
         self.last = id(y)
         return y
 
 
-class HFFusedSite:
-    """One Hugging Face attention module through the kernel (called by ``adapters.hf``'s
-    ``dyntool_fused`` entry with the 2-D padding mask and the registry's keyword arguments)."""
+class FusedSite(_Fused):
+    """One ``AttentionCore`` (dyntool's GPT): causal / window per head read off its mask."""
 
-    def __init__(self, module, on_call):
-        self.module, self.on_call = module, on_call
-
-    def arm(self, on: bool) -> None:
-        from .adapters import hf
-        if on:
-            hf._FUSED[id(self.module)] = self
-        else:
-            hf._FUSED.pop(id(self.module), None)
-
-    def __call__(self, q, k, v, mask, causal, kw):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            return None
-        from .kernels import op
-        token = _token(q, k)
-        y, _, fst = op.attention(q, k, v, causal=causal, scale=kw.get("scaling"), window=kw.get("sliding_window"),
-                                 softcap=kw.get("softcap"), sinks=kw.get("s_aux"), key_mask=mask, token=token,
-                                 stats=True)
-        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], kw.get("s_aux") is not None)
-        return y.transpose(1, 2).contiguous()                         # (B, T, nh, d) as the registry's
-
-
-class FusedSite:
-    """Runs one ``AttentionCore``'s attention through the kernel on a recorded step and keeps
-    (forward partials, token) per forward; the statistics are reduced when read, not in the step."""
-
-    def __init__(self, core, on_call):
-        self.core, self.on_call = core, on_call
+    def __init__(self, core, on_call, fallback=False):
+        super().__init__(core, on_call, fallback)
+        self.core = core
         self._specs: dict[int, tuple] = {}
 
     def arm(self, on: bool) -> None:
         self.core.fused_fn = self if on else None
 
     def __call__(self, core, q, k, v, scale):
-        if not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
-            return None                       # an evaluation forward: the model's own attention
-        from .kernels import op
         T = q.shape[-2]
         spec = self._specs.get(T)
         if spec is None:
             spec = self._specs[T] = mask_spec(core.mask, core.n_head, T)
         if isinstance(spec, str):
-            raise RuntimeError(f"dyntool: error: record.kernel=fused: layer {core.layer_index}: {spec} at T={T}")
+            raise ValueError(f"record.kernel=fused: layer {core.layer_index}: {spec} at T={T}")
         causal, windows = spec
-        token = _token(q, k)
-        y, _, fst = op.attention(q, k, v, causal=causal, window=windows, scale=scale, token=token, stats=True)
-        self.on_call(fst, token, op.n_blocks(q, k)[1], T, False)
+        y = self.run(q, k, v, causal=causal, window=windows, scale=scale)
         return y
+
+
+class SDPAFusedSite(_Fused):
+    """One nanoGPT-style module's ``F.scaled_dot_product_attention`` call (``adapters.sdpa``
+    hands over the calls without ``attn_mask``)."""
+
+    def arm(self, on: bool) -> None:
+        from .adapters import sdpa
+        if on:
+            sdpa._FUSED[id(self.target)] = self
+        else:
+            sdpa._FUSED.pop(id(self.target), None)
+
+    def __call__(self, q, k, v, causal, scale):
+        return self.run(q, k, v, causal=causal, scale=scale)
+
+
+class HFFusedSite(_Fused):
+    """One Hugging Face attention module (``adapters.hf``'s ``dyntool_fused`` entry passes the 2-D
+    padding mask and the registry's keyword arguments)."""
+
+    def arm(self, on: bool) -> None:
+        from .adapters import hf
+        if on:
+            hf._FUSED[id(self.target)] = self
+        else:
+            hf._FUSED.pop(id(self.target), None)
+
+    def __call__(self, q, k, v, mask, causal, kw):
+        y = self.run(q, k, v, kw.get("s_aux") is not None, causal=causal, scale=kw.get("scaling"),
+                     window=kw.get("sliding_window"), softcap=kw.get("softcap"), sinks=kw.get("s_aux"), key_mask=mask)
+        if y is None:
+            return None
+        out = y.transpose(1, 2).contiguous()                          # (B, T, nh, d) as the registry's
+        self.last = id(out)
+        return out

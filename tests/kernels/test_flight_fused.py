@@ -84,3 +84,32 @@ def test_no_backward_is_reported_and_eval_forward_untouched():
     assert all(c.fused_fn is None for c in (b.attn.core for b in m.h))
     with pytest.raises(FlightError, match="2 attention output"):
         flight.result()
+
+
+def test_auto_falls_back_to_eager_when_the_kernel_fails(monkeypatch):
+    """kernel="auto" (fused where it serves) never fails a step for the kernel: a site whose launch
+    raises goes back to the eager path with a warning and says so in paths(); "fused" raises."""
+    from dyntool.kernels import op
+    m = gpt()
+    x, y = torch.randint(0, V, (2, T)), torch.randint(0, V, (2, T))
+    eager = FlightRecorder(m, kernel="eager")
+    with eager:
+        m(x, y)[1].backward()
+    want = eager.result()
+    m.zero_grad()
+
+    def broken(*a, **kw):
+        raise RuntimeError("no kernel today")
+    monkeypatch.setattr(op, "attention", broken)
+    flight = FlightRecorder(m, kernel="fused")
+    with pytest.raises(RuntimeError, match="no kernel today"), flight:
+        m(x, y)[1].backward()
+    flight = FlightRecorder(m, kernel="fused")
+    for fs in flight._fused.values():                # what kernel="auto" builds on a GPU
+        fs.fallback = True
+    with pytest.warns(RuntimeWarning, match="fused kernel failed"), flight:
+        m(x, y)[1].backward()
+    got = flight.result()
+    assert set(flight.paths().values()) == {"eager: the fused kernel failed (RuntimeError: no kernel today)"}
+    for n in want:
+        torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)
