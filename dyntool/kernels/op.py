@@ -2,8 +2,8 @@
 
 ``dyntool::attn_fwd`` returns (out, lse, forward statistics' partials); ``dyntool::attn_bwd``
 returns (dq, dk, dv, dσ, backward statistics' partials).  Both are functional (no argument is
-mutated), so a compiled step can trace them on a GPU (under the interpreter ``wrap_triton`` is
-called eagerly).  The backward's statistics leave autograd as the *gradient of a token*: a
+mutated), so a compiled step can trace them on a GPU (under the interpreter, where
+``wrap_triton`` cannot be traced, they are opaque ``custom_op``s: ``_op``).  The backward's statistics leave autograd as the *gradient of a token*: a
 zero tensor passed to the forward with ``requires_grad``; after ``backward()`` its ``.grad`` holds
 the partial sums (a fresh token per forward, so nothing is summed across calls that should not).
 
