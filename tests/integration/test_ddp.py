@@ -31,5 +31,5 @@ def test_two_process_ddp_cpu(tmp_path):
     digests = run.meta["final"]["param_sha256_ranks"]
     assert len(digests) == 2 and digests[0] == digests[1] == run.meta["final"]["param_sha256"]
     assert list(run.arrays["step"][:]) == [0, 2, 4, 5]
-    assert len(run.metrics) == 6 and "val_ppl" in run.metrics
+    assert len(run.metrics) == 7 and "val_ppl" in run.metrics        # rows 0..5 + row 6, the last state
     assert sorted(p.name for p in out.iterdir()) == ["ddp"]
