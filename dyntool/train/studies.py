@@ -84,7 +84,8 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
             last = float(vals.iloc[-1]) if len(vals) else None     # when final_eval is off
             res[arm] = {"run": r.id, "status": r.status, "final_val_loss": final.get("valid_loss", last),
                         "best_val_loss": float(min(vals)) if len(vals) else None,
-                        "valid_ppl": final.get("valid_ppl"), "test_ppl": final.get("test_ppl")}
+                        "valid_ppl": final.get("valid_ppl"), "test_ppl": final.get("test_ppl"),
+                        "final_eval": final.get("final_eval"), "final_eval_tokens": final.get("final_eval_tokens")}
         b, s = res["baseline"]["final_val_loss"], res["span"]["final_val_loss"]
         res["rel_change_pct"] = 100 * (s - b) / b if b and s else None
         bb, sb = res["baseline"]["best_val_loss"], res["span"]["best_val_loss"]
@@ -107,6 +108,10 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
               f"{f(r['rel_change_pct'], 9, 3)}  {f(r['rel_change_best_pct'], 8, 3)}")
     print(f"relative validation-loss change: {m:+.3f} ± {sd:.3f} % (final), {mb:+.3f} ± {sdb:.3f} % (best); "
           f"paper: -0.56 %")
+    bounded = [r[a]["final_eval_tokens"]["valid"] for r in rows for a in arms if r[a]["final_eval"] == "bounded"]
+    if bounded:                        # short runs: say that "final" is an estimate on part of the split
+        print(f"final = bounded final evaluation (first {max(bounded):,} validation tokens; these runs trained "
+              f"on fewer tokens than the splits hold); --train.final_eval=full reads the whole splits")
     return summary
 
 

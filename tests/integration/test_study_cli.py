@@ -84,3 +84,15 @@ def test_ctrl_c_message_starts_its_own_line_on_a_terminal(monkeypatch, capsys):
     lines = err.getvalue().splitlines()
     assert lines[0] == "train:  40%|####      | 8/20"
     assert lines[1].startswith("dyntool: interrupted;") and lines[1].endswith("--resume runs/wikitext/r")
+
+
+def test_a_short_span_study_says_its_final_evaluation_was_bounded(tmp_path, capsys):
+    assert main(["study", "span", "--seeds", "0", "--max-steps", "1", "--out", str(tmp_path), "--name", "b",
+                 *TINY_ARGS, "--train.final_eval=auto"]) == 0
+    out = capsys.readouterr()
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    for arm in ("baseline", "span"):
+        assert s["seeds"][0][arm]["final_eval"] == "bounded"
+        assert s["seeds"][0][arm]["final_eval_tokens"] == {"valid": 8, "test": 8}     # half of 2×8 tokens
+    assert "final = bounded final evaluation (first 8 validation tokens" in out.out
+    assert "final evaluation: valid (8 tokens) + test (8 tokens)" in out.err and "about " in out.err
