@@ -28,8 +28,16 @@ def is_url(p) -> bool:
     return isinstance(p, URLPath) or (isinstance(p, str) and p.startswith(SCHEMES))
 
 
+def _strip(url: str) -> str:
+    """``url`` without trailing slashes, but never above its root (``file:///``, ``s3://b``)."""
+    u = str(url).rstrip("/")
+    return "file:///" if u in ("file:", "file:/") else u
+
+
 def join(url: str, *parts: str) -> str:
-    return "/".join([str(url).rstrip("/"), *[p.strip("/") for p in parts if p.strip("/")]])
+    base = _strip(url)
+    tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
+    return base if not tail else (base + tail if base.endswith("/") else f"{base}/{tail}")
 
 
 class URLPath:
@@ -38,7 +46,7 @@ class URLPath:
     __slots__ = ("url",)
 
     def __init__(self, url: str):
-        self.url = str(url).rstrip("/")
+        self.url = _strip(url)
 
     def __str__(self) -> str:
         return self.url
@@ -83,7 +91,7 @@ class URLPath:
     def relative_to(self, other) -> Path:
         if not self.is_relative_to(other):
             raise ValueError(f"{self.url} is not below {other}")
-        return Path(self.url[len(str(other).rstrip("/")):].lstrip("/") or ".")
+        return Path(self.url[len(_strip(other).rstrip("/")):].lstrip("/") or ".")
 
 
 def location(text, what: str = "RUN") -> Path | URLPath:
@@ -101,6 +109,8 @@ def location(text, what: str = "RUN") -> Path | URLPath:
             raise RunError(f"{what} {text!r} names no bucket (use s3://bucket/prefix)")
         if text.startswith("file://") and not text[7:].startswith("/"):
             raise RunError(f"{what} {text!r}: a file:// URL needs an absolute path (file:///abs/path)")
+        if ".." in text.split("://", 1)[1].split("/"):
+            raise RunError(f"{what} {text!r}: '..' is not allowed in a URL (object keys have no parent links)")
         return URLPath(text)
     m = _ANY_SCHEME.match(text)
     if m and len(m.group(1)) > 1:           # one letter: a Windows drive, not a scheme

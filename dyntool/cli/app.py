@@ -128,15 +128,25 @@ def cmd_app(args) -> int:
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
     if not args.headless and _has_display():
         threading.Thread(target=_open_when_ready, args=(url, proc), daemon=True).start()
-    while True:
-        try:
-            return proc.wait()
-        except KeyboardInterrupt:           # Ctrl-C reaches Streamlit too (same process group)
-            try:
-                return proc.wait(timeout=10)
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                proc.kill()
-                return 130
+    return _serve(proc)
+
+
+def _serve(proc: subprocess.Popen) -> int:
+    """Wait for the server, handing it every stop signal this process gets (before, this command
+    exec'ed Streamlit, so a ``kill`` reached it directly; it must still, and never orphan it).
+    Exit status as a shell reports it: 128 + the signal that ended the server."""
+    import signal
+
+    def forward(sig, _frame):
+        if proc.poll() is None:
+            proc.send_signal(sig)
+    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+    try:
+        rc = proc.wait()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc
 
 
 def register(sub, simsub) -> None:

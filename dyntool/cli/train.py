@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from . import add_n_seeds, common_output_options, config_option, config_values
 
@@ -21,15 +20,18 @@ OVERRIDES = "Any config key can also be set as --section.key=value, e.g. --model
 def cmd_train(args) -> int:
     from .. import paths
     from ..errors import ConfigError
+    from ..location import location
     from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.config is None and args.resume is None:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
+    if args.resume is not None:
+        args.resume = str(location(args.resume, "--resume"))   # one line for gs://, '', ~nosuchuser
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
-    if args.out is None and args.resume and args.resume.startswith(("s3://", "file://")):
-        out = args.resume.rstrip("/").rsplit("/", 1)[0]        # beside the run it resumes
+    if args.out is None and args.resume:
+        out = str(location(args.resume).parent)                 # beside the run it resumes
     else:
-        out = args.out or (str(Path(args.resume).parent) if args.resume else DEFAULT_OUT)
+        out = args.out or DEFAULT_OUT
     if args.out is None:                     # the generic guard only saw an explicit --out
         paths.check_out(out)
     try:

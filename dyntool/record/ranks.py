@@ -58,7 +58,7 @@ class RankRun:
     def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
         from .remote import Remote, is_url
         from .store_writer import StoreWriter
-        where = Remote(self.path).zarr_store(rank_dir(self.rank), read_only=False) \
+        where = Remote(self.path, create=True).zarr_store(rank_dir(self.rank), read_only=False) \
             if is_url(self.path) else self.path / rank_dir(self.rank)
         self.store = StoreWriter(where, chunk_steps, flush_seconds, attrs)
         return self.store

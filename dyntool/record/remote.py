@@ -41,13 +41,17 @@ def _short(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
-def object_store(url: str):
-    """An obstore store rooted at ``url`` (s3:// or file://)."""
+def object_store(url: str, create: bool = False):
+    """An obstore store rooted at ``url`` (s3:// or file://).  ``create``: a writer's, which may
+    make a ``file://`` folder; a reader never creates one (a missing one is a one-line error)."""
     _need()
     u = urlparse(url)
     if u.scheme == "file":
         from obstore.store import LocalStore
-        os.makedirs(u.path, exist_ok=True)
+        if create:
+            os.makedirs(u.path, exist_ok=True)
+        elif not os.path.isdir(u.path):
+            raise RunError(f"{url} does not exist (no such folder)")
         return LocalStore(u.path)
     if u.scheme != "s3" or not u.netloc:
         raise RunError(f"not an object-store URL: {url!r} (use s3://bucket/prefix or file:///path)")
@@ -70,9 +74,10 @@ def object_store(url: str):
 class Remote:
     """GET/PUT/LIST of the objects below one URL, errors as one-line :class:`RunError`."""
 
-    def __init__(self, url):
-        self.url = str(url).rstrip("/")
-        self.store = object_store(self.url)
+    def __init__(self, url, create: bool = False):
+        self.url = str(URLPath(url))
+        self.create = create
+        self.store = object_store(self.url, create)
 
     def get(self, key: str) -> bytes | None:
         import obstore
@@ -115,7 +120,7 @@ class Remote:
 
     def zarr_store(self, sub: str, read_only: bool):
         from zarr.storage import ObjectStore
-        return ObjectStore(object_store(join(self.url, sub)), read_only=read_only)
+        return ObjectStore(object_store(join(self.url, sub), create=not read_only), read_only=read_only)
 
 
 # -- writing -----------------------------------------------------------------------------------
@@ -170,7 +175,7 @@ def create_run(out_url: str, kind: str, config: dict, name: str | None = None, *
 
     from ..run_writer import _jsonable, _now, environment
     run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    remote = Remote(join(out_url, run_id))
+    remote = Remote(join(out_url, run_id), create=True)
     if remote.get("meta.json") is not None:
         raise RunError(f"run {remote.url} already exists; choose another name (existing runs are never overwritten)")
     remote.put("config.json", json.dumps(_jsonable(config), indent=2).encode(), create=True)
@@ -359,9 +364,10 @@ def open_remote_run(url: str):
 
     remote = Remote(url)
     problems: list[str] = []
-    meta, config = (json_object(remote.get(k), k, problems) for k in ("meta.json", "config.json"))
-    if not meta and not config:
+    raw = {k: remote.get(k) for k in ("meta.json", "config.json")}
+    if all(v is None for v in raw.values()):
         raise RunError(f"{url} is not a dyntool run (no meta.json or config.json)")
+    meta, config = (json_object(raw[k], k, problems) for k in ("meta.json", "config.json"))
     run = RemoteRun(URLPath(remote.url), config, _check_meta(meta, problems), problems)
     run.remote = remote
     return run
@@ -392,6 +398,9 @@ def find_remote_runs(url, max_depth: int = 3) -> list[URLPath]:
             if not d.startswith(".") and not d.endswith(".zarr"):
                 walk(f"{prefix}/{d}".strip("/"), depth + 1)
 
+    dirs, files = remote.list_dir()
+    if not dirs and not files:              # object stores have no empty folders: nothing is there
+        raise RunError(f"runs directory {remote.url} does not exist (nothing is stored under it)")
     walk("", 0)
     return found
 

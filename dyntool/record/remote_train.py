@@ -27,7 +27,7 @@ CHECKPOINT = "checkpoint.pt"
 def check_out(url: str) -> str:
     """``url`` is an object-store prefix this process can list (credentials, endpoint, bucket)."""
     obstore = need("obstore", "s3:// runs", RunError)
-    r = Remote(url)
+    r = Remote(url, create=True)
     try:
         next(iter(obstore.list(r.store, None, chunk_size=1)), None)
     except Exception as e:
@@ -71,7 +71,7 @@ def put_checkpoint(run_url: str, obj: dict) -> None:
     import torch
     buf = io.BytesIO()
     torch.save(obj, buf)
-    Remote(run_url).put(CHECKPOINT, buf.getvalue())
+    Remote(run_url, create=True).put(CHECKPOINT, buf.getvalue())
 
 
 def get_checkpoint(run_url: str):

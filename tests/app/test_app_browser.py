@@ -277,6 +277,10 @@ def test_app_without_headless_and_without_a_terminal_serves_and_writes_no_stream
         wait_http(f"http://localhost:{port}/_stcore/health", timeout=60)
         with urllib.request.urlopen(f"http://localhost:{port}/", timeout=10) as r:
             assert r.status == 200 and b"<html" in r.read().lower()
+        proc.send_signal(signal.SIGTERM)                  # dyntool's process only: the server must stop too
+        assert proc.wait(timeout=20) in (0, 128 + signal.SIGTERM)   # Streamlit stops cleanly on SIGTERM
+        with pytest.raises(OSError):                      # nothing left listening (no orphaned server)
+            urllib.request.urlopen(f"http://localhost:{port}/_stcore/health", timeout=3)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
