@@ -1,6 +1,14 @@
 """Fixtures shared by test modules."""
+import os
+
 import pytest
 import torch
+
+# Triton's interpreter (the fused kernels' tests on the CPU, tests/kernels) must be chosen before
+# anything imports triton: triton defines its own library functions (tl.max, tl.sum, ...) when
+# imported, interpreted or not, and some test modules import it indirectly at collection.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture
