@@ -47,8 +47,9 @@ def _pick(runs):
 
 
 def _main(runs, prior: str | None = None):
-    """The first non-dense run of ``prior`` (default: the study's main prior, i.e. not the control)."""
-    for r in runs:
+    """The non-dense run of ``prior`` (default: the study's main prior, i.e. not the control) with the
+    lowest seed (the study's first seed: its dense rerun, if any, is of that seed)."""
+    for r in sorted(runs, key=lambda r: int((r.config or {}).get("seed", 0))):
         if not _is_dense(r) and (_prior(r) == prior if prior else _prior(r) != CONTROL):
             return r
     return None
