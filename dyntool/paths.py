@@ -49,6 +49,8 @@ def check_out(out: str | Path, what: str = "--out") -> Path:
         return check_url(str(p))
     if "\0" in str(p):
         raise ConfigError(what, "contains a NUL byte")
+    if any(len(os.fsencode(part)) > 255 for part in p.parts):    # NAME_MAX: stat() itself would fail
+        raise ConfigError(what, "has a folder name longer than the file system allows (255 bytes)")
     run = _inside_run(p.absolute())
     if run is not None:
         raise ConfigError(what, f"{p} is inside the run {run}; runs are never written into "

@@ -91,6 +91,8 @@ class RecordConfig:
             raise ConfigError(p + "cheap_every/cheap_seqs", f"must be >= 0, got {self.cheap_every}, {self.cheap_seqs}")
         if self.kernel not in ("auto", "eager", "fused"):
             raise ConfigError(p + "kernel", f"must be auto, eager or fused, got {self.kernel!r}")
+        if not self.flush_seconds >= 0:
+            raise ConfigError(p + "flush_seconds", f"must be >= 0 (seconds between flushes), got {self.flush_seconds}")
         if not self.max_block_mib > 0:
             raise ConfigError(p + "max_block_mib", f"must be > 0, got {self.max_block_mib}")
         if self.log_spaced < 0 or self.disk_budget_gb <= 0:
@@ -120,7 +122,13 @@ def _span(w: list[int], T: int) -> tuple[int, int]:
 
 
 def crops(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
-    """The crop ``(q0, q1), (k0, k1)`` of the stored matrices at length ``T``."""
+    """The crop ``(q0, q1), (k0, k1)`` of the stored matrices at length ``T``; a crop reaching past
+    ``T`` is refused (it would be cut silently, and the stored shape would not be the one asked for)."""
+    for key in ("query_crop", "key_crop"):
+        w = getattr(cfg, key)
+        if w and w[1] > T:
+            raise ConfigError(f"record.{key}", f"{list(w)} reaches past the sequence length T={T}; "
+                                               f"stop at {T} or less")
     q0, q1 = _span(cfg.query_crop, T)
     k0, k1 = _span(cfg.key_crop, T)
     if q1 <= q0 or k1 <= k0:

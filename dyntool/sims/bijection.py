@@ -117,6 +117,18 @@ class BijectionConfig:
         if self.eval_every < 1 or self.log_every < 1 or self.threads < 0:
             raise ConfigError(p + "eval_every/log_every/threads", "eval_every, log_every >= 1, threads >= 0")
 
+    def check_memory(self) -> None:
+        """Refuse, before anything is allocated or created, a run too big for this machine: the 2V
+        token embedding with its gradient and AdamW state, and a batch's activations and logits."""
+        from ..safeio import memory_problem
+        m, T, V2 = self.model, data.seq_len(self.L), 2 * self.V
+        per_token = m.n_layer * (12 * m.n_embd + 2 * m.n_head * T) + 3 * V2
+        need = 4 * (4 * (V2 * m.n_embd + 12 * m.n_layer * m.n_embd ** 2) + self.batch_size * T * per_token)
+        why = memory_problem(need, "one training step")
+        if why:
+            raise ConfigError("V", f"{why} (V {self.V}, L {self.L}, batch {self.batch_size}, "
+                                   f"{m.n_layer} layers of {m.n_embd}); lower V, batch_size or the model size")
+
 
 def build_model(cfg: BijectionConfig):
     from ..train.config import ModelConfig
@@ -158,6 +170,7 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
                   tags: list[str] | None = None, quiet: bool = False) -> RunWriter:
     """Train and record one wind-tunnel run; ``cfg.threads`` applies to torch and to BLAS (the
     analyses) for the duration of the run only."""
+    cfg.check_memory()                                       # before any folder is made
     prev, limits = torch.get_num_threads(), None
     if cfg.threads:
         try:        # numpy/BLAS threads of the analyses too (threadpoolctl comes with scikit-learn)

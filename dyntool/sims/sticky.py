@@ -355,6 +355,7 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
     if is_url(out_dir):
         raise RunError(f"--out {out_dir}: a sticky-markov study is written to a local folder "
                        "(single runs, `sim toy`, `sim bijection` and `train`, can go to object storage)")
+    cfg.check_memory()                                       # before any folder is made
     out = ensure_out_dir(out_dir)
     study = out / (name or f"study-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if study.exists():

@@ -80,6 +80,14 @@ class StickyConfig:
             raise ConfigError(p + "arms", f"unknown arm(s) {bad} (known: {', '.join(ARMS)})")
         if self.steps < 1:
             raise ConfigError(p + "steps", f"must be >= 1, got {self.steps}")
+        if not 0 <= self.rho <= 1:
+            raise ConfigError(p + "rho", f"a self-transition probability in [0, 1], got {self.rho}")
+        if self.heldout_offset < 1:
+            raise ConfigError(p + "heldout_offset", f"must be >= 1 (the held-out chain is seed + offset), "
+                                                    f"got {self.heldout_offset}")
+        bad = [a for a in self.record_arms if a not in ARMS]
+        if bad:
+            raise ConfigError(p + "record_arms", f"unknown arm(s) {bad} (known: {', '.join(ARMS)})")
         if self.construction not in ("script", "nominal", "graded"):
             raise ConfigError(p + "construction", "must be 'script', 'nominal' or 'graded'")
         if len(self.rho_range) != 2 or not all(0 <= r < 1 for r in self.rho_range):
@@ -105,6 +113,16 @@ class StickyConfig:
             raise ConfigError(p + "dtype", "float32 or float64")
         if self.crop < 1:
             raise ConfigError(p + "crop", "must be >= 1")
+
+    def check_memory(self) -> None:
+        """Refuse, before anything is allocated or created, a chain too big for this machine: the
+        Bayes filter holds (N, n, d_x) squared distances and a few (n, n) float64 matrices."""
+        from ..safeio import memory_problem
+        n, N = self.n_symbols, self.T - 1
+        why = memory_problem(8 * (N * n * self.d_x + 4 * n * n), "the chain and its Bayes filter")
+        if why:
+            raise ConfigError("n_symbols", f"{why} (n_symbols {n}, T {self.T}, d_x {self.d_x}); "
+                                           "lower n_symbols or T")
 
 
 @dataclass

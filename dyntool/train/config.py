@@ -70,8 +70,8 @@ class ModelConfig:
             if self.n_local < 0 or self.n_global < 0 or self.n_local + self.n_global != self.n_head:
                 raise ConfigError(p + "n_local", f"n_local + n_global must equal n_head={self.n_head} "
                                                  f"(got {self.n_local} + {self.n_global})")
-            if self.window < 1:
-                raise ConfigError(p + "window", f"must be >= 1, got {self.window}")
+        if self.window < 1:                     # whatever the attention: a window of 0 keys means nothing
+            raise ConfigError(p + "window", f"must be >= 1, got {self.window}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(p + "dropout", f"must be in [0, 1), got {self.dropout}")
         if self.vocab_multiple < 1:

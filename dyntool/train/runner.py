@@ -67,7 +67,7 @@ def _check_memory(cfg: TrainConfig, vocab: int, n_params: int) -> None:
     """A rough lower bound of one training step's memory (parameters + optimizer state, the
     activations and attention matrices of a micro-batch, the logits) against what is available:
     an absurd batch or model size is refused before anything is allocated or created."""
-    m, d = cfg.model, cfg.data
+    m, d, r = cfg.model, cfg.data, cfg.record
     B, T = max(d.batch_size, d.eval_batch_size), d.block_size
     per_token = m.n_layer * (12 * m.n_embd + 2 * m.n_head * T) + 3 * vocab
     need = 4 * (4 * n_params + B * T * per_token)
@@ -76,6 +76,14 @@ def _check_memory(cfg: TrainConfig, vocab: int, n_params: int) -> None:
         raise ConfigError("data.batch_size", f"{why} (batch {d.batch_size}, eval batch {d.eval_batch_size}, block {T}, "
                                              f"{m.n_layer} layers of {m.n_embd}); lower data.batch_size / "
                                              "data.eval_batch_size / data.block_size / the model size")
+    if r.enabled and r.batch == "probe":
+        # a recording step: the probe's own forward/backward plus ~10 T × T float32 quantities per
+        # head (α, S, B, A, ∂L/∂S and their work space) before they are written
+        need = 4 * (4 * n_params + r.seqs * T * per_token + 10 * r.seqs * m.n_layer * m.n_head * T * T)
+        why = safeio.memory_problem(need, "one recording step")
+        if why:
+            raise ConfigError("record.seqs", f"{why} ({r.seqs} probe sequences of {T} tokens, {m.n_layer} layers × "
+                                             f"{m.n_head} heads); lower record.seqs")
 
 
 class NothingToDo(Exception):

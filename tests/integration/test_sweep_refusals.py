@@ -1,0 +1,106 @@
+"""Inputs from the bad-input sweep of issue 36 that were internal errors, out-of-memory kills or
+silently accepted: each is now one line, exit 2, and leaves nothing on disk."""
+from __future__ import annotations
+
+import pytest
+
+from dyntool import safeio
+from dyntool.cli import main
+from tests.integration.test_train import CONFIG, TINY_ARGS
+
+
+def refused(argv, tmp_path, monkeypatch, capsys, *expect) -> str:
+    """``argv`` (run in ``tmp_path``) exits 2 with one ``dyntool: error:`` line naming ``expect``."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("dyntool: error: "), err
+    for e in expect:
+        assert e in err, err
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())      # no folder, no half-made run
+    return err
+
+
+@pytest.fixture
+def small_machine(monkeypatch):
+    """8 GiB available, whatever this machine has: the size checks are decided the same way anywhere."""
+    monkeypatch.setattr(safeio, "memory_available", lambda: 8 << 30)
+
+
+def _train(*extra):
+    return ["train", "--config", str(CONFIG), "--preset", "small", "--out", "out", "--quiet", *TINY_ARGS, *extra]
+
+
+# -- sizes that cannot fit: estimated before anything is allocated or created -----------------------
+
+def test_sticky_n_symbols_too_big(tmp_path, monkeypatch, capsys, small_machine):
+    """Was: internal error, DefaultCPUAllocator: can't allocate memory (40 GB), and a folder left."""
+    refused(["sim", "sticky-markov", "--n_symbols", "100000", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "n_symbols", "GiB in memory", "lower n_symbols")
+
+
+def test_bijection_V_too_big(tmp_path, monkeypatch, capsys, small_machine):
+    """Was: internal error, DefaultCPUAllocator: can't allocate memory (154 GB), and a folder left."""
+    refused(["sim", "bijection", "--V", "100000000", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "config error: V:", "GiB in memory")
+
+
+def test_train_record_seqs_too_big(tmp_path, monkeypatch, capsys):
+    """Was: killed by the kernel (or can't allocate memory) at the first recording step, leaving a
+    half-made run.  Room for a training step of the tiny model but not for 1000 probe sequences."""
+    monkeypatch.setattr(safeio, "memory_available", lambda: 64 << 20)
+    refused(_train("--record.seqs=1000"), tmp_path, monkeypatch, capsys, "record.seqs", "one recording step")
+
+
+def test_a_run_that_fits_still_trains(tmp_path, monkeypatch):
+    """The checks can pass: the same tiny run with one probe sequence fits in the same 64 MiB."""
+    monkeypatch.setattr(safeio, "memory_available", lambda: 64 << 20)
+    monkeypatch.chdir(tmp_path)
+    assert main(_train("--train.max_steps=2", "--name", "r")) == 0
+    assert (tmp_path / "out" / "r" / "config.json").is_file()
+
+
+# -- values outside their meaning ----------------------------------------------------------------
+
+@pytest.mark.parametrize("rho", ["5", "-0.1"])
+def test_sticky_rho_is_a_probability(rho, tmp_path, monkeypatch, capsys):
+    """Was: internal error, probability tensor contains either inf, nan or element < 0."""
+    refused(["sim", "sticky-markov", f"--rho={rho}", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "rho:", "[0, 1]")
+
+
+def test_sticky_heldout_offset_negative(tmp_path, monkeypatch, capsys):
+    refused(["sim", "sticky-markov", "--heldout_offset=-1", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "heldout_offset", ">= 1")
+
+
+def test_sticky_record_arms_unknown(tmp_path, monkeypatch, capsys):
+    refused(["sim", "sticky-markov", "--record_arms=[sgd,nosuch]", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "record_arms", "nosuch")
+
+
+def test_flush_seconds_negative(tmp_path, monkeypatch, capsys):
+    refused(["sim", "toy", "--record.flush_seconds=-1", "--out", "out"], tmp_path, monkeypatch, capsys,
+            "record.flush_seconds", ">= 0")
+
+
+@pytest.mark.parametrize("key", ["record.key_crop", "record.query_crop"])
+def test_crop_beyond_T(key, tmp_path, monkeypatch, capsys):
+    """Was: exit 0, the crop silently cut to T."""
+    refused(["sim", "toy", f"--{key}=[0, 99999]", "--out", "out"], tmp_path, monkeypatch, capsys,
+            key, "past the sequence length T=")
+
+
+def test_model_window_zero(tmp_path, monkeypatch, capsys):
+    refused(_train("--model.window=0"), tmp_path, monkeypatch, capsys, "model.window", ">= 1")
+
+
+# -- output paths ---------------------------------------------------------------------------------
+
+def test_out_name_too_long(tmp_path, monkeypatch, capsys):
+    """Was: internal error, OSError: [Errno 36] File name too long."""
+    refused(["sim", "toy", "--out", "a" * 300 + "/x"], tmp_path, monkeypatch, capsys, "--out", "255 bytes")
+
+
+def test_out_unknown_user(tmp_path, monkeypatch, capsys):
+    refused(["sim", "toy", "--out", "~nosuchuser_dyntool/x"], tmp_path, monkeypatch, capsys, "no such user")
