@@ -33,3 +33,7 @@ class NonFiniteLossError(DyntoolError):
         self.step = step
         super().__init__(f"non-finite loss at step {step}{': ' + detail if detail else ''}; "
                          "run marked failed, everything recorded so far is kept")
+
+
+class ExportError(DyntoolError):
+    """Bad export request (format, array, steps, output directory) or a missing extra."""

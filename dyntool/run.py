@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from . import safeio
+from .dataset import chunk, to_xarray
 from .errors import RunError
 from .location import is_url, location
 from .run_writer import RECORD_DIR, STATUSES
@@ -257,15 +258,11 @@ class Run:
         return self
 
     def to_xarray(self, arrays: list[str] | None = None, steps: str | None = None, chunks=None):
-        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.export`).  ``chunks``
+        """The record as a lazy ``xarray.Dataset`` (see :mod:`dyntool.dataset`).  ``chunks``
         (``{dim: size}``, ``"auto"``, or ``"record"`` for the stored chunks): dask-backed arrays, for
         out-of-core analysis (:mod:`dyntool.scale`); needs ``dyntool[scale]``."""
-        from .export import to_xarray
         ds = to_xarray(self, arrays, steps)
-        if chunks is None:
-            return ds
-        from .scale import chunk
-        return chunk(self, ds, chunks)
+        return ds if chunks is None else chunk(self, ds, chunks)
 
     def size_bytes(self) -> int:
         """Bytes on disk (allocated blocks, as ``du`` counts them), files resolving outside skipped."""

@@ -17,39 +17,10 @@ whatever the size of the record.
 """
 from __future__ import annotations
 
-from .export import ExportError
-from .extras import need
+from .dataset import chunk, need_dask  # noqa: F401  (the scale API)
+from .errors import ExportError
 
 HEAD_DIMS = ("step", "layer", "head")
-
-
-def need_dask():
-    need("dask.array", error=ExportError)
-
-
-def _stored_chunks(arr) -> tuple[int, ...] | None:
-    part = getattr(arr, "parts", [arr])[0]                     # a merged array: rank 0's chunks
-    z = getattr(part, "_z", None)
-    return tuple(z.metadata.chunk_grid.chunk_shape) if z is not None else None
-
-
-def chunk(run, ds, chunks):
-    """``ds`` with dask-backed variables (see the module doc)."""
-    need_dask()
-    if chunks != "record":
-        return ds.chunk(chunks)
-    st = run.store
-    out = ds.copy()
-    for name, var in ds.data_vars.items():
-        arr = None
-        if st is not None and name in st.names():
-            arr = st[name]
-        cs = _stored_chunks(arr) if arr is not None else None
-        if cs is None or len(cs) != var.ndim:
-            out[name] = var.chunk()
-            continue
-        out[name] = var.chunk(dict(zip(var.dims, (min(c, n) or 1 for c, n in zip(cs, var.shape)))))
-    return out
 
 
 def _key_dim(ds, name: str) -> str:
