@@ -30,7 +30,7 @@ KIND = "icl-markov"
 CONTROL = "doubly_stochastic"
 STAGE_COLORS = {"uniform": style.OKABE_ITO["sky"], "unigram": style.OKABE_ITO["orange"],
                 "bigram": style.OKABE_ITO["green"]}
-CHEAP = ((mn.ATTN_ENTROPY, "attention entropy [nats]", False), (mn.SCORE_GRAD_NORM, "log10 ‖∂L/∂S‖", True),
+CHEAP = ((mn.ATTN_ENTROPY, "entropy [nats]", False), (mn.SCORE_GRAD_NORM, "log10 ‖∂L/∂S‖", True),
          (mn.LOGIT_MAX, "max logit", False), (mn.COLUMN_MAX, "max column usage / T", False))
 
 
