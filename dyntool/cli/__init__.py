@@ -184,8 +184,27 @@ def _run(parser, argv: list[str]) -> int:
         return int(args.fn(args) or 0)
 
 
+def _format_warning(message, category, filename, lineno, line=None, _orig=None):
+    """A deprecated key or flag is the user's input: one ``dyntool: warning: …`` line, without
+    Python's file path and source line; any other warning is shown as Python shows it.  (The
+    format, not the display, is replaced: a caller recording warnings still records them.)"""
+    from ..config import DeprecatedKeyWarning
+    if issubclass(category, DeprecatedKeyWarning):
+        return f"dyntool: warning: {message}\n"
+    return _orig(message, category, filename, lineno, line)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    import warnings
+    orig = warnings.formatwarning
+    warnings.formatwarning = functools.partial(_format_warning, _orig=orig)
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    finally:                                          # main() is also called in-process
+        warnings.formatwarning = orig
+
+
+def _main(argv: list[str]) -> int:
     try:
         parser = build_parser()
         return _run(parser, argv)

@@ -104,3 +104,21 @@ def test_out_name_too_long(tmp_path, monkeypatch, capsys):
 
 def test_out_unknown_user(tmp_path, monkeypatch, capsys):
     refused(["sim", "toy", "--out", "~nosuchuser_dyntool/x"], tmp_path, monkeypatch, capsys, "no such user")
+
+
+# -- deprecated keys and flags ------------------------------------------------------------------
+
+def test_deprecated_flag_and_key_warn_in_one_line_each(tmp_path):
+    """Was: Python's two-line warning, ``…/cli/__init__.py:150: DeprecatedKeyWarning: flag --window
+    is deprecated, use --crop`` then the source line ``  return int(args.fn(args) or 0)``."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "dyntool", "sim", "sticky-markov", "--window", "5",
+                        "--record.key_window=[0,3]", "--rho", "7", "--out", "out"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "dyntool: warning: flag --window is deprecated, use --crop",
+        "dyntool: warning: config key record.key_window is deprecated, use record.key_crop",
+        "dyntool: error: config error: rho: a self-transition probability in [0, 1], got 7.0"], r.stderr
+    assert list(tmp_path.iterdir()) == []
