@@ -43,7 +43,10 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
                 raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
         if not isinstance(base, dict):
             raise RunError(f"cannot resume {resume}: {path} is not a config object")
-        base.setdefault("train", {})["stop_at"] = 0       # a resumed run goes on to max_steps
+        if not isinstance(base.setdefault("train", {}), dict):
+            raise RunError(f"cannot resume {resume}: {path} has a 'train' that is not a section "
+                           f"(a {type(base['train']).__name__})")
+        base["train"]["stop_at"] = 0                        # a resumed run goes on to max_steps
         cfg = cfgmod.load(TrainConfig, base=base, overrides=overrides, values=values)
     _check_device(cfg, preset)
     return cfg
@@ -99,6 +102,10 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
         return _resume_url(resume, cfg)
     run = Path(resume)
     src = run / "checkpoint.pt"
+    if src.is_symlink() or (src.exists() and not src.is_file()):     # never opened: a FIFO would hang
+        kind = "a link" if src.is_symlink() else "a folder" if src.is_dir() else "not a regular file"
+        raise RunError(f"cannot resume {resume}: its checkpoint.pt is {kind}; it must be the file "
+                       "a training run wrote")
     if not src.is_file():
         try:
             old = safeio.read_json(run / "config.json").get("train", {})
@@ -166,6 +173,10 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     sharded = int(os.environ.get("WORLD_SIZE", "1")) > 1 and cfg.train.parallel == "fsdp"
+    if cfg.train.parallel != "auto" and int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        # one process: nothing to shard or replicate; said, not refused (a resumed run keeps its setting)
+        print(f"dyntool: warning: train.parallel={cfg.train.parallel} needs the processes torchrun starts "
+              f"(torchrun --nproc_per_node=N -m dyntool train ...); training as one process", file=sys.stderr)
     if sharded:                                    # refused before any process group or run exists
         from .sharded import check
         check(cfg, int(os.environ["WORLD_SIZE"]))

@@ -122,3 +122,70 @@ def test_deprecated_flag_and_key_warn_in_one_line_each(tmp_path):
         "dyntool: warning: config key record.key_window is deprecated, use record.key_crop",
         "dyntool: error: config error: rho: a self-transition probability in [0, 1], got 7.0"], r.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# -- train --resume of a damaged run, --parallel without torchrun ---------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run with its checkpoint.pt (2 steps)."""
+    import os
+    out = tmp_path_factory.mktemp("trained")
+    cwd = os.getcwd()
+    try:
+        os.chdir(out)
+        assert main(_train("--train.max_steps=2", "--name", "r")) == 0
+    finally:
+        os.chdir(cwd)
+    assert (out / "out" / "r" / "checkpoint.pt").is_file()
+    return out / "out" / "r"
+
+
+def _copy(trained, tmp_path):
+    import shutil
+    src = tmp_path / "src"
+    shutil.copytree(trained, src)
+    return src
+
+
+def _resume_refused(src, tmp_path, monkeypatch, capsys, *expect):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    assert main(["train", "--resume", str(src), "--out", "new", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("dyntool: error: cannot resume"), err
+    for e in expect:
+        assert e in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_resume_config_train_not_a_section(trained, tmp_path, monkeypatch, capsys):
+    """Was: internal error, TypeError: 'int' object does not support item assignment."""
+    import json
+    src = _copy(trained, tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["train"] = 5
+    (src / "config.json").write_text(json.dumps(cfg))
+    _resume_refused(src, tmp_path, monkeypatch, capsys, "'train' that is not a section")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_resume_checkpoint_not_a_file(kind, trained, tmp_path, monkeypatch, capsys):
+    """Was: "no checkpoint.pt, it stopped before its first checkpoint" (it had one, damaged)."""
+    import os
+    src = _copy(trained, tmp_path)
+    ck = src / "checkpoint.pt"
+    ck.unlink()
+    os.mkfifo(ck) if kind == "fifo" else ck.mkdir()
+    _resume_refused(src, tmp_path, monkeypatch, capsys,
+                    "checkpoint.pt is " + ("not a regular file" if kind == "fifo" else "a folder"))
+
+
+def test_parallel_without_torchrun_says_so(tmp_path, monkeypatch, capsys):
+    """Was: --parallel fsdp in one process trained without a word."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert main(_train("--train.max_steps=1", "--parallel=fsdp", "--name", "r")) == 0
+    err = [ln for ln in capsys.readouterr().err.splitlines() if "warning" in ln]
+    assert err == ["dyntool: warning: train.parallel=fsdp needs the processes torchrun starts "
+                   "(torchrun --nproc_per_node=N -m dyntool train ...); training as one process"]
