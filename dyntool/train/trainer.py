@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from ..data.wikitext import eval_batches, get_batch
+from ..data.wikitext import get_batch
 from ..errors import NonFiniteLossError
 from . import checkpoint as ckpt
 from .config import OptimConfig, TrainConfig
@@ -180,38 +180,9 @@ class Trainer:
 
     def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
                  bar: bool = False, desc: str | None = None) -> float:
-        """Mean token cross-entropy over a split (non-overlapping windows; exact when uncapped).
-
-        Runs in eval mode (dropout off; train mode restored after) under ``inference_mode``;
-        the loss is summed on the device and read once at the end (no sync per batch)."""
-        d = self.cfg.data
-        data = self.corpus.split(split)
-        bs = batch_size or d.eval_batch_size
-        batches = eval_batches(data, bs, d.block_size, max_batches or None, self.device)
-        if bar:
-            from ..progress import progress
-            n_win = (len(data) - 1) // d.block_size
-            total_b = -(-n_win // bs) + (1 if (len(data) - 1) % d.block_size else 0)
-            if max_batches:
-                total_b = min(total_b, max_batches)
-            batches = progress(batches, desc=desc or f"final eval ({split})", total=total_b, unit="batch")
-        was_training = self.raw.training
-        self.raw.eval()
-        total, n = None, 0
-        try:
-            with torch.inference_mode():
-                for x, y in batches:
-                    with self.autocast():
-                        _, loss = self.raw(x, y)
-                    part = loss.double() * y.numel()
-                    total = part if total is None else total + part
-                    n += y.numel()
-        finally:
-            self.raw.train(was_training)
-            if bar:
-                batches.close()
-        self.last_eval_tokens = n
-        return float(total) / n if n else float("nan")
+        """Mean token cross-entropy over a split (:func:`.evaluation.evaluate`)."""
+        from .evaluation import evaluate
+        return evaluate(self, split, max_batches, batch_size, bar, desc)
 
     # -- one optimizer step ---------------------------------------------------------------
     def train_step(self, step: int) -> dict:
@@ -274,20 +245,8 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def _evaluate_state(self) -> dict:
-        """Validation of the model as it is now, after ``self.step`` steps: its metrics (with
-        ``eval_time``), the best so far updated, ``on_eval(self.step, …)`` called."""
-        te = time.perf_counter()
-        vl = self.evaluate("valid", self.cfg.data.eval_max_batches, bar=not self.quiet,
-                           desc=f"eval (valid) at step {self.step}")
-        dt = time.perf_counter() - te                  # not in the training rate
-        self.eval_seconds += dt
-        self.eval_tokens += self.last_eval_tokens
-        ev = {"val_loss": vl, "val_ppl": math.exp(min(vl, 700.0))}
-        if self.best is None or vl < self.best["val_loss"]:
-            self.best = {"val_loss": vl, "val_ppl": ev["val_ppl"], "step": self.step}
-        for cb in self.callbacks:
-            cb.on_eval(self.step, ev)
-        return {**ev, "eval_time": dt}
+        from .evaluation import evaluate_state
+        return evaluate_state(self)
 
     def _wants_eval(self) -> bool:
         return (self.dist.is_main or self.fsdp) and bool(self.cfg.train.eval_every)
