@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from .. import safeio
 from ..errors import DyntoolError
 
 SPLITS = ("train", "valid", "test")
@@ -55,6 +56,16 @@ class Source:
     files: dict[str, list[Path]] = field(default_factory=dict)
     label: str = ""                 # what the user named (a path or a hub id), for messages
 
+    def __post_init__(self):
+        # before a byte is hashed or read: a FIFO or a link to /dev/zero would hang, a folder crash
+        for f in self.all_files():
+            try:
+                safeio.check_regular(f, f"wikitext-2 file {f}")
+            except safeio.BadFile as e:
+                raise DataError(f"{e} (set --data.path)") from None
+            except OSError as e:
+                raise DataError(f"wikitext-2 file {f} can't be read ({e.strerror or e})") from None
+
     def all_files(self) -> list[Path]:
         return [f for s in SPLITS for f in self.files[s]]
 
@@ -82,7 +93,9 @@ def _found(folder: Path) -> str:
         return f"unreadable ({e.strerror})"
     if not names:
         return "nothing (empty folder)"
-    return ", ".join(names[:6]) + (f", … ({len(names) - 6} more)" if len(names) > 6 else "")
+    if len(names) > 3:                      # a whole folder listed is no help in one line (e.g. /etc)
+        return f"{len(names)} entries, none of them WikiText's"
+    return ", ".join(names)
 
 
 def _parquet_source(folder: Path, label: str) -> Source:
@@ -234,8 +247,21 @@ def _parquet_lines(f: Path) -> Iterator[str]:
     if "text" not in cols:
         raise DataError(f"{f} has columns {', '.join(cols) or '(none)'}: expected a 'text' column "
                         f"(one row per line of the tokenized text)")
-    for batch in pf.iter_batches(columns=["text"], batch_size=65536):
-        for line in batch.column(0).to_pylist():
+    kind = pf.schema_arrow.field("text").type
+    if str(kind) not in ("string", "large_string"):
+        raise DataError(f"{f}: its 'text' column holds {kind}, expected strings (one row per line of the "
+                        f"tokenized text)")
+    batches = pf.iter_batches(columns=["text"], batch_size=65536)
+    while True:                             # batch by batch: a wikitext-103 split is never held whole
+        try:
+            b = next(batches, None)
+            rows = None if b is None else b.column(0).to_pylist()
+        except Exception as e:              # a damaged page: bad compression, bad UTF-8, a short file
+            raise DataError(f"{f} is damaged ({type(e).__name__}: {' '.join(str(e).split())[:120]}): "
+                            f"expected the hub's parquet with a 'text' column") from None
+        if rows is None:
+            return
+        for line in rows:
             yield line or ""
 
 
