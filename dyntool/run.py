@@ -5,7 +5,7 @@ read as written is listed in ``Run.problems``.  Writing a run is :mod:`dyntool.r
 """
 from __future__ import annotations
 
-import json
+import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -15,131 +15,10 @@ from typing import Any
 from . import safeio
 from .dataset import chunk, to_xarray
 from .errors import RunError
-from .location import is_url, location
-from .run_writer import RECORD_DIR, STATUSES
-
-
-def _read_json(path: Path, root: Path, problems: list[str]) -> dict:
-    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not a regular
-    file, too big, too deeply nested, not JSON, not an object) is a problem and reads as ``{}``."""
-    if not safeio.inside(path, root):
-        problems.append(f"{path.name} resolves outside {root}; not read")
-        return {}
-    try:
-        raw = safeio.read_bytes(path, safeio.MAX_JSON_BYTES)
-    except FileNotFoundError:
-        raw = None
-    except safeio.BadFile as e:
-        problems.append(f"{path.name} is corrupted ({e})")
-        return {}
-    except OSError as e:
-        problems.append(f"{path.name} can't be read ({e.strerror or e})")
-        return {}
-    return json_object(raw, path.name, problems)
-
-
-def json_object(raw: bytes | None, name: str, problems: list[str]) -> dict:
-    """The JSON object in ``raw``, a run file's bytes (``None``: the file is missing); missing, too
-    deeply nested, not JSON or not an object is a problem and reads as ``{}``.  The local reader and
-    the object-store reader (record/remote.py) both parse through here."""
-    if raw is None:
-        problems.append(f"{name} is missing")
-        return {}
-    try:
-        obj = safeio.loads(raw, name)
-    except safeio.BadFile as e:
-        problems.append(f"{name} is corrupted ({e})")
-        return {}
-    if not isinstance(obj, dict):
-        problems.append(f"{name} holds a {type(obj).__name__}, not an object; ignored")
-        return {}
-    return obj
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-# meta.json fields the tools rely on, and the types they must have
-_META_TYPES = {"id": str, "kind": str, "status": str, "created": str, "updated": str, "device": str,
-               "error": str, "tags": list, "seeds": list, "final": dict}
-
-
-def _check_meta(meta: dict, problems: list[str]) -> dict:
-    """Drop meta fields of the wrong type (reported), so one bad field can't break a listing."""
-    out = dict(meta)
-    for k, t in _META_TYPES.items():
-        if k in out and out[k] is not None and not isinstance(out[k], t):
-            problems.append(f"meta.json: {k} is a {type(out[k]).__name__}, not a {t.__name__}; ignored")
-            del out[k]
-    if "status" in out and out["status"] not in STATUSES:
-        problems.append(f"meta.json: unknown status {out['status']!r}")
-        del out["status"]
-    if "tags" in out:
-        out["tags"] = [str(t) for t in out["tags"]]
-    if "seeds" in out and not all(_is_int(x) for x in out["seeds"]):
-        problems.append(f"meta.json: seeds {out['seeds']!r} are not all integers; ignored")
-        del out["seeds"]
-    return out
-
-
-MAX_STEP = 2**53 - 1        # a step beyond this is not a training step (and not exact as a float)
-_I64 = 2**63
-
-
-def _row_ok(row: Any) -> bool:
-    if not isinstance(row, dict) or not _is_int(row.get("step")) or not 0 <= row["step"] <= MAX_STEP:
-        return False
-    for k, v in row.items():         # integers beyond int64 would turn a pandas column into objects
-        if _is_int(v) and not -_I64 <= v < _I64:
-            row[k] = float(v)
-    return True
-
-
-def _read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
-    """Rows of a local metrics.jsonl (:func:`metric_rows`); a file that can't be read is a problem
-    and gives no rows."""
-    if not safeio.inside(path, root):
-        problems.append(f"{path.name} resolves outside {root}; not read")
-        return []
-    try:
-        return metric_rows(safeio.iter_lines(path), problems)
-    except FileNotFoundError:
-        return []
-    except safeio.BadFile as e:
-        problems.append(f"{path.name} can't be read ({e})")
-        return []
-    except OSError as e:
-        problems.append(f"{path.name} can't be read ({e.strerror or e})")
-        return []
-
-
-def metric_rows(lines, problems: list[str]) -> list[dict]:
-    """Rows of metrics.jsonl from its lines (``safeio.lines_of``; ``None`` = a line over the length
-    cap): JSON objects with an integer ``step`` in [0, 2**53); other lines are skipped and reported
-    (a partial last line, left by a kill mid-write, is skipped quietly).  Local and object-store
-    runs both parse through here."""
-    rows, bad = [], []
-    for i, line in enumerate(lines):
-        if line is None:                           # longer than a metrics row can be
-            bad.append(i)
-            continue
-        if not line.strip():
-            continue
-        try:
-            row = safeio.loads(line, "a line")
-        except safeio.BadFile:
-            if line.endswith(b"\n"):              # else a partial last line (killed mid-write)
-                bad.append(i)
-            continue
-        if not _row_ok(row):
-            bad.append(i)
-            continue
-        rows.append(row)
-    if bad:
-        problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
-                        f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")
-    return rows
+from .location import URLPath, is_url, location
+from .record.object_store import Remote
+from .record.ranks import RECORD_DIR
+from .run_files import check_meta, json_object, metric_rows, orphan_ranks, read_json, read_metrics  # noqa: F401
 
 
 @dataclass
@@ -237,7 +116,7 @@ class Run:
     def metrics(self):
         import pandas as pd
         if self._metrics is None:
-            self._metrics = pd.DataFrame(_read_metrics(self.path / "metrics.jsonl", self.root, self._problems))
+            self._metrics = pd.DataFrame(read_metrics(self.path / "metrics.jsonl", self.root, self._problems))
         return self._metrics
 
     @property
@@ -272,11 +151,67 @@ class Run:
         return f"Run({self.id!r}, kind={self.kind}, status={self.status}, steps={self.steps_written})"
 
 
-def orphan_ranks(names) -> list[str]:
-    """The problem of a run whose rank-0 recording is gone while other ranks' remain."""
-    others = sorted(n for n in names if n.startswith("record.rank") and n.endswith(".zarr"))
-    return [f"{RECORD_DIR} (rank 0's recording, which names the ranks) is missing but "
-            f"{', '.join(others)} exist(s); the recording can't be read"] if others else []
+class RemoteRun(Run):
+    """A run in object storage (``s3://…/RUN``, ``file:///…/RUN``): the :class:`Run` API, read
+    through the object-store backend; ``path`` is a :class:`~dyntool.location.URLPath`."""
+
+    def __post_init__(self):
+        self.root = None
+        self.remote = Remote(self.path)
+
+    @property
+    def id(self) -> str:
+        return self.meta.get("id") or self.path.name
+
+    @property
+    def store(self):
+        if self._store is None:
+            from .record.remote import open_remote_record
+            from .record.store import RecordError
+            try:
+                self._store = open_remote_record(self.remote) or False
+                if self._store:
+                    self._problems.extend(self._store.problems)
+                else:
+                    self._problems.extend(orphan_ranks(self.remote.list_dir()[0]))
+            except RecordError as e:
+                self._store = False
+                self._problems.append(str(e))
+        return self._store or None
+
+    @property
+    def metrics(self):
+        import pandas as pd
+        if self._metrics is None:
+            raw = self.remote.get("metrics.jsonl") or b""
+            try:
+                rows = metric_rows(safeio.lines_of(io.BytesIO(raw), "metrics.jsonl"), self._problems)
+            except safeio.BadFile as e:
+                self._problems.append(f"metrics.jsonl can't be read ({e})")
+                rows = []
+            self._metrics = pd.DataFrame(rows)
+        return self._metrics
+
+    def refresh(self) -> "RemoteRun":
+        fresh = open_remote_run(self.path)
+        self.meta, self.config, self._problems = fresh.meta, fresh.config, fresh._problems
+        self._store, self._metrics, self._checked = None, None, False
+        return self
+
+    def size_bytes(self) -> int:
+        return sum(self.remote.list().values())
+
+
+def open_remote_run(url) -> RemoteRun:
+    """:func:`open_run` for an object-store URL.  A run is a prefix holding ``meta.json`` or
+    ``config.json``; one that can't be parsed is a run with problems, as a local one."""
+    remote = Remote(url)
+    problems: list[str] = []
+    raw = {k: remote.get(k) for k in ("meta.json", "config.json")}
+    if all(v is None for v in raw.values()):
+        raise RunError(f"{remote.url} is not a dyntool run (no meta.json or config.json)")
+    meta, config = (json_object(raw[k], k, problems) for k in ("meta.json", "config.json"))
+    return RemoteRun(URLPath(remote.url), config, check_meta(meta, problems), problems)
 
 
 def _names_in(path: Path) -> list[str]:
@@ -332,8 +267,7 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     chunks are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
     p = location(path)
     if is_url(p):
-        from .record.remote import open_remote_run
-        return open_remote_run(str(p))
+        return open_remote_run(p)
     try:
         if not p.is_dir():
             raise RunError(f"no run at {p} (not a directory)")
@@ -345,8 +279,8 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     if not safeio.inside(p, real_root):
         raise RunError(f"{p} resolves outside {real_root}; not read")
     problems: list[str] = []
-    meta = _check_meta(_read_json(p / "meta.json", real_root, problems), problems)
-    config = _read_json(p / "config.json", real_root, problems)
+    meta = check_meta(read_json(p / "meta.json", real_root, problems), problems)
+    config = read_json(p / "config.json", real_root, problems)
     notes = []
     if meta.get("status") == "running" and _stale(p):
         notes.append("status is 'running' but nothing was written for 10 minutes (killed?)")

@@ -24,14 +24,18 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from .atomic import replacing
 from .errors import NonFiniteLossError, RunError
+from .location import is_url, join
+from .record.object_store import CREATED, Remote
+from .record.ranks import RECORD_DIR, rank_dir  # noqa: F401  (RECORD_DIR: defined once, there)
 
 STATUSES = ("running", "finished", "failed", "interrupted")
-RECORD_DIR = "record.zarr"
 
 
 class Interrupted(KeyboardInterrupt):
@@ -138,9 +142,10 @@ def ensure_out_dir(out_dir: str | Path) -> Path | str:
 
 
 class RunWriter:
-    def __init__(self, path: Path, meta: dict[str, Any]):
+    def __init__(self, path: Path | str, meta: dict[str, Any], metrics=None):
         self.path, self.meta = path, meta
-        self._metrics = open(path / "metrics.jsonl", "a", buffering=1)   # line-buffered: one flush per row
+        # metrics.jsonl: a line-buffered file (one flush per row), or an object store's (RemoteMetrics)
+        self._metrics = metrics if metrics is not None else open(path / "metrics.jsonl", "a", buffering=1)
         self.store = None
         self._old_handlers: dict = {}
 
@@ -148,13 +153,11 @@ class RunWriter:
     def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
                seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
                extra_meta: dict | None = None) -> "RunWriter":
-        from .location import is_url
         if is_url(out_dir):                                                         # object storage
-            from .record.remote import create_run
-            return create_run(str(out_dir), kind, config, name, seeds=seeds, tags=tags, device=device,
-                              extra_meta=extra_meta)
+            return RemoteRunWriter.create_remote(str(out_dir), kind, config, name, seeds=seeds, tags=tags,
+                                                 device=device, extra_meta=extra_meta)
         out = ensure_out_dir(out_dir)
-        run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+        run_id = name or new_run_id(kind)
         path = out / run_id
         try:
             path.mkdir()
@@ -163,9 +166,7 @@ class RunWriter:
         except OSError as e:
             raise RunError(f"run directory {path} can't be created: {e.strerror or e}") from None
         _write_json_atomic(path / "config.json", config)
-        meta = {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
-                "seeds": list(seeds or []), "tags": list(tags or []), "device": device,
-                "argv": sys.argv, **environment(), **(extra_meta or {})}
+        meta = new_meta(run_id, kind, seeds, tags, device, extra_meta)
         _write_json_atomic(path / "meta.json", meta)
         return cls(path, meta)
 
@@ -230,4 +231,104 @@ class RunWriter:
                 self.finish("failed", error=f"{exc_type.__name__}: {exc}")
         except Exception:
             pass               # the original exception is the one to report
+        return False
+
+
+def new_run_id(kind: str) -> str:
+    return f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def new_meta(run_id: str, kind: str, seeds, tags, device: str, extra_meta: dict | None) -> dict:
+    """A new run's meta.json: what every run, local or in object storage, starts with."""
+    return {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
+            "seeds": list(seeds or []), "tags": list(tags or []), "device": device,
+            "argv": sys.argv, **environment(), **(extra_meta or {})}
+
+
+# -- object storage --------------------------------------------------------------------------
+
+class RemoteMetrics:
+    """metrics.jsonl in object storage, which can't be appended to: rows kept in memory, the whole
+    object re-PUT at most every ``flush_seconds`` (and on close), so a kill -9 loses at most that
+    many seconds of rows, never the record's committed steps."""
+
+    def __init__(self, remote: Remote, flush_seconds: float = 5.0):
+        self.remote, self.every, self.lines, self.last = remote, flush_seconds, [], time.monotonic()
+        self.lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.lines.append(line)
+        if time.monotonic() - self.last >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            data = "".join(self.lines).encode()
+            self.last = time.monotonic()
+        self.remote.put("metrics.jsonl", data)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class RemoteRunWriter(RunWriter):
+    """A :class:`RunWriter` whose run lives at ``s3://…/RUN`` (or ``file://``): every object one
+    PUT (``config.json`` with ``mode="create"``: a run is never overwritten), the record through
+    zarr's ``ObjectStore``; ``path`` is the run's URL."""
+
+    def __init__(self, remote: Remote, meta: dict):
+        super().__init__(remote.url, meta, metrics=RemoteMetrics(remote))
+        self.remote = remote
+
+    @classmethod
+    def create_remote(cls, out_url: str, kind: str, config: dict, name: str | None = None, *, seeds=None,
+                      tags=None, device: str = "cpu", extra_meta: dict | None = None) -> "RemoteRunWriter":
+        run_id = name or new_run_id(kind)
+        remote = Remote(join(out_url, run_id), create=True)
+        if remote.get("meta.json") is not None:
+            raise RunError(f"run {remote.url} already exists; choose another name "
+                           "(existing runs are never overwritten)")
+        remote.put("config.json", json.dumps(_jsonable(config), indent=2).encode(), create=True)
+        CREATED.append(remote)                   # deleted again if this command is rejected (exit 2)
+        w = cls(remote, new_meta(run_id, kind, seeds, tags, device, extra_meta))
+        w.update_meta()
+        return w
+
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None,
+                   rank: int = 0):
+        from .record.store_writer import StoreWriter
+        self.store = StoreWriter(self.remote.zarr_store(rank_dir(rank), read_only=False),
+                                 chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def update_meta(self, _final_status: bool = False, **kv) -> None:
+        self.meta.update(kv, updated=_now())
+        self.remote.put("meta.json", json.dumps(_jsonable(self.meta), indent=2).encode())
+
+
+class RankRun:
+    """What a rank > 0 writes into the run rank 0 created (a local path, or an ``s3://``/``file://``
+    URL): its own recording ``record.rank{r}.zarr``, nothing else."""
+
+    def __init__(self, path, rank: int):
+        self.rank, self.store = rank, None
+        self.path = str(path).rstrip("/") if is_url(str(path)) else Path(path)
+
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
+        from .record.store_writer import StoreWriter
+        where = Remote(self.path, create=True).zarr_store(rank_dir(self.rank), read_only=False) \
+            if is_url(self.path) else self.path / rank_dir(self.rank)
+        self.store = StoreWriter(where, chunk_steps, flush_seconds, attrs)
+        return self.store
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
         return False

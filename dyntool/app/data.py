@@ -154,7 +154,8 @@ def _record(path: str) -> Path | None:
 def _reader(path: str, mark: int | None):
     """A StoreReader bounded at ``mark`` committed steps (None: at the marker it finds)."""
     if is_url(path):
-        from dyntool.record.remote import Remote, open_remote_record
+        from dyntool.record.object_store import Remote
+        from dyntool.record.remote import open_remote_record
         try:
             return open_remote_record(Remote(path), limit=mark)
         except (RecordError, RunError) as e:

@@ -114,7 +114,7 @@ class RunRecorder:
                 self.run.update_meta(attention_paths=self.flight.paths())
             return
         from dataclasses import replace
-        from ..record.ranks import RankRun
+        from ..run_writer import RankRun
         full["world_size"], full["parallel"] = self.world, "fsdp"
         self.run, path = ranked.create_run(self.rank, lambda: RunWriter.create(
             out_dir, kind, full, name=name, device=_device(model),

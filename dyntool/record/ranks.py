@@ -46,35 +46,6 @@ def declare_reducers(store, extra: dict | None = None) -> None:
         store.declare(name, attrs={"rank_reduce": how})
 
 
-class RankRun:
-    """What a rank > 0 writes into the run rank 0 created (a local path, or an ``s3://``/``file://``
-    URL): its own recording ``record.rank{r}.zarr``, nothing else."""
-
-    def __init__(self, path, rank: int):
-        from .remote import is_url
-        self.rank, self.store = rank, None
-        self.path = str(path).rstrip("/") if is_url(str(path)) else Path(path)
-
-    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
-        from .remote import Remote, is_url
-        from .store_writer import StoreWriter
-        where = Remote(self.path, create=True).zarr_store(rank_dir(self.rank), read_only=False) \
-            if is_url(self.path) else self.path / rank_dir(self.rank)
-        self.store = StoreWriter(where, chunk_steps, flush_seconds, attrs)
-        return self.store
-
-    def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-
 def _combine(parts: list[np.ndarray], how: str) -> np.ndarray:
     x = np.stack([np.asarray(p) for p in parts])
     dt = np.result_type(x.dtype, np.float32) if x.dtype.kind == "f" else x.dtype
@@ -262,7 +233,6 @@ def open_record(run_path, root=None, limit: int | None = None):
     """The run's recording: a :class:`StoreReader` (one rank) or a :class:`RankedStore` over the
     ``world_size`` per-rank recordings rank 0 announces.  A rank whose recording is missing or
     unreadable is a problem, and the view falls back to rank 0 alone."""
-    from pathlib import Path
     from .store import StoreReader
     run_path = Path(run_path)
     main = StoreReader(run_path / RECORD_DIR, root=root, limit=limit)

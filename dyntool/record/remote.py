@@ -1,192 +1,18 @@
-"""Runs in object storage: ``s3://bucket/prefix/RUN`` (and ``file:///path/RUN``), written and read
-through `obstore <https://developmind.github.io/obstore>`_ and zarr's ``ObjectStore``.
+"""Runs in object storage, read: ``s3://bucket/prefix/RUN`` (and ``file:///path/RUN``), through
+the object-store backend (:mod:`dyntool.record.object_store`) and zarr's ``ObjectStore``.
 
 Same layout and guarantees as a local run (docs/FORMAT.md): every object is written by one PUT,
 which an object store makes visible whole or not at all, so ``meta.json``/``config.json`` are
 replaced atomically; zarr chunks land before the commit marker ``steps_written`` (one PUT of the
-group's ``zarr.json``); a reader never reads past the marker.  Differences: ``metrics.jsonl`` can't
-be appended to, so it is re-PUT whole at most every ``flush_seconds`` (and at the end): a kill -9
-loses at most that many seconds of metrics rows, never the record's committed steps; a run is
-never overwritten (``config.json`` is PUT with ``mode="create"``).
-
-Credentials come from the standard AWS variables only (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, optional ``AWS_SESSION_TOKEN``, ``AWS_REGION``/``AWS_DEFAULT_REGION``,
-``AWS_ENDPOINT_URL`` for S3-compatible servers); they are never written to a run, a log or an
-error message.  Missing credentials, an unreachable endpoint or bucket: one-line :class:`RunError`
-(exit 2) before anything is written.
+group's ``zarr.json``); a reader never reads past the marker.  The run reader is
+:class:`dyntool.run.RemoteRun`, the writer :class:`dyntool.run_writer.RemoteRunWriter`.
 """
 from __future__ import annotations
 
-import datetime as _dt
-import io
-import json
-import os
-import threading
-import time
-from urllib.parse import urlparse
-
-from .. import safeio
 from ..errors import RunError
-from ..location import SCHEMES, URLPath, is_url, join  # noqa: F401  (is_url, join: re-exported)
+from ..location import URLPath, join
+from .object_store import Remote, short
 from .ranks import RECORD_DIR, RankedStore, rank_dir
-
-
-def _need():
-    from ..extras import need
-    need("obstore", "s3:// runs", RunError)
-
-
-def _short(e: BaseException) -> str:
-    """An obstore error as one line (its first), without anything but the message."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
-
-
-def object_store(url: str, create: bool = False):
-    """An obstore store rooted at ``url`` (s3:// or file://).  ``create``: a writer's, which may
-    make a ``file://`` folder; a reader never creates one (a missing one is a one-line error)."""
-    _need()
-    u = urlparse(url)
-    if u.scheme == "file":
-        from obstore.store import LocalStore
-        if create:
-            os.makedirs(u.path, exist_ok=True)
-        elif not os.path.isdir(u.path):
-            raise RunError(f"{url} does not exist (no such folder)")
-        return LocalStore(u.path)
-    if u.scheme != "s3" or not u.netloc:
-        raise RunError(f"not an object-store URL: {url!r} (use s3://bucket/prefix or file:///path)")
-    missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
-    if missing:
-        raise RunError(f"no AWS credentials for {url}: set {' and '.join(missing)} "
-                       "(and AWS_ENDPOINT_URL for an S3-compatible server)")
-    from obstore.store import S3Store
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    td = _dt.timedelta
-    retry = {"max_retries": 2, "retry_timeout": td(seconds=10),
-             "backoff": {"init_backoff": td(seconds=0.1), "max_backoff": td(seconds=1), "base": 2}}
-    kw = {"endpoint": endpoint} if endpoint else {}
-    return S3Store(u.netloc, prefix=u.path.strip("/") or None, region=region, retry_config=retry,
-                   client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
-                                   "connect_timeout": "5s", "timeout": "30s"}, **kw)
-
-
-class Remote:
-    """GET/PUT/LIST of the objects below one URL, errors as one-line :class:`RunError`."""
-
-    def __init__(self, url, create: bool = False):
-        self.url = str(URLPath(url))
-        self.create = create
-        self.store = object_store(self.url, create)
-
-    def get(self, key: str) -> bytes | None:
-        import obstore
-        try:
-            return bytes(obstore.get(self.store, key).bytes())
-        except FileNotFoundError:
-            return None
-        except Exception as e:
-            raise RunError(f"{join(self.url, key)} can't be read: {_short(e)}") from None
-
-    def put(self, key: str, data: bytes, create: bool = False) -> None:
-        import obstore
-        try:
-            obstore.put(self.store, key, data, mode="create" if create else "overwrite")
-        except FileExistsError:
-            raise RunError(f"run {self.url} already exists; choose another name "
-                           "(existing runs are never overwritten)") from None
-        except Exception as e:
-            raise RunError(f"{join(self.url, key)} can't be written: {_short(e)}") from None
-
-    def list(self, prefix: str = "") -> dict[str, int]:
-        """key -> size of every object below ``prefix``."""
-        import obstore
-        try:
-            return {o["path"]: o["size"] for batch in obstore.list(self.store, prefix or None)
-                    for o in batch}
-        except Exception as e:
-            raise RunError(f"{self.url} can't be listed: {_short(e)}") from None
-
-    def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
-        """(sub-folders, objects) directly below ``prefix``: one delimited LIST, never a listing
-        of every chunk below it."""
-        import obstore
-        try:
-            got = obstore.list_with_delimiter(self.store, prefix.strip("/") or None)
-        except Exception as e:
-            raise RunError(f"{join(self.url, prefix)} can't be listed: {_short(e)}") from None
-        return ([d.rstrip("/").rsplit("/", 1)[-1] for d in got["common_prefixes"]],
-                [o["path"].rsplit("/", 1)[-1] for o in got["objects"]])
-
-    def zarr_store(self, sub: str, read_only: bool):
-        from zarr.storage import ObjectStore
-        return ObjectStore(object_store(join(self.url, sub), create=not read_only), read_only=read_only)
-
-
-# -- writing -----------------------------------------------------------------------------------
-
-class _Metrics:
-    """metrics.jsonl in object storage: rows kept in memory, the whole object re-PUT at most every
-    ``flush_seconds`` (and on close)."""
-
-    def __init__(self, remote: Remote, flush_seconds: float = 5.0):
-        self.remote, self.every, self.lines, self.last = remote, flush_seconds, [], time.monotonic()
-        self.lock = threading.Lock()
-
-    def write(self, line: str) -> None:
-        with self.lock:
-            self.lines.append(line)
-        if time.monotonic() - self.last >= self.every:
-            self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            data = "".join(self.lines).encode()
-            self.last = time.monotonic()
-        self.remote.put("metrics.jsonl", data)
-
-    def close(self) -> None:
-        self.flush()
-
-
-def create_run(out_url: str, kind: str, config: dict, name: str | None = None, **kw):
-    """A :class:`dyntool.run_writer.RunWriter` whose run lives at ``out_url/NAME``."""
-    from ..run_writer import RunWriter
-    import secrets
-
-    class RemoteRunWriter(RunWriter):
-        def __init__(self, remote: Remote, meta: dict):
-            self.path, self.remote, self.meta = remote.url, remote, meta
-            self._metrics = _Metrics(remote)
-            self.store = None
-            self._old_handlers = {}
-
-        def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None,
-                       rank: int = 0):
-            from .store_writer import StoreWriter
-            self.store = StoreWriter(self.remote.zarr_store(rank_dir(rank), read_only=False),
-                                     chunk_steps, flush_seconds, attrs)
-            return self.store
-
-        def update_meta(self, _final_status: bool = False, **kv) -> None:
-            from ..run_writer import _jsonable, _now
-            self.meta.update(kv, updated=_now())
-            self.remote.put("meta.json", json.dumps(_jsonable(self.meta), indent=2).encode())
-
-    from ..run_writer import _jsonable, _now, environment
-    run_id = name or f"{kind}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    remote = Remote(join(out_url, run_id), create=True)
-    if remote.get("meta.json") is not None:
-        raise RunError(f"run {remote.url} already exists; choose another name (existing runs are never overwritten)")
-    remote.put("config.json", json.dumps(_jsonable(config), indent=2).encode(), create=True)
-    from .remote_train import CREATED
-    CREATED.append(remote)                   # deleted again if this command is rejected (exit 2)
-    meta = {"id": run_id, "kind": kind, "status": "running", "created": _now(), "updated": _now(),
-            "seeds": list(kw.get("seeds") or []), "tags": list(kw.get("tags") or []),
-            "device": kw.get("device", "cpu"), **environment(), **(kw.get("extra_meta") or {})}
-    w = RemoteRunWriter(remote, meta)
-    w.update_meta()
-    return w
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -211,7 +37,7 @@ class RemoteStoreReader:
         except RunError:
             raise
         except Exception as e:
-            raise RecordError(f"{self.sub} can't be read ({type(e).__name__}: {_short(e)})") from None
+            raise RecordError(f"{self.sub} can't be read ({type(e).__name__}: {short(e)})") from None
         self.attrs = dict(self.group.attrs)
         self.marker = _marker(self.attrs, self.problems)
         self.unreadable: dict[str, str] = {}           # array -> why (as the local reader's)
@@ -227,7 +53,7 @@ class RemoteStoreReader:
             except RunError:
                 raise
             except Exception as e:
-                why = f"array {name}: its metadata can't be read ({_short(e)})"
+                why = f"array {name}: its metadata can't be read ({short(e)})"
             if why is None:
                 self._z[name] = z
             else:
@@ -311,66 +137,6 @@ def open_remote_record(remote: Remote, limit: int | None = None):
         return RankedStore([main], [f"rank {r}'s recording {rank_dir(r)} can't be read ({why}); "
                                     "showing rank 0's sequences only"])
     return RankedStore(ranks)
-
-
-def open_remote_run(url: str):
-    """:func:`dyntool.open_run` for an object-store URL: the same :class:`~dyntool.run.Run` API."""
-    from ..run import Run, _check_meta, json_object, metric_rows, orphan_ranks
-
-    class RemoteRun(Run):
-        def __post_init__(self):
-            self.root = None
-
-        @property
-        def id(self) -> str:
-            return self.meta.get("id") or self.path.name
-
-        @property
-        def store(self):
-            if self._store is None:
-                from .store import RecordError
-                try:
-                    self._store = open_remote_record(self.remote) or False
-                    if self._store:
-                        self._problems.extend(self._store.problems)
-                    else:
-                        self._problems.extend(orphan_ranks(self.remote.list_dir()[0]))
-                except RecordError as e:
-                    self._store = False
-                    self._problems.append(str(e))
-            return self._store or None
-
-        @property
-        def metrics(self):
-            import pandas as pd
-            if self._metrics is None:
-                raw = self.remote.get("metrics.jsonl") or b""
-                try:
-                    rows = metric_rows(safeio.lines_of(io.BytesIO(raw), "metrics.jsonl"), self._problems)
-                except safeio.BadFile as e:
-                    self._problems.append(f"metrics.jsonl can't be read ({e})")
-                    rows = []
-                self._metrics = pd.DataFrame(rows)
-            return self._metrics
-
-        def refresh(self):
-            fresh = open_remote_run(str(self.path))
-            self.meta, self.config, self._problems = fresh.meta, fresh.config, fresh._problems
-            self._store, self._metrics, self._checked = None, None, False
-            return self
-
-        def size_bytes(self) -> int:
-            return sum(self.remote.list().values())
-
-    remote = Remote(url)
-    problems: list[str] = []
-    raw = {k: remote.get(k) for k in ("meta.json", "config.json")}
-    if all(v is None for v in raw.values()):
-        raise RunError(f"{url} is not a dyntool run (no meta.json or config.json)")
-    meta, config = (json_object(raw[k], k, problems) for k in ("meta.json", "config.json"))
-    run = RemoteRun(URLPath(remote.url), config, _check_meta(meta, problems), problems)
-    run.remote = remote
-    return run
 
 
 RUN_FILES = ("meta.json", "config.json")

@@ -18,9 +18,8 @@ import io
 
 from ..errors import DyntoolError, RunError
 from ..extras import need
-from .remote import Remote, _short, is_url, join
-
-CREATED: list[Remote] = []          # runs created by this process (remote.create_run appends)
+from ..location import is_url, join
+from .object_store import CREATED, Remote, short
 CHECKPOINT = "checkpoint.pt"
 
 
@@ -31,7 +30,7 @@ def check_out(url: str) -> str:
     try:
         next(iter(obstore.list(r.store, None, chunk_size=1)), None)
     except Exception as e:
-        raise RunError(f"--out {url} can't be reached: {_short(e)}") from None
+        raise RunError(f"--out {url} can't be reached: {short(e)}") from None
     return url
 
 

@@ -67,7 +67,7 @@ def save(sd: dict, path: Path) -> None:
     """Write ``sd`` to ``path`` atomically (:func:`dyntool.atomic.replacing`): never a half-written
     checkpoint; on failure (e.g. disk full) the previous checkpoint is kept.  An object-store
     ``path`` (``s3://…/RUN/checkpoint.pt``) is one PUT, visible whole or not at all."""
-    from ..record.remote import is_url
+    from ..location import is_url
     if is_url(str(path)):
         from ..record.remote_train import parent, put_checkpoint
         put_checkpoint(parent(str(path)), {"format_version": FORMAT_VERSION, **sd})
@@ -79,7 +79,7 @@ def save(sd: dict, path: Path) -> None:
 def load(path: Path) -> dict:
     """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError."""
     from .. import safeio
-    from ..record.remote import is_url
+    from ..location import is_url
     url = is_url(str(path))
     path = str(path) if url else Path(path)
     try:

@@ -15,7 +15,7 @@ import torch
 
 from .. import safeio
 from ..errors import ConfigError, RunError
-from ..record.remote import is_url
+from ..location import is_url
 from .config import TrainConfig
 
 DEFAULT_OUT = os.path.join("runs", "wikitext")
@@ -125,7 +125,7 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
 
 def _resume_url(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     """:func:`resume_source` for a run in object storage: its checkpoint.pt is one GET."""
-    from ..record.remote import join
+    from ..location import join
     from ..record.remote_train import CHECKPOINT, exists, parent
     return _load_checkpoint(join(resume, CHECKPOINT), resume, cfg, resume.rstrip("/").rsplit("/", 1)[-1],
                             lambda name: exists(join(parent(resume), name)))
@@ -190,7 +190,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         run = _create_run(out_dir, kind, cfg, name, tags, dist, meta, sharded) if dist.is_main else None
         rank_run = None
         if sharded:                                    # every rank records its own shard
-            from ..record.ranks import RankRun
+            from ..run_writer import RankRun
             from .sharded import share_run
             path = share_run(run, dist)
             rank_run = run if run is not None else RankRun(path, dist.rank)
@@ -287,7 +287,7 @@ def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
     """The command that continues an interrupted run (or why there is none)."""
     import shlex
     if is_url(str(run_path)) and ck_path is not None:
-        from ..record.remote import Remote
+        from ..record.object_store import Remote
         if Remote(str(run_path)).list("checkpoint.pt"):
             return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(run_path))}"
         ck_path = None

@@ -42,7 +42,7 @@ def share_run(run, dist) -> "Path | str":
         fsdp.broadcast(None)
     if msg is None or msg[0] != "ok":
         raise RunError(msg[1] if msg else "rank 0 could not create the run")
-    from ..record.remote import is_url
+    from ..location import is_url
     return msg[1] if is_url(msg[1]) else Path(msg[1])
 
 

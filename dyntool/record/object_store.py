@@ -1,0 +1,115 @@
+"""The object-store backend: ``s3://bucket/prefix`` (and ``file:///path``) through `obstore
+<https://developmind.github.io/obstore>`_, as GET / PUT / LIST and a zarr store for a sub-path.
+
+It knows nothing about runs or records (those are :mod:`dyntool.record.remote`, :mod:`dyntool.run`
+and :mod:`dyntool.run_writer`, above it).  Credentials come from the standard AWS variables only
+(``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, optional ``AWS_SESSION_TOKEN``,
+``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` for S3-compatible servers); they are
+never written to a run, a log or an error message.  Missing credentials, an unreachable endpoint
+or bucket: one-line :class:`RunError` (exit 2) before anything is written.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from urllib.parse import urlparse
+
+from ..errors import RunError
+from ..location import URLPath, is_url, join  # noqa: F401  (is_url, join: re-exported)
+
+
+def _need():
+    from ..extras import need
+    need("obstore", "s3:// runs", RunError)
+
+
+CREATED: list["Remote"] = []        # runs created by this process (deleted again on a rejection)
+
+
+def short(e: BaseException) -> str:
+    """An obstore error as one line (its first), without anything but the message."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+
+
+def object_store(url: str, create: bool = False):
+    """An obstore store rooted at ``url`` (s3:// or file://).  ``create``: a writer's, which may
+    make a ``file://`` folder; a reader never creates one (a missing one is a one-line error)."""
+    _need()
+    u = urlparse(url)
+    if u.scheme == "file":
+        from obstore.store import LocalStore
+        if create:
+            os.makedirs(u.path, exist_ok=True)
+        elif not os.path.isdir(u.path):
+            raise RunError(f"{url} does not exist (no such folder)")
+        return LocalStore(u.path)
+    if u.scheme != "s3" or not u.netloc:
+        raise RunError(f"not an object-store URL: {url!r} (use s3://bucket/prefix or file:///path)")
+    missing = [k for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY") if not os.environ.get(k)]
+    if missing:
+        raise RunError(f"no AWS credentials for {url}: set {' and '.join(missing)} "
+                       "(and AWS_ENDPOINT_URL for an S3-compatible server)")
+    from obstore.store import S3Store
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    td = _dt.timedelta
+    retry = {"max_retries": 2, "retry_timeout": td(seconds=10),
+             "backoff": {"init_backoff": td(seconds=0.1), "max_backoff": td(seconds=1), "base": 2}}
+    kw = {"endpoint": endpoint} if endpoint else {}
+    return S3Store(u.netloc, prefix=u.path.strip("/") or None, region=region, retry_config=retry,
+                   client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
+                                   "connect_timeout": "5s", "timeout": "30s"}, **kw)
+
+
+class Remote:
+    """GET/PUT/LIST of the objects below one URL, errors as one-line :class:`RunError`."""
+
+    def __init__(self, url, create: bool = False):
+        self.url = str(URLPath(url))
+        self.create = create
+        self.store = object_store(self.url, create)
+
+    def get(self, key: str) -> bytes | None:
+        import obstore
+        try:
+            return bytes(obstore.get(self.store, key).bytes())
+        except FileNotFoundError:
+            return None
+        except Exception as e:
+            raise RunError(f"{join(self.url, key)} can't be read: {short(e)}") from None
+
+    def put(self, key: str, data: bytes, create: bool = False) -> None:
+        import obstore
+        try:
+            obstore.put(self.store, key, data, mode="create" if create else "overwrite")
+        except FileExistsError:
+            raise RunError(f"run {self.url} already exists; choose another name "
+                           "(existing runs are never overwritten)") from None
+        except Exception as e:
+            raise RunError(f"{join(self.url, key)} can't be written: {short(e)}") from None
+
+    def list(self, prefix: str = "") -> dict[str, int]:
+        """key -> size of every object below ``prefix``."""
+        import obstore
+        try:
+            return {o["path"]: o["size"] for batch in obstore.list(self.store, prefix or None)
+                    for o in batch}
+        except Exception as e:
+            raise RunError(f"{self.url} can't be listed: {short(e)}") from None
+
+    def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
+        """(sub-folders, objects) directly below ``prefix``: one delimited LIST, never a listing
+        of every chunk below it."""
+        import obstore
+        try:
+            got = obstore.list_with_delimiter(self.store, prefix.strip("/") or None)
+        except Exception as e:
+            raise RunError(f"{join(self.url, prefix)} can't be listed: {short(e)}") from None
+        return ([d.rstrip("/").rsplit("/", 1)[-1] for d in got["common_prefixes"]],
+                [o["path"].rsplit("/", 1)[-1] for o in got["objects"]])
+
+    def zarr_store(self, sub: str, read_only: bool):
+        from zarr.storage import ObjectStore
+        return ObjectStore(object_store(join(self.url, sub), create=not read_only), read_only=read_only)
+
+

@@ -1,0 +1,144 @@
+"""A run's own files, parsed without ever raising: ``meta.json``, ``config.json`` and
+``metrics.jsonl`` of a local folder or an object store (their bytes), each problem listed instead
+(docs/FORMAT.md).  Used by :mod:`dyntool.run` for every kind of run, so a damaged file reads the
+same from a disk and from S3."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from . import safeio
+from .record.ranks import RECORD_DIR
+from .run_writer import STATUSES
+
+
+def read_json(path: Path, root: Path, problems: list[str]) -> dict:
+    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not a regular
+    file, too big, too deeply nested, not JSON, not an object) is a problem and reads as ``{}``."""
+    if not safeio.inside(path, root):
+        problems.append(f"{path.name} resolves outside {root}; not read")
+        return {}
+    try:
+        raw = safeio.read_bytes(path, safeio.MAX_JSON_BYTES)
+    except FileNotFoundError:
+        raw = None
+    except safeio.BadFile as e:
+        problems.append(f"{path.name} is corrupted ({e})")
+        return {}
+    except OSError as e:
+        problems.append(f"{path.name} can't be read ({e.strerror or e})")
+        return {}
+    return json_object(raw, path.name, problems)
+
+
+def json_object(raw: bytes | None, name: str, problems: list[str]) -> dict:
+    """The JSON object in ``raw``, a run file's bytes (``None``: the file is missing); missing, too
+    deeply nested, not JSON or not an object is a problem and reads as ``{}``.  The local reader and
+    the object-store reader (record/remote.py) both parse through here."""
+    if raw is None:
+        problems.append(f"{name} is missing")
+        return {}
+    try:
+        obj = safeio.loads(raw, name)
+    except safeio.BadFile as e:
+        problems.append(f"{name} is corrupted ({e})")
+        return {}
+    if not isinstance(obj, dict):
+        problems.append(f"{name} holds a {type(obj).__name__}, not an object; ignored")
+        return {}
+    return obj
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+# meta.json fields the tools rely on, and the types they must have
+_META_TYPES = {"id": str, "kind": str, "status": str, "created": str, "updated": str, "device": str,
+               "error": str, "tags": list, "seeds": list, "final": dict}
+
+
+def check_meta(meta: dict, problems: list[str]) -> dict:
+    """Drop meta fields of the wrong type (reported), so one bad field can't break a listing."""
+    out = dict(meta)
+    for k, t in _META_TYPES.items():
+        if k in out and out[k] is not None and not isinstance(out[k], t):
+            problems.append(f"meta.json: {k} is a {type(out[k]).__name__}, not a {t.__name__}; ignored")
+            del out[k]
+    if "status" in out and out["status"] not in STATUSES:
+        problems.append(f"meta.json: unknown status {out['status']!r}")
+        del out["status"]
+    if "tags" in out:
+        out["tags"] = [str(t) for t in out["tags"]]
+    if "seeds" in out and not all(_is_int(x) for x in out["seeds"]):
+        problems.append(f"meta.json: seeds {out['seeds']!r} are not all integers; ignored")
+        del out["seeds"]
+    return out
+
+
+MAX_STEP = 2**53 - 1        # a step beyond this is not a training step (and not exact as a float)
+_I64 = 2**63
+
+
+def _row_ok(row: Any) -> bool:
+    if not isinstance(row, dict) or not _is_int(row.get("step")) or not 0 <= row["step"] <= MAX_STEP:
+        return False
+    for k, v in row.items():         # integers beyond int64 would turn a pandas column into objects
+        if _is_int(v) and not -_I64 <= v < _I64:
+            row[k] = float(v)
+    return True
+
+
+def read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
+    """Rows of a local metrics.jsonl (:func:`metric_rows`); a file that can't be read is a problem
+    and gives no rows."""
+    if not safeio.inside(path, root):
+        problems.append(f"{path.name} resolves outside {root}; not read")
+        return []
+    try:
+        return metric_rows(safeio.iter_lines(path), problems)
+    except FileNotFoundError:
+        return []
+    except safeio.BadFile as e:
+        problems.append(f"{path.name} can't be read ({e})")
+        return []
+    except OSError as e:
+        problems.append(f"{path.name} can't be read ({e.strerror or e})")
+        return []
+
+
+def metric_rows(lines, problems: list[str]) -> list[dict]:
+    """Rows of metrics.jsonl from its lines (``safeio.lines_of``; ``None`` = a line over the length
+    cap): JSON objects with an integer ``step`` in [0, 2**53); other lines are skipped and reported
+    (a partial last line, left by a kill mid-write, is skipped quietly).  Local and object-store
+    runs both parse through here."""
+    rows, bad = [], []
+    for i, line in enumerate(lines):
+        if line is None:                           # longer than a metrics row can be
+            bad.append(i)
+            continue
+        if not line.strip():
+            continue
+        try:
+            row = safeio.loads(line, "a line")
+        except safeio.BadFile:
+            if line.endswith(b"\n"):              # else a partial last line (killed mid-write)
+                bad.append(i)
+            continue
+        if not _row_ok(row):
+            bad.append(i)
+            continue
+        rows.append(row)
+    if bad:
+        problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
+                        f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")
+    return rows
+
+
+
+
+def orphan_ranks(names) -> list[str]:
+    """The problem of a run whose rank-0 recording is gone while other ranks' remain."""
+    others = sorted(n for n in names if n.startswith("record.rank") and n.endswith(".zarr"))
+    return [f"{RECORD_DIR} (rank 0's recording, which names the ranks) is missing but "
+            f"{', '.join(others)} exist(s); the recording can't be read"] if others else []
