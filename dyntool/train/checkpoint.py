@@ -11,7 +11,9 @@ its own (``data_gen[rank]``, ``cuda[rank]``).
 """
 from __future__ import annotations
 
+import errno
 import random
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -73,7 +75,14 @@ def save(sd: dict, path: Path) -> None:
         put_checkpoint(parent(str(path)), {"format_version": FORMAT_VERSION, **sd})
         return
     with replacing(path) as tmp:
-        torch.save({"format_version": FORMAT_VERSION, **sd}, tmp)
+        try:
+            torch.save({"format_version": FORMAT_VERSION, **sd}, tmp)
+        except RuntimeError as e:
+            # torch's zip writer reports a full disk as a RuntimeError ("unexpected pos …", "file
+            # write failed"): measured before the partial file goes, it is the OSError it was
+            if shutil.disk_usage(tmp.parent).free < (1 << 20):
+                raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
+            raise
 
 
 def load(path: Path) -> dict:
