@@ -58,6 +58,21 @@ class _Pending:
     __slots__ = ("q", "k", "v", "o", "allowed", "scale", "bias", "softcap", "sinks", "uniform")
 
 
+def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
+    """Empty rows of attention whose output is ``out_map(o)``: 0 or uniform, told by the self-check
+    (:func:`dyntool.selfcheck.verify`, which also refuses an output it can't reproduce)."""
+    from .capture import _where
+    from .observe import expand_kv
+    from .selfcheck import SelfCheckError, verify
+    nh = p.q.shape[1]
+    sinks = None if p.sinks is None else p.sinks.reshape(1, -1, 1, 1)
+    try:
+        return verify(p.q, expand_kv(p.k, nh), expand_kv(p.v, nh), out, p.allowed, p.scale, p.bias,
+                      p.softcap, sinks, what=_where(site), out_map=out_map)
+    except SelfCheckError as e:
+        raise FlightError(str(e)) from None
+
+
 class FlightRecorder(Observer):
     def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
                  max_block_mib: float = 64.0, attention=None, kernel: str = "auto"):
@@ -140,15 +155,22 @@ class FlightRecorder(Observer):
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
-                scores=None, bias=None, softcap=None, sinks=None) -> None:
+                scores=None, bias=None, softcap=None, sinks=None, out_map=None, grad_map=None,
+                out_batch_dim: int = 0) -> None:
+        """As :meth:`dyntool.capture.Capture.observe`; ``out_map``/``grad_map`` (torch's
+        ``nn.MultiheadAttention``, whose per-head output is never exposed): the empty-row decision
+        comes from the self-check against ``out_map`` and U from ``grad_map(∂L/∂out)``."""
         fs = self._fused.get(site)
         if not out.requires_grad or not torch.is_grad_enabled() or (fs is not None and fs.last == id(out)):
             return                        # an evaluation forward (no U will come), or the kernel's
         sl = slice(None) if self.seqs is None else slice(0, self.seqs)
         p = _Pending()
         p.q, p.k, p.v = q[sl].detach(), k[sl].detach(), v[sl].detach()
-        o = out[sl].detach()
-        p.o = o.transpose(1, 2) if heads_dim == 2 else o                    # (S, nh, T, d_v)
+        if out_map is None:
+            o = out[sl].detach()
+            p.o = o.transpose(1, 2) if heads_dim == 2 else o                # (S, nh, T, d_v)
+        else:
+            p.o = None                      # not exposed (and the statistics never read it)
         allowed = allowed if allowed.dim() == 4 else allowed.reshape((1,) * (4 - allowed.dim()) + allowed.shape)
         p.allowed = allowed[sl] if allowed.shape[0] > 1 else allowed        # (S|1, nh|1, T, Tk)
         if bias is not None:
@@ -158,10 +180,16 @@ class FlightRecorder(Observer):
         p.bias, p.softcap, p.scale = bias, (float(softcap) if softcap else None), float(scale)
         p.sinks = None if sinks is None else sinks.detach().reshape(-1)     # (nh,)
         # empty rows: 0 (SDPA) or uniform (additive mask)? decided from the output, now
-        p.uniform = cheap_stats.uniform_rows(p.v, p.o, p.allowed, p.sinks, p.q.shape[1])
+        if out_map is None:
+            p.uniform = cheap_stats.uniform_rows(p.v, p.o, p.allowed, p.sinks, p.q.shape[1])
+        else:
+            p.uniform = _mapped_uniform_rows(site, p, out.detach().narrow(out_batch_dim, 0, p.q.shape[0]), out_map)
         self._pending += 1
 
         def on_u(grad, p=p, site=site, sl=sl, hd=heads_dim):
+            if grad_map is not None:
+                self._reduce(site, p, grad_map(grad.detach())[sl])          # (S, nh, T, d_v)
+                return
             u = grad[sl].detach()
             self._reduce(site, p, u.transpose(1, 2) if hd == 2 else u)      # (S, nh, T, d_v)
         self._handles.append(out.register_hook(on_u))

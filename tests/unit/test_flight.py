@@ -241,3 +241,23 @@ def test_transformerlens(kw):
     x = torch.randint(23, (2, 8), generator=torch.Generator().manual_seed(0))
     cheap, full = both_tiers(model, lambda m: m(x, return_type="loss"))
     assert_equal_tiers(cheap, full)
+
+
+@pytest.mark.parametrize("padding", [False, True])
+def test_torch_multihead_attention_cheap_equals_full(padding):
+    """torch's nn.MultiheadAttention returns out_proj(o) only: the cheap tier takes U through the
+    adapter's grad_map and the empty-row decision from the self-check (it raised on out_map before)."""
+    nn = torch.nn
+    torch.manual_seed(0)
+    enc = nn.TransformerEncoder(nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True), 2,
+                                enable_nested_tensor=False).double()
+    with torch.no_grad():
+        for layer in enc.layers:                                # trained-size logits
+            layer.self_attn.in_proj_weight[:32] *= 6.0
+    x = torch.randn(3, 7, 16, dtype=torch.float64)
+    kw = dict(mask=nn.Transformer.generate_square_subsequent_mask(7, dtype=torch.float64), is_causal=True)
+    if padding:
+        kw["src_key_padding_mask"] = torch.tensor([[False] * 7, [False] * 5 + [True] * 2, [False] * 7])
+    cheap, full = both_tiers(enc, lambda m: m(x, **kw).pow(2).sum())
+    assert float(full["logit_max"].max()) > 5.0
+    assert_equal_tiers(cheap, full)
