@@ -85,6 +85,16 @@ def _short(v) -> str | None:
     return json.dumps(v, separators=(",", ":"), ensure_ascii=False)      # "±", not "\u00b1"
 
 
+def _paths_line(paths: dict) -> str:
+    """The cheap tier's path per attention site (meta ``attention_paths``), grouped: which sites
+    ran in the fused kernel and which on the eager path, with the reason."""
+    from collections import defaultdict
+    groups = defaultdict(list)
+    for site, how in paths.items():
+        groups[str(how)].append(str(site))
+    return "; ".join(f"{how}: {', '.join(sites[:6])}{' …' if len(sites) > 6 else ''}" for how, sites in groups.items())
+
+
 def _info_study(path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
@@ -147,6 +157,8 @@ def cmd_info(args) -> int:
         rows.append(("steps", f"{n} optimizer steps taken"))
     if m.get("final"):
         rows.append(("final", json.dumps(m["final"])))
+    if isinstance(m.get("attention_paths"), dict) and m["attention_paths"]:
+        rows.append(("paths", _paths_line(m["attention_paths"])))
     for label, value in rows:
         print(f"{label:<{LABEL}}{value}")
     for line in _config_lines(r.config):

@@ -12,7 +12,7 @@ from dyntool.record import metric_names as mn
 from tests.integration.test_train import rows, train
 
 
-def test_train_fused_equals_eager(tmp_path):
+def test_train_fused_equals_eager(tmp_path, capsys):
     common = ("--max-steps", "2", "--record.every=0", "--record.cheap_every=1", "--train.final_eval=off",
               "--train.eval_every=0", "--model.backend=sdpa")
     rc, fused = train(tmp_path, *common, "--record.kernel=fused", name="fused")
@@ -22,6 +22,9 @@ def test_train_fused_equals_eager(tmp_path):
     meta = json.loads((fused / "meta.json").read_text())
     assert meta["attention_paths"] == {"L0": "fused", "L1": "fused"}
     assert json.loads((eager / "meta.json").read_text())["attention_paths"]["L0"] == "eager: record.kernel=eager"
+    for run, says in ((fused, "paths    fused: L0, L1"), (eager, "paths    eager: record.kernel=eager: L0, L1")):
+        assert main(["info", str(run)]) == 0                   # `dyntool info` names each site's path
+        assert says in capsys.readouterr().out
     a, b = rows(fused), rows(eager)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1]
     for ra, rb in zip(a, b):
