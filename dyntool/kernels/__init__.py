@@ -1,7 +1,8 @@
 """Fused Triton attention that trains and records the cheap tier (issue 33): see ``op.attention``.
 
-Importing this package imports Triton; ``TRITON_INTERPRET=1`` must be set before (Triton reads
-it when a kernel is defined) to run the kernels on the CPU.  :func:`unavailable` says why the
+Importing this package imports Triton.  To run the kernels on the CPU, ``TRITON_INTERPRET=1`` must
+be set before Triton is first imported in the process (by anything: transformers and torch's
+inductor import it too), since Triton reads it when a kernel is defined.  :func:`unavailable` says why the
 kernel cannot serve a device, without importing Triton where it is missing."""
 from __future__ import annotations
 
@@ -20,4 +21,4 @@ def unavailable(device) -> str | None:
         return None
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return None
-    return f"no Triton backend for {dev.type} (set TRITON_INTERPRET=1 before importing dyntool.kernels)"
+    return f"no Triton backend for {dev.type} (set TRITON_INTERPRET=1 before Triton is first imported)"
