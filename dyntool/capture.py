@@ -39,14 +39,11 @@ from __future__ import annotations
 
 import torch
 
+from .errors import CaptureError  # noqa: F401  (dyntool.capture.CaptureError: public, defined there)
 from .observe import Observer, Site, expand_kv, kv_head_map
 from .quantities import head_quantities
 from .record import names
 from .selfcheck import SelfCheckError, verify
-
-
-class CaptureError(RuntimeError):
-    pass
 
 
 class _Slot:

@@ -37,3 +37,9 @@ class NonFiniteLossError(DyntoolError):
 
 class ExportError(DyntoolError):
     """Bad export request (format, array, steps, output directory) or a missing extra."""
+
+
+class CaptureError(RuntimeError):
+    """A model's attention can't be recorded exactly (raised by :class:`dyntool.Capture` and the
+    adapters, one line naming why).  A RuntimeError, not a DyntoolError: it reaches the user's
+    own training loop as an exception to handle; ``dyntool.capture.CaptureError`` is this class."""

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..attention import attention_cores
 from ..observe import Site
-from . import Adapter
+from .base import Adapter
 
 
 class CoreAdapter(Adapter):

@@ -31,7 +31,7 @@ import sys
 import torch
 
 from ..observe import Site, additive_bias, allowed_from
-from . import Adapter, AdapterError
+from .base import Adapter, AdapterError
 
 PREFIX = "dyntool_"
 _ACTIVE: dict[int, tuple] = {}          # id(attention module) -> (observer, site) while capturing

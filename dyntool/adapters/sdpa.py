@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..observe import Site, additive_bias, allowed_from
-from . import Adapter, AdapterError
+from .base import Adapter, AdapterError
 
 _REAL = F.scaled_dot_product_attention
 _STATE: dict = {"obs": None, "site": None, "seen": False}

@@ -31,7 +31,7 @@ import inspect
 
 import torch
 
-from . import AdapterError, BlocksAdapter
+from .base import AdapterError, BlocksAdapter
 
 _WRAPPED = ("calculate_attention_scores", "calculate_z_scores")
 

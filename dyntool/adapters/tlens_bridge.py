@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from . import AdapterError, BlocksAdapter
+from .base import AdapterError, BlocksAdapter
 
 _Q = ("q.hook_out", "hook_q_normed", "hook_rot_q")
 _K = ("k.hook_out", "hook_k_normed", "hook_rot_k")

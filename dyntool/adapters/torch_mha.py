@@ -23,7 +23,7 @@ import torch
 import torch.nn as nn
 
 from ..observe import Site
-from . import Adapter, AdapterError
+from .base import Adapter, AdapterError
 
 _MHA_ARGS = ("query", "key", "value", "key_padding_mask", "need_weights", "attn_mask",
              "average_attn_weights", "is_causal")
