@@ -45,9 +45,10 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     study = out / (name or f"icl-markov-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if study.exists():
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
+    priors = [cfg.prior] + ([CONTROL] if cfg.control and cfg.prior != CONTROL else [])
+    _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
     study.mkdir()
     _write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
-    priors = [cfg.prior] + ([CONTROL] if cfg.control and cfg.prior != CONTROL else [])
     per: dict[str, dict[int, dict]] = {p: {} for p in priors}
     for seed in cfg.seeds:
         for prior in priors:
@@ -65,6 +66,18 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     summary = summarise(cfg, per, dense)
     _write_json_atomic(study / "summary.json", summary)
     return study
+
+
+def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:
+    """Refuse a study whose full tier would exceed record.disk_budget_gb (all runs together; a dense
+    rerun counted at its largest, every dense_every steps throughout)."""
+    from ..record.policy import check_budget, schedule
+    m = cfg.model
+    hs = m.n_embd // m.n_head
+    n = len(schedule(cfg.record, cfg.steps)) * n_runs
+    if cfg.dense_rerun:
+        n += cfg.steps // cfg.dense_every
+    check_budget(cfg.record, n, out, L=m.n_layer, H=m.n_head, T=cfg.T, d_k=hs, d_v=hs)
 
 
 def resummarise(studies: list[str | Path]) -> dict:

@@ -111,6 +111,7 @@ def test_ci_study_record_passes_check(tmp_path, capsys):
     (["--prior=stationary"], "prior"),
     (["--k", "1"], "k"),
     (["--record.cheap_every=0"], "record.cheap_every"),
+    (["--record.disk_budget_gb=1e-6"], "record.disk_budget_gb"),
 ])
 def test_bad_input_is_a_one_line_error(tmp_path, capsys, args, what):
     rc = main(["sim", "icl-markov", "--preset", "ci", "--out", str(tmp_path), "--name", "bad", *args])
