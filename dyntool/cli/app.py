@@ -150,7 +150,7 @@ def _serve(proc: subprocess.Popen) -> int:
 
 
 def register(sub, simsub) -> None:
-    from . import DEFAULT_RUNS
+    from .common import DEFAULT_RUNS
     p = sub.add_parser("app", help="browse runs in the Streamlit app (binds to localhost)",
                        description="Start the dyntool app on RUNS_DIR: runs table, overview curves, "
                                    "matrices, trajectories, comparisons.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from . import add_n_seeds, common_output_options, config_option, config_values
+from .common import add_n_seeds, common_output_options, config_option, config_values
 
 SCHEMA = "dyntool.sims.icl_markov_config:ICLMarkovConfig"
 

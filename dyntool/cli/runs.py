@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import textwrap
 from ..errors import DyntoolError
-from . import DEFAULT_RUNS
+from .common import DEFAULT_RUNS
 
 LABEL = 9            # `dyntool info`: every value starts in this column
 STUDY_LINES, STUDY_RUNS = 12, 20     # `dyntool info STUDY`: a screenful; the rest is in summary.json / ls

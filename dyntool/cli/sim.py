@@ -5,7 +5,7 @@ import json
 import os
 import warnings
 
-from . import add_n_seeds, common_output_options, config_option, config_values
+from .common import add_n_seeds, common_output_options, config_option, config_values
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
 # --controls without --seeds / --n-seeds / a preset / a config file of the user's setting seeds: ten seeds (the README's five first), paired tests

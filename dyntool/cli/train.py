@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import add_n_seeds, common_output_options, config_option, config_values
+from .common import add_n_seeds, common_output_options, config_option, config_values
 
 TRAIN = "dyntool.train.config:TrainConfig"
 STUDY = "dyntool.train.studies:StudyConfig"
