@@ -124,15 +124,15 @@ def _span(w: list[int], T: int) -> tuple[int, int]:
 def crops(cfg: RecordConfig, T: int) -> tuple[tuple[int, int], tuple[int, int]]:
     """The crop ``(q0, q1), (k0, k1)`` of the stored matrices at length ``T``; a crop reaching past
     ``T`` is refused (it would be cut silently, and the stored shape would not be the one asked for)."""
+    q0, q1 = _span(cfg.query_crop, T)
+    k0, k1 = _span(cfg.key_crop, T)
+    if q1 <= q0 or k1 <= k0:
+        raise ConfigError("record.query_crop/key_crop", f"the crop is empty for T={T}")
     for key in ("query_crop", "key_crop"):
         w = getattr(cfg, key)
         if w and w[1] > T:
             raise ConfigError(f"record.{key}", f"{list(w)} reaches past the sequence length T={T}; "
                                                f"stop at {T} or less")
-    q0, q1 = _span(cfg.query_crop, T)
-    k0, k1 = _span(cfg.key_crop, T)
-    if q1 <= q0 or k1 <= k0:
-        raise ConfigError("record.query_crop/key_crop", f"the crop is empty for T={T}")
     return (q0, q1), (k0, k1)
 
 
