@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dyntool import config  # noqa: E402
 from dyntool.record.policy import schedule  # noqa: E402
-from dyntool.record.recorder import Recorder  # noqa: E402
+from dyntool.recorder import Recorder  # noqa: E402
 from dyntool.record.store_writer import StoreWriter  # noqa: E402
 from dyntool.sims import bijection_data as data  # noqa: E402
 from dyntool.sims.bijection import BijectionConfig, build_model, heldout  # noqa: E402

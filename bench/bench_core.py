@@ -25,7 +25,7 @@ from common import dir_size, hardware
 
 from dyntool.attention import CausalSelfAttention
 from dyntool.record.policy import RecordConfig
-from dyntool.record.recorder import Recorder
+from dyntool.recorder import Recorder
 from dyntool.record.store import StoreReader
 from dyntool.record.store_writer import StoreWriter
 

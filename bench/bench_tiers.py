@@ -223,7 +223,7 @@ sys.path.insert(0, {root!r})
 torch.manual_seed(0)
 from dyntool.capture import Capture
 from dyntool.record.policy import RecordConfig
-from dyntool.record.recorder import Recorder
+from dyntool.recorder import Recorder
 from dyntool.record.store_writer import StoreWriter
 from dyntool.train.config import ModelConfig
 from dyntool.train.gpt import GPT

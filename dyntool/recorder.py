@@ -13,14 +13,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..capture import Capture
-from ..errors import ConfigError
-from ..stream import LIVE, rows_per_block, size, stream
-from . import names
-from .policy import RecordConfig, crops, schedule, storage_dtype
-from .pooling import pool_blocks
-from .selection import Selection, resolve
-from .store_writer import TARGET_CHUNK_BYTES, StoreWriter
+from .capture import Capture
+from .errors import ConfigError
+from .record import names
+from .record.policy import RecordConfig, crops, schedule, storage_dtype
+from .record.pooling import pool_blocks
+from .record.selection import Selection, resolve
+from .record.store_writer import TARGET_CHUNK_BYTES, StoreWriter
+from .stream import LIVE, rows_per_block, size, stream
 
 HOST_BUFFER_MIB = 256     # a streamed step's matrices up to this size are written in one zarr call each
 

@@ -43,7 +43,7 @@ from ..capture import Capture
 from ..flight import FlightRecorder
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, cheap_wants, crops, schedule
-from ..record.recorder import Recorder, plan
+from ..recorder import Recorder, plan
 
 
 def rank() -> int:
@@ -325,7 +325,7 @@ class RunRecorder:
 
 def _check_heads(model, heads: str, attention=None) -> None:
     """Selectors past the model's layers (or heads, when its config says how many) are refused
-    before the run directory exists; the first capture checks the rest (dyntool.record.recorder.plan)."""
+    before the run directory exists; the first capture checks the rest (dyntool.recorder.plan)."""
     from ..adapters import AdapterError, find_adapter
     from ..record.selection import parse_heads, resolve
     if parse_heads(heads) is None:

@@ -43,7 +43,7 @@ from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, schedule
-from ..record.recorder import Recorder
+from ..recorder import Recorder
 from ..run_writer import RunWriter, ensure_out_dir
 from . import bijection_data as data
 from .bijection_analysis import analyze, evaluate

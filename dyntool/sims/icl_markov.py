@@ -34,7 +34,7 @@ from ..errors import NonFiniteLossError
 from ..flight import FlightRecorder
 from ..progress import progress
 from ..record.policy import check_budget, cheap_wants, schedule
-from ..record.recorder import Recorder
+from ..recorder import Recorder
 from ..run_writer import RunWriter
 from . import icl_markov_task as task
 from .icl_markov_config import ICLMarkovConfig

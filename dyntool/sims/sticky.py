@@ -28,7 +28,7 @@ from ..location import is_url
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record import metric_names as mn
-from ..record.recorder import Recorder
+from ..recorder import Recorder
 from ..run_writer import RunWriter, _write_json_atomic, ensure_out_dir
 from ..steps import STATE_ROWS
 from . import single_head as engine

@@ -27,7 +27,7 @@ from ..attention import SingleHeadAttention
 from ..errors import ConfigError, NonFiniteLossError
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget
-from ..record.recorder import Recorder
+from ..recorder import Recorder
 from ..run_writer import RunWriter, ensure_out_dir
 from ..progress import progress
 

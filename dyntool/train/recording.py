@@ -2,7 +2,7 @@
 
 ``RecordingCallback`` (rank 0 only) does three things, none of which the loop knows about:
 
-1. **Recorded steps** (``record.every`` etc.): through :class:`dyntool.record.recorder.Recorder`.
+1. **Recorded steps** (``record.every`` etc.): through :class:`dyntool.recorder.Recorder`.
    ``record.batch = "probe"``: before the step, one extra forward/backward of the uncompiled model
    on a fixed probe batch (``record.seqs`` sequences of ``data.probe_split``), no optimizer step,
    grads cleared, float32/float64 (no autocast, so U is not bf16-rounded).  ``"train"``: a
@@ -45,7 +45,7 @@ from ..data.wikitext import fixed_batch
 from ..record import metric_names as mn
 from ..flight import FlightRecorder
 from ..record.policy import check_budget, cheap_wants
-from ..record.recorder import Recorder
+from ..recorder import Recorder
 from ..record.selection import resolve
 from .trainer import Callback
 

@@ -24,7 +24,7 @@ import torch
 
 from dyntool import quantities as Q
 from dyntool.record.policy import RecordConfig
-from dyntool.record.recorder import Recorder
+from dyntool.recorder import Recorder
 from dyntool.run_writer import RunWriter
 
 REPO = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ COMMON = ("--max-steps", "2", "--train.dtype=float32", "--record.dtype=float32",
 @pytest.mark.parametrize("heads,host_mib", [(None, 256), ("L1H0,L0H*", 256), ("L1H0,L0H*", 0)],
                          ids=["dense", "streamed-held", "streamed-rows"])
 def test_cuda_record_equals_cpu_record(tmp_path, monkeypatch, heads, host_mib):
-    from dyntool.record import recorder
+    from dyntool import recorder
     monkeypatch.setattr(recorder, "HOST_BUFFER_MIB", host_mib)   # 0: every block written as computed
     sel = () if heads is None else (f"--record.heads={heads}",)
     runs = {}

@@ -76,7 +76,7 @@ def test_run_recorder_and_hf_callback_take_heads(tmp_path, monkeypatch):
     """The streamed selection equals the dense record, whether the step is gathered on the host
     and written with one call per matrix (it fits HOST_BUFFER_MIB) or written block by block as
     it is computed (it does not); both store row chunks."""
-    from dyntool.record import recorder
+    from dyntool import recorder
     from dyntool.record.store_writer import StoreWriter
     from tests.adapters.hf_reference import float64_softmax
     import threading

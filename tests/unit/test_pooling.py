@@ -14,7 +14,7 @@ import torch
 from dyntool.record import names
 from dyntool.record.policy import RecordConfig
 from dyntool.record.pooling import pool_blocks
-from dyntool.record.recorder import Recorder
+from dyntool.recorder import Recorder
 
 # causal 5×5: entry (i, j) = 10 i + j for j ≤ i; above the diagonal a junk value that must not count
 M = np.array([[10 * i + j if j <= i else 999.0 for j in range(5)] for i in range(5)])

@@ -6,7 +6,7 @@ import torch
 
 from dyntool.quantities import head_quantities
 from dyntool.record.policy import RecordConfig
-from dyntool.record.recorder import Recorder
+from dyntool.recorder import Recorder
 from dyntool.sims.diagnostics import step_record, step_record_threaded
 from tests.engine_fixtures import engine_state
 

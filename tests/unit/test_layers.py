@@ -1,0 +1,60 @@
+"""The import graph of ``dyntool`` has no loop: no strongly connected component larger than one
+module, counting each package ``__init__`` as a module and seeing imports inside functions too
+(grimp, which import-linter uses, reads every import statement).  The layers themselves are the
+import-linter contract in pyproject.toml (``lint-imports``, run by scripts/test.sh)."""
+from __future__ import annotations
+
+import pytest
+
+grimp = pytest.importorskip("grimp", reason="grimp not installed (pip install 'dyntool[test]')")
+
+
+def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
+    """Tarjan's algorithm, iterative: the components of more than one node."""
+    index, low, on, stack, out, n = {}, {}, set(), [], [], 0
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(edges[root]))]
+        index[root] = low[root] = n
+        n += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[v])
+                if low[v] == index[v]:
+                    comp = set()
+                    while True:
+                        x = stack.pop()
+                        on.discard(x)
+                        comp.add(x)
+                        if x == v:
+                            break
+                    if len(comp) > 1:
+                        out.append(comp)
+            elif w not in index:
+                index[w] = low[w] = n
+                n += 1
+                stack.append(w)
+                on.add(w)
+                work.append((w, iter(edges.get(w, ()))))
+            elif w in on:
+                low[v] = min(low[v], index[w])
+    return out
+
+
+def test_the_loop_finder_finds_loops():
+    assert strongly_connected({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert strongly_connected({"a": {"b"}, "b": set()}) == []
+
+
+def test_dyntool_has_no_import_loop():
+    g = grimp.build_graph("dyntool")
+    edges = {m: set(g.find_modules_directly_imported_by(m)) for m in g.modules}
+    loops = strongly_connected(edges)
+    assert loops == [], "import loops: " + "; ".join(" <-> ".join(sorted(c)) for c in loops)
