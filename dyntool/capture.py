@@ -135,7 +135,7 @@ class Capture(Observer):
             o = out.detach().narrow(out_batch_dim, 0, slot.q.shape[0])     # in out's own layout
         try:
             slot.uniform_rows = verify(slot.q, slot.k, slot.v, o, slot.allowed, slot.scale, slot.bias,
-                                       slot.softcap, slot.sinks, what=_where(site), out_map=out_map)
+                                       slot.softcap, slot.sinks, what=site_where(site), out_map=out_map)
         except SelfCheckError as e:
             raise CaptureError(str(e)) from None
         self.slots[site] = slot
@@ -168,16 +168,16 @@ class Capture(Observer):
         for site in self.sites:
             slot = self.slots.get(site)
             if slot is None:
-                raise CaptureError(f"{_where(site)}: attention did not run inside the Capture (its forward "
+                raise CaptureError(f"{site_where(site)}: attention did not run inside the Capture (its forward "
                                    "was not called, or ran outside the `with` block)")
             if slot.u is None:
-                raise CaptureError(f"{_where(site)}: gradient hook never fired; call "
+                raise CaptureError(f"{site_where(site)}: gradient hook never fired; call "
                                    "backward() inside the Capture and run recording steps uncompiled")
             per_layer.append(self._layer(slot, dtype))
         shapes = {(d["attn"].shape[-2], d["attn"].shape[-1]) for d in per_layer}
         if len(shapes) > 1:
             n = max(max(s) for s in shapes)
-            per_layer = [{k: _pad(k, x, n) for k, x in d.items()} for d in per_layer]
+            per_layer = [{k: pad_to(k, x, n) for k, x in d.items()} for d in per_layer]
         keys = [k for k in per_layer[0] if all(k in d for d in per_layer)]
         return {name: torch.stack([d[name] for d in per_layer]) for name in keys}
 
@@ -210,7 +210,7 @@ class Capture(Observer):
         return qs
 
 
-def _where(site: Site) -> str:
+def site_where(site: Site) -> str:
     """How an error names a site: ``layer 3 (model.decoder.layers.1.encoder_attn, BartAttention)``."""
     what = ", ".join(x for x in (site.name, site.label) if x)
     return f"layer {site.layer}" + (f" ({what})" if what else "")
@@ -220,7 +220,7 @@ def _where(site: Site) -> str:
 _ZERO_PAD = ("attn", "compat", "advantage", "score_grad")
 
 
-def _pad(name: str, x: torch.Tensor, n: int) -> torch.Tensor:
+def pad_to(name: str, x: torch.Tensor, n: int) -> torch.Tensor:
     """Pad the query/key axes of one site's ``name`` (nh, S, ...) to length ``n``."""
     dims = names.DIMS.get(name, ())[3:]                 # after (layer, head, seq)
     if not any(d in ("query", "key") for d in dims):

@@ -97,7 +97,7 @@ def _netcdf_attrs(ds):
 def check_destination(out: str | Path, what: str = "--to") -> None:
     """An export never goes inside a run (the one exported or any other)."""
     from .location import is_url, location
-    from .paths import _inside_run
+    from .paths import inside_run
     if "\0" in str(out):
         raise ExportError(f"{what}: contains a NUL byte")
     p = location(out, what)
@@ -105,7 +105,7 @@ def check_destination(out: str | Path, what: str = "--to") -> None:
         raise ExportError(f"{what} {out}: exports are written to a local folder (object storage is read, "
                           "never written, by export)")
     try:
-        run = _inside_run(p.absolute())
+        run = inside_run(p.absolute())
     except OSError as e:
         raise ExportError(f"{what} {p} can't be used: {e.strerror or e}") from None
     if run is not None:

@@ -61,14 +61,14 @@ class _Pending:
 def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
     """Empty rows of attention whose output is ``out_map(o)``: 0 or uniform, told by the self-check
     (:func:`dyntool.selfcheck.verify`, which also refuses an output it can't reproduce)."""
-    from .capture import _where
+    from .capture import site_where
     from .observe import expand_kv
     from .selfcheck import SelfCheckError, verify
     nh = p.q.shape[1]
     sinks = None if p.sinks is None else p.sinks.reshape(1, -1, 1, 1)
     try:
         return verify(p.q, expand_kv(p.k, nh), expand_kv(p.v, nh), out, p.allowed, p.scale, p.bias,
-                      p.softcap, sinks, what=_where(site), out_map=out_map)
+                      p.softcap, sinks, what=site_where(site), out_map=out_map)
     except SelfCheckError as e:
         raise FlightError(str(e)) from None
 

@@ -29,7 +29,7 @@ def check_name(name: str | None, what: str = "--name") -> None:
                                 "no leading '.', no '..'); use --out for the parent folder")
 
 
-def _inside_run(p: Path) -> Path | None:
+def inside_run(p: Path) -> Path | None:
     from .run import is_run_dir
     for q in [p, *p.parents]:
         if q.exists() and is_run_dir(q):
@@ -51,7 +51,7 @@ def check_out(out: str | Path, what: str = "--out") -> Path:
         raise ConfigError(what, "contains a NUL byte")
     if any(len(os.fsencode(part)) > 255 for part in p.parts):    # NAME_MAX: stat() itself would fail
         raise ConfigError(what, "has a folder name longer than the file system allows (255 bytes)")
-    run = _inside_run(p.absolute())
+    run = inside_run(p.absolute())
     if run is not None:
         raise ConfigError(what, f"{p} is inside the run {run}; runs are never written into "
                                 "(pass the folder that holds the runs)")

@@ -109,7 +109,7 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
-def _write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) -> None:
+def write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) -> None:
     """Temp file + ``os.replace``.  On failure the temp file is removed (never a 0-byte
     ``.tmp`` left behind); with ``in_place_fallback`` a full disk (ENOSPC/EDQUOT) falls back to
     rewriting the existing file in place, which reuses its blocks (used for the final status)."""
@@ -165,9 +165,9 @@ class RunWriter:
             raise RunError(f"run {path} already exists; choose another name (existing runs are never overwritten)") from None
         except OSError as e:
             raise RunError(f"run directory {path} can't be created: {e.strerror or e}") from None
-        _write_json_atomic(path / "config.json", config)
+        write_json_atomic(path / "config.json", config)
         meta = new_meta(run_id, kind, seeds, tags, device, extra_meta)
-        _write_json_atomic(path / "meta.json", meta)
+        write_json_atomic(path / "meta.json", meta)
         return cls(path, meta)
 
     # -- recording ----------------------------------------------------------------------
@@ -182,7 +182,7 @@ class RunWriter:
 
     def update_meta(self, _final_status: bool = False, **kv: Any) -> None:
         self.meta.update(kv, updated=_now())
-        _write_json_atomic(self.path / "meta.json", self.meta, in_place_fallback=_final_status)
+        write_json_atomic(self.path / "meta.json", self.meta, in_place_fallback=_final_status)
 
     def finish(self, status: str = "finished", **kv: Any) -> None:
         """Flush and close everything, then write the final status.  A failure while flushing

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .capture import Capture, CaptureError, _pad, _where
+from .capture import Capture, CaptureError, pad_to, site_where
 from .cheap_stats import block_rows, key_ends
 from .observe import expand_kv
 from .quantities import head_quantities
@@ -72,7 +72,7 @@ def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[i
         site = cap.sites[layer]
         slot = cap.slots.get(site)
         if slot is None or slot.u is None:
-            raise CaptureError(f"{_where(site)}: nothing captured for it (attention did not run, or backward "
+            raise CaptureError(f"{site_where(site)}: nothing captured for it (attention did not run, or backward "
                                "ran outside the Capture)")
         heads = []
         for si in range(sel.slots):
@@ -186,7 +186,7 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
         out["query_grad"] = pick(slot.dq).to(dt) / cap.grad_scale
     if slot.dk is not None:
         out["key_grad"] = expand_kv(slot.dk, slot.q.shape[1])[:, h].unsqueeze(0).to(dt) / cap.grad_scale
-    out = {n: _pad(n, x, N) for n, x in out.items()}
+    out = {n: pad_to(n, x, N) for n, x in out.items()}
     for m, parts in pooled.items():
         out[names.POOLED[m]] = torch.cat(parts, dim=1).unsqueeze(0)
     return out

@@ -29,7 +29,7 @@ class RemoteStoreReader:
     def refresh(self) -> None:
         import zarr
         from .guarded import check_array
-        from .store import RecordError, _marker
+        from .store import RecordError, commit_marker
         self.problems: list[str] = []
         self.notes: list[str] = []
         try:
@@ -39,7 +39,7 @@ class RemoteStoreReader:
         except Exception as e:
             raise RecordError(f"{self.sub} can't be read ({type(e).__name__}: {short(e)})") from None
         self.attrs = dict(self.group.attrs)
-        self.marker = _marker(self.attrs, self.problems)
+        self.marker = commit_marker(self.attrs, self.problems)
         self.unreadable: dict[str, str] = {}           # array -> why (as the local reader's)
         self._z = {}
         listed = [d for d in self.remote.list_dir(self.sub)[0] if d != "static" and not d.endswith(".partial")]

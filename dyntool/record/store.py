@@ -149,10 +149,10 @@ def read_marker(path: str | Path, root: str | Path | None = None) -> int:
         attrs = safeio.read_json(meta).get("attributes", {})
     except (OSError, ValueError, AttributeError) as e:
         raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {e})") from None
-    return _marker(attrs if isinstance(attrs, dict) else {}, [])
+    return commit_marker(attrs if isinstance(attrs, dict) else {}, [])
 
 
-def _marker(attrs: dict, problems: list[str]) -> int:
+def commit_marker(attrs: dict, problems: list[str]) -> int:
     m = attrs.get("steps_written", 0)
     if isinstance(m, bool) or not isinstance(m, int) or m < 0:
         problems.append(f"record.zarr: the commit marker steps_written={m!r} is not a count; nothing read")
@@ -222,7 +222,7 @@ class StoreReader:
         except Exception as e:                     # zarr's own metadata errors, whatever their type
             raise RecordError(f"record.zarr can't be read ({type(e).__name__}: {str(e)[:200]})") from None
         self.attrs = _clean_group_attrs(attrs, self.problems)
-        marker = _marker(self.attrs, self.problems)
+        marker = commit_marker(self.attrs, self.problems)
         self._cache: dict[str, RecordedArray] = {}
         self._z: dict[str, Any] = {}
         self._attrs: dict[str, dict] = {}

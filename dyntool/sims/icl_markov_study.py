@@ -18,7 +18,7 @@ import numpy as np
 from ..config import to_dict
 from ..errors import RunError
 from ..run import open_run
-from ..run_writer import _write_json_atomic, ensure_out_dir
+from ..run_writer import write_json_atomic, ensure_out_dir
 from ..stats import mean_std
 from .icl_markov import run_one
 from .icl_markov_analysis import analyse_run
@@ -48,7 +48,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     priors = [cfg.prior] + ([CONTROL] if cfg.control and cfg.prior != CONTROL else [])
     _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
     study.mkdir()
-    _write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
+    write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
     per: dict[str, dict[int, dict]] = {p: {} for p in priors}
     for seed in cfg.seeds:
         for prior in priors:
@@ -64,7 +64,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
                       extra_record_steps=steps, study=study.name)
         dense = _dense_info(study, seed, cfg.prior, run.path, bounds, first)
     summary = summarise(cfg, per, dense)
-    _write_json_atomic(study / "summary.json", summary)
+    write_json_atomic(study / "summary.json", summary)
     return study
 
 

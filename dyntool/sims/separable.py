@@ -180,7 +180,7 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
     """Final losses, steps to 25/50/75/100 % of SGD's loss drop (train and held-out) with paired
     tests against ``values`` (the EM-like arm; values itself against sgd), the multipliers of the
     norm-matched arms and every arm's first step (update norm per group, first-order decrease)."""
-    from .targets import _mean_std, _paired, _targets
+    from .targets import paired_tests, seed_mean_std, steps_to_targets
     idx = {r: i for i, r in enumerate(res.runs)}
     per_seed = []
     for s in cfg.seeds:
@@ -190,17 +190,17 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
             row[a] = {"losses": res.losses[i, :-1].tolist(), "final_loss": float(res.losses[i, -1]),
                       "heldout_losses": [list(p) for p in res.heldout[i]], "heldout_loss": res.heldout[i][-1][1]}
         per_seed.append(row)
-    tg, per_arm = _targets(cfg, per_seed, res.heldout, idx, {a: a for a in cfg.arms}, ref="values")
+    tg, per_arm = steps_to_targets(cfg, per_seed, res.heldout, idx, {a: a for a in cfg.arms}, ref="values")
     arms = {}
     for a in cfg.arms:
         ii = [idx[(s, a)] for s in cfg.seeds]
-        e = {"final_loss": _mean_std([r[a]["final_loss"] for r in per_seed]),
-             "final_heldout_loss": _mean_std([r[a]["heldout_loss"] for r in per_seed]),
-             "lr_mult": {g: _mean_std(res.mults[g][ii]) for g in GROUPS},
-             "first_step": {k: _mean_std(v[ii]) for k, v in res.first_step.items()},
+        e = {"final_loss": seed_mean_std([r[a]["final_loss"] for r in per_seed]),
+             "final_heldout_loss": seed_mean_std([r[a]["heldout_loss"] for r in per_seed]),
+             "lr_mult": {g: seed_mean_std(res.mults[g][ii]) for g in GROUPS},
+             "first_step": {k: seed_mean_std(v[ii]) for k, v in res.first_step.items()},
              "targets": per_arm[a]}
         if a != "values":
-            e["vs_values_final_heldout_loss"] = _paired([r[a]["heldout_loss"] for r in per_seed],
+            e["vs_values_final_heldout_loss"] = paired_tests([r[a]["heldout_loss"] for r in per_seed],
                                                         [r["values"]["heldout_loss"] for r in per_seed])
         arms[a] = e
     return {"kind": "sticky-separable", "config": {k: getattr(cfg, k) for k in cfg.__dataclass_fields__},

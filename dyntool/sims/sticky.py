@@ -29,7 +29,7 @@ from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record import metric_names as mn
 from ..recorder import Recorder
-from ..run_writer import RunWriter, _write_json_atomic, ensure_out_dir
+from ..run_writer import RunWriter, write_json_atomic, ensure_out_dir
 from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
@@ -138,7 +138,7 @@ def _open_study(plan: _Plan, out: Path, study: Path) -> None:
     n_records = (len(range(0, cfg.steps + 1, max(rec.every, 1))) + 1) * sum(plan.recorded)
     est = check_budget(rec, n_records, out, L=1, H=1, T=plan.N, d_k=cfg.d_k, d_v=cfg.d_v) if rec.enabled else 0
     study.mkdir()
-    _write_json_atomic(study / "study.json", {"kind": "sticky-markov-study", "config": to_dict(cfg),
+    write_json_atomic(study / "study.json", {"kind": "sticky-markov-study", "config": to_dict(cfg),
                                               "runs": [plan.run_name(s, a) for s, a in plan.runs],
                                               "record_estimate_bytes": est})
 
@@ -347,7 +347,7 @@ def write_summary(plan: _Plan, data: _Data, result, log: _Logging, study: Path) 
                         validation=validation)
     if log.geometry:
         summary["geometry"] = geometry_summary(cfg, plan.runs, log.geometry, GEOMETRY_KEYS)
-    _write_json_atomic(study / "summary.json", summary)
+    write_json_atomic(study / "summary.json", summary)
 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..record import metric_names as mn
 from ..stats import mean_std
-from .targets import _first_below, _mean_std, _paired, _targets, steps_to_threshold, targets_markdown
+from .targets import first_below, paired_tests, seed_mean_std, steps_to_targets, steps_to_threshold, targets_markdown
 
 
 # SGD's mean final training loss IS the target, so its own "steps to target" only restates the budget
@@ -88,9 +88,9 @@ def _bayes_excess(cfg, bayes: dict, per_seed: list[dict], fev: dict) -> dict:
     # excess loss over the Bayes-optimal causal predictor (forward filter), per arm; the
     # minimum achievable loss, unlike H_min, which assumes y_{t−1} is observed exactly
     bn = {r["seed"]: r for r in bayes["per_seed"]}
-    out = {**bayes, "train_mean": _mean_std([bn[s]["train"] for s in cfg.seeds])}
+    out = {**bayes, "train_mean": seed_mean_std([bn[s]["train"] for s in cfg.seeds])}
     if fev:
-        out["heldout_mean"] = _mean_std([bn[s]["heldout"] for s in cfg.seeds])
+        out["heldout_mean"] = seed_mean_std([bn[s]["heldout"] for s in cfg.seeds])
     for r in per_seed:
         for a in cfg.arms:
             r[a]["excess_loss"] = r[a]["final_loss"] - bn[r["seed"]]["train"]
@@ -104,13 +104,13 @@ def _finals(cfg, per_seed: list[dict], hmin: float, log_n: float, fev: dict) -> 
     metrics = ("final_loss", "entropy", "accuracy") + (("heldout_loss", "heldout_entropy", "heldout_accuracy")
                                                        if fev else ())
     metrics += tuple(m for m in ("excess_loss", "heldout_excess_loss") if m in per_seed[0][cfg.arms[0]])
-    final = {a: {m: _mean_std([r[a][m] for r in per_seed]) for m in metrics} for a in cfg.arms}
-    gap = {a: {"raw": _mean_std([r[a]["entropy"] - hmin for r in per_seed]),
-               "normalised": _mean_std([(r[a]["entropy"] - hmin) / (log_n - hmin) for r in per_seed])}
+    final = {a: {m: seed_mean_std([r[a][m] for r in per_seed]) for m in metrics} for a in cfg.arms}
+    gap = {a: {"raw": seed_mean_std([r[a]["entropy"] - hmin for r in per_seed]),
+               "normalised": seed_mean_std([(r[a]["entropy"] - hmin) / (log_n - hmin) for r in per_seed])}
            for a in cfg.arms}
     if fev:
         for a in cfg.arms:
-            gap[a]["heldout"] = _mean_std([r[a]["heldout_entropy"] - hmin for r in per_seed])
+            gap[a]["heldout"] = seed_mean_std([r[a]["heldout_entropy"] - hmin for r in per_seed])
     return final, gap
 
 
@@ -122,7 +122,7 @@ def _against_sgd(out: dict, cfg, runs, result, per_seed, idx, name_of, fev, held
     out["sgd_final_threshold"] = thr
     arms_steps = _steps_to_sgd_final(out, cfg, per_seed, thr)
     arms_out, hthr = _arm_table(out, cfg, per_seed, idx, name_of, fev, heldout, thr, arms_steps)
-    out["targets"], per_target = _targets(cfg, per_seed, heldout if fev else None, idx, name_of)
+    out["targets"], per_target = steps_to_targets(cfg, per_seed, heldout if fev else None, idx, name_of)
     for a, e in arms_out.items():
         e["targets"] = per_target[a]
     out["arms"] = arms_out
@@ -139,7 +139,7 @@ def _steps_to_sgd_final(out: dict, cfg, per_seed: list[dict], thr: float) -> dic
         steps = [steps_to_threshold(np.asarray(r[a]["losses"]), thr) for r in per_seed]
         arms_steps[a] = steps
         key = "em_steps_to_sgd_final" if a == "em" else f"{a}_steps_to_sgd_final"
-        out[key] = {**_mean_std(steps), "per_seed": steps}
+        out[key] = {**seed_mean_std(steps), "per_seed": steps}
         if a != "em":
             continue
         # budget-dependent (it grows with the budget): kept for old readers, not printed; say
@@ -165,20 +165,20 @@ def _arm_table(out, cfg, per_seed, idx, name_of, fev, heldout, thr, arms_steps) 
     hthr = float(np.mean([r["sgd"]["heldout_loss"] for r in per_seed])) if fev else None
     for a in cfg.arms:
         st = arms_steps.get(a) or [steps_to_threshold(np.asarray(r[a]["losses"]), thr) for r in per_seed]
-        e = {"lrs": per_seed[0][a]["lrs"], "steps_to_target": {**_mean_std(st), "per_seed": st}}
+        e = {"lrs": per_seed[0][a]["lrs"], "steps_to_target": {**seed_mean_std(st), "per_seed": st}}
         if fev:
-            hs = [_first_below(heldout[idx[(s, name_of[a])]], hthr, cfg.steps) for s in cfg.seeds]
-            e["heldout_steps_to_target"] = {**_mean_std(hs), "per_seed": hs}
+            hs = [first_below(heldout[idx[(s, name_of[a])]], hthr, cfg.steps) for s in cfg.seeds]
+            e["heldout_steps_to_target"] = {**seed_mean_std(hs), "per_seed": hs}
             e["final_heldout_loss"] = out["final"][a]["heldout_loss"]
         arms_out[a] = e
     if "em" in cfg.arms:
         for a, e in arms_out.items():
             if a == "em":
                 continue
-            e["vs_em"] = {"steps_to_target": _paired(e["steps_to_target"]["per_seed"],
+            e["vs_em"] = {"steps_to_target": paired_tests(e["steps_to_target"]["per_seed"],
                                                      arms_out["em"]["steps_to_target"]["per_seed"])}
             if fev:
-                e["vs_em"]["final_heldout_loss"] = _paired([r[a]["heldout_loss"] for r in per_seed],
+                e["vs_em"]["final_heldout_loss"] = paired_tests([r[a]["heldout_loss"] for r in per_seed],
                                                            [r["em"]["heldout_loss"] for r in per_seed])
     return arms_out, hthr
 
@@ -192,7 +192,7 @@ def _sweep(cfg, result, idx: dict, thr: float) -> list[dict]:
         ii = [idx[(s, f"em-x{m:g}")] for s in cfg.seeds]
         steps = [steps_to_threshold(losses[i], thr) for i in ii]
         sweep.append({"mult": m, "steps_mean": float(np.mean(steps)), "steps_std": mean_std(steps)[1],
-                      "per_seed": steps, "final_loss": _mean_std([final_loss[i] for i in ii])})
+                      "per_seed": steps, "final_loss": seed_mean_std([final_loss[i] for i in ii])})
     return sweep
 
 
@@ -214,7 +214,7 @@ def geometry_summary(cfg, runs, geometry: dict[int, list[dict]], keys) -> dict:
                 name = mn.sticky_manifold(rep, k)
                 if name not in geometry[last][ii[0]]:
                     continue
-                arm[name] = {f"step{st}": _mean_std([geometry[st][i][name] for i in ii]) for st in (first, last)}
+                arm[name] = {f"step{st}": seed_mean_std([geometry[st][i][name] for i in ii]) for st in (first, last)}
         out[a] = arm
     return out
 

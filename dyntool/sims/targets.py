@@ -15,17 +15,17 @@ def steps_to_threshold(losses: np.ndarray, thr: float) -> int:
     return int(below[0]) if below.size else int(len(losses))
 
 
-def _mean_std(x) -> dict:
+def seed_mean_std(x) -> dict:
     m, s = mean_std(x)                                               # sample std (ddof=1)
     return {"mean": m, "std": s}
 
 
-def _first_below(curve: list[tuple[int, float]], thr: float, n_steps: int) -> int:
+def first_below(curve: list[tuple[int, float]], thr: float, n_steps: int) -> int:
     """First evaluated step whose held-out loss is below thr, else n_steps."""
     return next((k for k, v in curve if v < thr), n_steps)
 
 
-def _paired(a, b) -> dict | None:
+def paired_tests(a, b) -> dict | None:
     """Paired comparison of a and b over seeds: the paired t-test (two-sided, ``t``/``p``) and the
     Wilcoxon signed-rank test (two-sided, ``wilcoxon_p``; zero differences dropped, scipy's
     default), mean ± sample std of a − b and how many seeds have a < b / a > b."""
@@ -52,7 +52,7 @@ def loss_targets(start: float, end: float, fracs) -> dict[str, float]:
     return {f"{f:g}": (end if f == 1 else start - f * (start - end)) for f in fracs}
 
 
-def _targets(cfg, per_seed, heldout, idx, name_of, ref: str = "em") -> tuple[dict, dict]:
+def steps_to_targets(cfg, per_seed, heldout, idx, name_of, ref: str = "em") -> tuple[dict, dict]:
     """Steps to 25/50/75/100 % (``cfg.target_fracs``) of SGD's mean loss drop over the budget, on
     the training loss (every step) and on the held-out loss (its evaluation grid), per arm, with
     paired tests against ``ref`` (em; ref itself: against sgd).  A seed that never reaches a target counts as
@@ -72,7 +72,7 @@ def _targets(cfg, per_seed, heldout, idx, name_of, ref: str = "em") -> tuple[dic
         tg["heldout_note"] = f"SGD's mean held-out loss did not drop ({h0:.4f} -> {h1:.4f}): no held-out targets"
     elif h0 is not None:
         tg["heldout"] = loss_targets(h0, h1, fracs)
-        curves["heldout"] = lambda s, a, thr: _first_below(
+        curves["heldout"] = lambda s, a, thr: first_below(
             heldout[idx[(cfg.seeds[s], name_of[a])]], thr, cfg.steps)
     per_arm = {}
     for a in cfg.arms:
@@ -81,7 +81,7 @@ def _targets(cfg, per_seed, heldout, idx, name_of, ref: str = "em") -> tuple[dic
             per_arm[a][which] = {}
             for f, thr in tg[which].items():
                 st = [fn(s, a, thr) for s in range(len(per_seed))]
-                per_arm[a][which][f] = {**_mean_std(st), "per_seed": st,
+                per_arm[a][which][f] = {**seed_mean_std(st), "per_seed": st,
                                         "not_reached": int(sum(v >= cfg.steps for v in st))}
     for a in cfg.arms:
         other = "sgd" if a == ref else ref
@@ -89,7 +89,7 @@ def _targets(cfg, per_seed, heldout, idx, name_of, ref: str = "em") -> tuple[dic
             continue
         for which in curves:
             for f, e in per_arm[a][which].items():
-                e[f"vs_{other}"] = _paired(e["per_seed"], per_arm[other][which][f]["per_seed"])
+                e[f"vs_{other}"] = paired_tests(e["per_seed"], per_arm[other][which][f]["per_seed"])
     return tg, per_arm
 
 

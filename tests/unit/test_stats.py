@@ -34,8 +34,8 @@ def test_axis_zero_per_column():
 
 
 def test_summaries_use_it():
-    from dyntool.sims.targets import _mean_std
-    assert _mean_std([1.0, 2.0, 4.0])["std"] == pytest.approx(statistics.stdev([1.0, 2.0, 4.0]))
+    from dyntool.sims.targets import seed_mean_std
+    assert seed_mean_std([1.0, 2.0, 4.0])["std"] == pytest.approx(statistics.stdev([1.0, 2.0, 4.0]))
     from dyntool.figures.common import mean_std as fig_mean_std
     np.testing.assert_allclose(fig_mean_std(np.array([[1.0], [2.0], [4.0]]))[1], [statistics.stdev([1, 2, 4])])
 

@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dyntool.sims.targets import _paired, _targets, loss_targets, targets_markdown
+from dyntool.sims.targets import loss_targets, paired_tests, steps_to_targets, targets_markdown
 
 
 def test_paired_t_and_wilcoxon_match_independent_computations():
     a = np.array([412.0, 300, 515, 290, 610, 333, 480])
     b = np.array([400.0, 260, 420, 301, 500, 250, 430])
-    r = _paired(a, b)
+    r = paired_tests(a, b)
     d = a - b
     t = d.mean() / (d.std(ddof=1) / math.sqrt(len(d)))
     assert r["t"] == pytest.approx(t, rel=1e-12)
@@ -29,8 +29,8 @@ def test_paired_t_and_wilcoxon_match_independent_computations():
     assert r["wilcoxon_p"] == pytest.approx(p, rel=1e-9)
     assert r["wilcoxon_stat"] == w_obs
     # a constant difference has no t; fewer than two seeds or non-finite values: no test
-    assert _paired([1, 2, 3], [0, 1, 2])["t"] is None
-    assert _paired([1.0], [0.0]) is None and _paired([1, np.nan], [0, 1]) is None
+    assert paired_tests([1, 2, 3], [0, 1, 2])["t"] is None
+    assert paired_tests([1.0], [0.0]) is None and paired_tests([1, np.nan], [0, 1]) is None
 
 
 def test_loss_targets_are_fractions_of_the_drop():
@@ -55,7 +55,7 @@ def test_steps_to_each_target_match_a_plain_loop():
                       "heldout_loss": ho[-1][1], "heldout_losses": [list(p) for p in ho]}
         per_seed.append(row)
     cfg = SimpleNamespace(target_fracs=[0.25, 0.5, 1.0], steps=steps, seeds=seeds, arms=arms)
-    tg, per_arm = _targets(cfg, per_seed, heldout, idx, {a: a for a in arms})
+    tg, per_arm = steps_to_targets(cfg, per_seed, heldout, idx, {a: a for a in arms})
     l0 = np.mean([r["sgd"]["losses"][0] for r in per_seed])
     l1 = np.mean([r["sgd"]["final_loss"] for r in per_seed])
     for f in (0.25, 0.5, 1.0):
