@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from .. import masks
 from ..record import metric_names as mn
 from ..sims import icl_markov_analysis as an
 from ..sims.icl_markov_task import STRATEGIES
@@ -228,7 +229,7 @@ def _maps_draw(extras):
     for c, ((stage, step), m) in enumerate(maps.items()):
         for l in range(L):
             ax = axes[l, c]
-            ax.imshow(np.where(np.tril(np.ones_like(m[l])) > 0, m[l], np.nan), cmap=style.SEQ_CMAP, vmin=0,
+            ax.imshow(np.where(masks.causal().dense(m[l].shape[-1])[0].numpy(), m[l], np.nan), cmap=style.SEQ_CMAP, vmin=0,
                       vmax=max(float(np.nanmax(m[l][1:])), 1e-6), interpolation="nearest")
             ax.set_title(f"layer {l}, {stage} stage, step {step}", fontsize=6)
             ax.set_xticks([])

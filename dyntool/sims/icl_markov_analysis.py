@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import masks
 from ..record import metric_names as mn
 from ..stats import pearson
 from .icl_markov_task import STRATEGIES
@@ -201,6 +202,6 @@ def advantage_to_previous(run, layer: int, head: int) -> dict:
         T = a.shape[-1]
         i = np.arange(1, T)
         prev.append(float(a[:, i, i - 1].mean()))
-        vis = np.tril(np.ones((T, T), dtype=bool))
+        vis = masks.causal().dense(T)[0].numpy()
         every.append(float(a[:, vis].mean()))
     return {"steps": steps, "prev": prev, "all": every}

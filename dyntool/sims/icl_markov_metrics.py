@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import masks
 from ..observe import KeepQK
 from ..record import metric_names as mn
 from . import icl_markov_task as task
@@ -47,7 +48,7 @@ def induction_keys(x: torch.Tensor) -> torch.Tensor:
     B, T = x.shape
     prev = torch.cat([torch.full((B, 1), -1, dtype=x.dtype, device=x.device), x[:, :-1]], 1)   # x_{j-1}
     hit = prev[:, None, :] == x[:, :, None]                               # (B, i, j)
-    return hit & torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+    return hit & masks.causal().dense(T, device=x.device)                 # (1, T, T): j <= i
 
 
 def chance_levels(x: torch.Tensor) -> dict[str, float]:
