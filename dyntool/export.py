@@ -132,7 +132,7 @@ def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
         raise ExportError(f"run {run.id}: {_record_problem(run)}; nothing exported")
     if metrics:
         run.metrics
-        bad_m = [p for p in run._problems if p.startswith("metrics.jsonl can't be read")
+        bad_m = [p for p in run.file_problems if p.startswith("metrics.jsonl can't be read")
                  or p.startswith("metrics.jsonl resolves outside")]
         if bad_m:
             raise ExportError(f"run {run.id}: {bad_m[0]}; nothing exported")

@@ -61,6 +61,12 @@ class Run:
         return self._problems
 
     @property
+    def file_problems(self) -> list[str]:
+        """The problems found so far in the run's own files (meta, config, metrics once read),
+        without opening the recording (:attr:`problems` checks its chunks too)."""
+        return list(self._problems)
+
+    @property
     def corrupt(self) -> bool:
         return bool(self.problems)
 

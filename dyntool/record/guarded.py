@@ -191,7 +191,7 @@ def _frame_ok(f, size: int) -> str | None:
     return None
 
 
-def _files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[set[str], set[str]]:
+def chunk_files(base: Path, root: Path | None, odd: set[str] | None = None) -> tuple[set[str], set[str]]:
     """Keys of the regular files below ``base``, and of the symlinks resolving outside ``root``;
     entries that are neither files nor folders (FIFOs, devices, sockets) go to ``odd`` (one
     scandir per folder, no stat: zarr nests one folder per chunk axis, so this is the cost)."""
@@ -256,7 +256,7 @@ def check_array(where: str, z: Any, rows: int, base) -> str | None:
                 f"{MAX_CHUNKS}-chunk limit; not read")
     declared = math.prod(counted) * itemsize
     if nchunks > 1024 or declared > (256 << 20):
-        keys = base() if callable(base) else _files(base, None)[0]
+        keys = base() if callable(base) else chunk_files(base, None)[0]
         have = sum(1 for k in keys if _CHUNK_KEY.search(k))
         if have < nchunks / 2:
             return (f"{where}: declares shape {list(shape)} = {nchunks} chunks ({declared} bytes) but only "
@@ -264,7 +264,7 @@ def check_array(where: str, z: Any, rows: int, base) -> str | None:
     return None
 
 
-def _spec_of(z: Any) -> _ChunkSpec:
+def spec_of(z: Any) -> _ChunkSpec:
     codecs = [type(c).__name__ for c in z.metadata.codecs]
     crc = bool(codecs) and codecs[-1] == "Crc32cCodec"
     zstd = "ZstdCodec" in codecs and codecs.index("ZstdCodec") == len(codecs) - 1 - crc

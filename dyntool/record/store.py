@@ -20,7 +20,7 @@ import numpy as np
 import zarr
 
 from .. import safeio
-from .guarded import GuardedStore, RecordError, _files, _spec_of, check_array, zstd_frame_ok  # noqa: F401 (re-exported)
+from .guarded import GuardedStore, RecordError, chunk_files, spec_of, check_array, zstd_frame_ok  # noqa: F401 (re-exported)
 
 
 class RecordedArray:
@@ -104,7 +104,7 @@ class RecordedArray:
         zstd = "ZstdCodec" in codecs and (codecs.index("ZstdCodec") == len(codecs) - 1 - crc)
         cs = self._z.metadata.chunk_grid.chunk_shape
         odd: set[str] = set()
-        files, outside = _files(base, root, odd)
+        files, outside = chunk_files(base, root, odd)
         for coords, key in self.chunk_keys():
             rel = key[len(self.name) + 1:]
             if rel in outside or (outside and any(rel.startswith(o + "/") for o in outside)):
@@ -243,7 +243,7 @@ class StoreReader:
             z = self._open(f"static/{name}", None)
             if z is not None:
                 self._static[name] = z
-        plain = [n for n, z in [*self._z.items(), *self._static.items()] if not _spec_of(z).crc]
+        plain = [n for n, z in [*self._z.items(), *self._static.items()] if not spec_of(z).crc]
         if plain:
             self.notes.append(f"record.zarr: not checksummed ({len(plain)} array(s) written without per-chunk "
                               "CRC-32C, by an older dyntool): `check` decodes their chunks but can't "
@@ -275,7 +275,7 @@ class StoreReader:
             self._fail(name, why)
             return None
         self._attrs[name] = _clean_attrs(where, dict(z.attrs), self.problems)
-        self._store.specs[name] = _spec_of(z)
+        self._store.specs[name] = spec_of(z)
         return z
 
     def _listed(self) -> list[str]:

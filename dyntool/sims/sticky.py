@@ -34,7 +34,7 @@ from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
 from .summary import geometry_summary, summarise
-from .sticky_config import ARMS, CONTROLS, StickyConfig, _Arm, _arms  # noqa: F401  (re-exported: tests, the CLI)
+from .sticky_config import ARMS, CONTROLS, StickyConfig, Arm, expand_arms  # noqa: F401  (re-exported: tests, the CLI)
 from .sticky_data import filter_entropy, filter_nll, generate, h_min, stationary, transition_matrix
 
 
@@ -97,7 +97,7 @@ class _Plan:
     """The study as it will run: the config with its recorded crop resolved (a copy: the caller's
     config is never changed), the (seed, arm) runs in batch order and which of them store arrays."""
     cfg: StickyConfig
-    runs: list[tuple[int, _Arm]]            # (seed, arm), the engine's batch order
+    runs: list[tuple[int, Arm]]            # (seed, arm), the engine's batch order
     grid: dict[float, str]                  # sgd_tuned: grid LR -> the run that trains it
     recorded: list[bool]                    # per run: arrays on disk (others log metrics only)
 
@@ -110,7 +110,7 @@ class _Plan:
     def rec(self) -> RecordConfig:
         return self.cfg.record
 
-    def run_name(self, seed: int, a: _Arm) -> str:
+    def run_name(self, seed: int, a: Arm) -> str:
         return f"seed{seed}-{a.name}"
 
 
@@ -125,7 +125,7 @@ def resolve_config(cfg: StickyConfig) -> StickyConfig:
 
 def plan_study(cfg: StickyConfig) -> _Plan:
     cfg = resolve_config(cfg)
-    arms, grid = _arms(cfg)
+    arms, grid = expand_arms(cfg)
     runs = [(seed, a) for seed in cfg.seeds for a in arms]
     rec_seeds = set(cfg.seeds[:cfg.record_seeds] if cfg.record_seeds else cfg.seeds)
     recorded = [a.name in cfg.arms and a.name in cfg.record_arms and s in rec_seeds for s, a in runs]
@@ -219,7 +219,7 @@ def build_arms(plan: _Plan) -> _EngineArms:
         must_be_finite=torch.tensor([a.arm != "sgd_grid" for _, a in runs]))
 
 
-def _open_run(stack: ExitStack, plan: _Plan, data: _Data, study: Path, seed: int, a: _Arm, rec_on: bool, tags):
+def _open_run(stack: ExitStack, plan: _Plan, data: _Data, study: Path, seed: int, a: Arm, rec_on: bool, tags):
     """One run directory (its writer, entered on ``stack``) and, if it stores arrays, its recorder."""
     cfg, rec_cfg = plan.cfg, plan.rec
     # value_lr_mult: the W_V multiplier this run really has (1 for sgd and the controls,

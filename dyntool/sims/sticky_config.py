@@ -1,5 +1,5 @@
 """The sticky-chain study's configuration (:class:`StickyConfig`, its validation) and the arms it
-expands into: per seed, the trained runs and their learning rates (:func:`_arms`).
+expands into: per seed, the trained runs and their learning rates (:func:`expand_arms`).
 
 Arms: ``sgd`` (all learning rates ``lr``), ``em`` (the paper's EM-like schedule: W_V at
 ``lr × value_lr_mult``), ``em_closed_form`` (our extension: an explicit least-squares M-step on
@@ -126,14 +126,14 @@ class StickyConfig:
 
 
 @dataclass
-class _Arm:
+class Arm:
     name: str          # run-directory suffix: sgd, em, routing, em-x5, lr0.03
     arm: str           # sgd | em | em_closed_form | readout | routing | all | sgd_grid
     lrs: tuple         # (lr_q, lr_k, lr_v, lr_o)
     mult: float = 1.0
 
 
-def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
+def expand_arms(cfg: StickyConfig) -> tuple[list[Arm], dict[float, str]]:
     """The trained runs per seed, and for sgd_tuned: grid LR -> the run name that trains it.
 
     A grid point whose uniform LRs equal another run's (0.01 = ``sgd``, 0.1 = ``all`` with the
@@ -144,14 +144,14 @@ def _arms(cfg: StickyConfig) -> tuple[list[_Arm], dict[float, str]]:
         if a == "sgd_tuned":
             continue
         mult = {"sgd": 1.0, "em": cfg.value_lr_mult, "em_closed_form": cfg.value_lr_mult}.get(a, cfg.control_mult)
-        out.append(_Arm(a, a, engine.arm_lrs(_ENGINE_ARM[a], cfg.lr, mult), mult))
-    out += [_Arm(f"em-x{m:g}", "em", engine.arm_lrs("em_like", cfg.lr, m), m) for m in cfg.sweep]
+        out.append(Arm(a, a, engine.arm_lrs(_ENGINE_ARM[a], cfg.lr, mult), mult))
+    out += [Arm(f"em-x{m:g}", "em", engine.arm_lrs("em_like", cfg.lr, m), m) for m in cfg.sweep]
     grid = {}
     if "sgd_tuned" in cfg.arms:
         for g in cfg.tuned_grid:
             same = next((a for a in out if a.arm != "em_closed_form" and a.lrs == (g,) * 4), None)
             if same is None:
-                same = _Arm(f"lr{g:g}", "sgd_grid", (g,) * 4)
+                same = Arm(f"lr{g:g}", "sgd_grid", (g,) * 4)
                 out.append(same)
             grid[g] = same.name
     return out, grid

@@ -12,7 +12,7 @@ from dyntool.cli import main
 from dyntool.sims import single_head as engine
 from dyntool.sims.diagnostics import routing_residual, step_record
 from dyntool.sims.frame_precision import describe_change, interval_measures
-from dyntool.sims.sticky import StickyConfig, _arms
+from dyntool.sims.sticky import StickyConfig, expand_arms
 from dyntool.sims.sticky_data import (HELDOUT_OFFSET, VALIDATION_OFFSET, generate, h_min, single_observation_entropy, stationary,
                                       transition_matrix)
 from tests.engine_fixtures import engine_state
@@ -47,7 +47,7 @@ def test_each_control_arm_scales_exactly_the_named_learning_rates():
     assert engine.arm_lrs("routing", lr, m) == (lr * m, lr * m, lr, lr)
     assert engine.arm_lrs("all", lr, m) == (lr * m,) * 4
     cfg = StickyConfig(arms=ARMS.split(","), tuned_grid=[0.01, 0.03, 0.1])
-    arms, grid = _arms(cfg)
+    arms, grid = expand_arms(cfg)
     by = {a.name: a.lrs for a in arms}
     assert by["routing"] == (0.1, 0.1, 0.01, 0.01) and by["readout"] == (0.01, 0.01, 0.01, 0.1)
     # grid points equal to an existing uniform arm reuse it instead of training twice
