@@ -58,3 +58,20 @@ def test_dyntool_has_no_import_loop():
     edges = {m: set(g.find_modules_directly_imported_by(m)) for m in g.modules}
     loops = strongly_connected(edges)
     assert loops == [], "import loops: " + "; ".join(" <-> ".join(sorted(c)) for c in loops)
+
+
+def test_no_private_name_is_imported_from_another_module():
+    """A name another module imports is public (and documented where it is defined): no
+    ``from .x import _name`` anywhere in dyntool."""
+    import ast
+    from pathlib import Path
+
+    import dyntool
+    root = Path(dyntool.__file__).parent
+    found = []
+    for p in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module != "__future__":
+                found += [f"{p.relative_to(root)}:{node.lineno} {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    assert found == [], found
