@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # A GPU session's measurements (issue 23), sized for one lent device's 15 minutes, in parts:
-#   tests    pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed)
+#   tests    pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed), the
+#            fused kernel in bf16 against float64, a compiled and a sync-checked recorded step
+#   fused    alone on the GPU: bench/gpu_fused_attention.py (issue 33's figures: fused vs flash SDPA
+#            and statistics on/off at T = 2048 / 4096 / 8192, bf16 accuracy, fullgraph compile)
 #   timing   alone on the GPU: gpu_check throughput (ARMS, recording off and every 50, vs the
 #            nanoGPT-style reference) and the recorder's cost at GPT-2 small's shape, T = 2048
 #   runs     two at a time on the GPU (so untimed): the gpu presets of wikitext_mhsa + span, ls +
 #            qknorm (3000 steps, or as far as RUN_S seconds allow), then ls_logits at T = 2048 (mhsa,
 #            ls); gpu_check parity, graph_breaks and resume beside the first wave
-#   bench/gpu_session.sh tests timing runs      # the parts in this order; results in $OUT/results.tgz
+#   bench/gpu_session.sh tests fused timing runs   # the parts in this order; results in $OUT/results.tgz
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
 # for a 600 s call), and the results are packed on exit, also when a limit or a signal ends it.
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
 # and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TP_S / RC_S (limits of
-# the two timed parts, default 200 / 200), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
+# the two timed parts, default 200 / 200), FU_S (the fused part's, default 150), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
 # the cheap tier).
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
@@ -42,6 +45,13 @@ NO_REC=""                     # set when recording on CUDA fails its test: the r
 part_tests() {
   timeout "$(left 90)" python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
   [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
+}
+
+part_fused() {
+  timeout "$(left ${FU_S:-150})" python3 bench/gpu_fused_attention.py --json $W/fused_attention.json \
+    > $W/fused_attention.log 2>&1
+  [ -f $W/fused_attention.json ] && cat $W/fused_attention.json || tail -n 20 $W/fused_attention.log
+  pack
 }
 
 part_timing() {
@@ -86,8 +96,8 @@ part_runs() {
 
 for part in "$@"; do
   case "$part" in
-    tests|timing|runs) echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; part_$part ;;
-    *) echo "usage: bench/gpu_session.sh [tests] [timing] [runs]" >&2; exit 2 ;;
+    tests|fused|timing|runs) echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; part_$part ;;
+    *) echo "usage: bench/gpu_session.sh [tests] [fused] [timing] [runs]" >&2; exit 2 ;;
   esac
 done
 ls -la "$OUT"
