@@ -128,8 +128,8 @@ def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
             first = next(iter(bad.values()))
             raise ExportError(f"run {run.id}: {len(bad)} array(s) can't be read ({', '.join(bad)}; {first}); "
                               "nothing exported (export the others with --arrays)")
-    elif _record_problem(run) and (arrays or not metrics):
-        raise ExportError(f"run {run.id}: {_record_problem(run)}; nothing exported")
+    elif (why := _record_problem(run)) and (arrays or not metrics):
+        raise ExportError(f"run {run.id}: {why}; nothing exported")
     if metrics:
         run.metrics
         bad_m = [p for p in run.file_problems if p.startswith("metrics.jsonl can't be read")

@@ -40,8 +40,10 @@ import torch
 
 from . import cheap_stats
 from . import fused_path
-from .observe import Fanout, Observer, Site
+from .capture import site_where
+from .observe import Fanout, Observer, Site, expand_kv
 from .record import metric_names as mn
+from .selfcheck import SelfCheckError, verify
 
 STATS = mn.CHEAP_TIER           # the statistics' names (= their metric bases), formulas in cheap_stats
 
@@ -61,9 +63,6 @@ class _Pending:
 def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
     """Empty rows of attention whose output is ``out_map(o)``: 0 or uniform, told by the self-check
     (:func:`dyntool.selfcheck.verify`, which also refuses an output it can't reproduce)."""
-    from .capture import site_where
-    from .observe import expand_kv
-    from .selfcheck import SelfCheckError, verify
     nh = p.q.shape[1]
     sinks = None if p.sinks is None else p.sinks.reshape(1, -1, 1, 1)
     try:

@@ -298,8 +298,7 @@ def study_summary(folder) -> dict:
     is none or it is not a JSON object (unreadable files are never raised here)."""
     where = location(folder)
     if is_url(where):
-        from .record.remote import read_remote_json
-        out = json_object(read_remote_json(where, "summary.json"), "summary.json", [])
+        out = json_object(Remote(where).get("summary.json"), "summary.json", [])
         return out if isinstance(out, dict) else {}
     p = where / "summary.json"
     try:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .. import safeio, stats
+from .. import stats
 from ..location import URLPath, is_url
 from ..run import study_summary
 from .registry import FigureSkip
@@ -30,22 +30,18 @@ def where(run) -> Path | URLPath:
 
 
 @lru_cache(maxsize=64)
-def _read_summary(path: str, mtime: float) -> dict:
-    try:
-        out = safeio.read_json(path)
-    except (OSError, ValueError):
-        return {}
-    return out if isinstance(out, dict) else {}
+def _read_summary(folder: str, mtime: float) -> dict:
+    return study_summary(folder)            # cached per file version: figures ask once per run
 
 
 def summary_of(run) -> dict:
-    """The ``summary.json`` of the study directory holding ``run`` ({} if none or unreadable); in
-    object storage through the same reader as ``dyntool info`` (:func:`dyntool.run.study_summary`)."""
-    if is_url(run.path):
-        return study_summary(where(run).parent)
-    p = Path(run.path).parent / "summary.json"
+    """The ``summary.json`` of the study directory holding ``run`` ({} if none or unreadable), read
+    by :func:`dyntool.run.study_summary` for a local folder and object storage alike."""
+    folder = where(run).parent
+    if is_url(folder):
+        return study_summary(folder)
     try:
-        return _read_summary(str(p), p.stat().st_mtime)
+        return _read_summary(str(folder), (folder / "summary.json").stat().st_mtime)
     except OSError:
         return {}
 

@@ -169,9 +169,3 @@ def find_remote_runs(url, max_depth: int = 3) -> list[URLPath]:
         raise RunError(f"runs directory {remote.url} does not exist (nothing is stored under it)")
     walk("", 0)
     return found
-
-
-def read_remote_json(url, name: str) -> bytes | None:
-    """The raw bytes of ``url/name`` (e.g. a study's summary.json), None if absent."""
-    return Remote(url).get(name)
-

@@ -70,7 +70,6 @@ def cleanup(info: DistInfo) -> None:
         import gc
         gc.collect()
         dist.destroy_process_group()
-        gc.collect()
 
 
 def barrier(info: DistInfo) -> None:

@@ -206,9 +206,24 @@ def group_grad_norms(groups: dict[str, list[torch.Tensor]]) -> dict[str, torch.T
             grads += gs
     if not grads:
         return {}
-    norms = torch.stack(torch._foreach_norm(grads)).float()               # (n_params,)
-    idx = _owner_index(tuple(owner), norms.device)
-    sq = torch.zeros(len(names), device=norms.device).index_add_(0, idx, norms * norms)
+    return reduce_group_norms(names, owner, torch.stack(torch._foreach_norm(grads)))   # (n_params,)
+
+
+def group_norms_of(groups: dict[str, list[torch.Tensor]], params: list, norms: torch.Tensor
+                   ) -> dict[str, torch.Tensor]:
+    """Per-group L2 norms from the per-parameter ``norms`` of ``params`` (each once, e.g. the norms
+    clipping computed), without a second norm pass.  Groups without a parameter are left out."""
+    owner = {id(p): g for g, ps in groups.items() for p in ps}
+    names = list(dict.fromkeys(owner[id(p)] for p in params))
+    pos = {g: i for i, g in enumerate(names)}
+    return reduce_group_norms(names, [pos[owner[id(p)]] for p in params], norms)
+
+
+def reduce_group_norms(names: list[str], owner: list[int], norms: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``names[g]`` -> √(Σ norms² over the parameters whose ``owner`` is g), on the device."""
+    n = norms.float()
+    idx = _owner_index(tuple(owner), n.device)
+    sq = torch.zeros(len(names), device=n.device).index_add_(0, idx, n * n)
     return dict(zip(names, sq.sqrt().unbind()))
 
 

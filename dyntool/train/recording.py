@@ -230,21 +230,8 @@ class RecordingCallback(Callback):
         """Per-group norms from the trainer's per-parameter norm pass (the one clipping uses)."""
         if not self._logged(step):
             return
-        idx, names = self._group_index(tuple(id(p) for p in params), norms.device)
-        sq = torch.zeros(len(names), dtype=torch.float32, device=norms.device)
-        sq.index_add_(0, idx, norms.float().square())
-        self._grad_norms(dict(zip(names, sq.sqrt().unbind())))
-
-    def _group_index(self, ids: tuple[int, ...], device) -> tuple[torch.Tensor, list[str]]:
-        """Parameter → group index on the device, made once per set of parameters with gradients
-        (a host list copied to a GPU every step would be a blocking copy)."""
-        key = (ids, str(device))
-        if getattr(self, "_gidx", (None,))[0] != key:
-            owner = {id(p): g for g, ps in self.groups.items() for p in ps}
-            names = [g for g in self.groups if any(id(p) in ids for p in self.groups[g])]
-            pos = {g: i for i, g in enumerate(names)}
-            self._gidx = (key, torch.tensor([pos[owner[i]] for i in ids], device=device), names)
-        return self._gidx[1], self._gidx[2]
+        from .gpt import group_norms_of
+        self._grad_norms(group_norms_of(self.groups, params, norms))
 
     @torch.no_grad()
     def _grad_norms(self, norms: dict) -> None:
@@ -260,8 +247,7 @@ class RecordingCallback(Callback):
             self._gn = (list(norms), t, ev)
 
     def _group_norms(self) -> dict:
-        from .gpt import group_grad_norms            # one fused norm kernel, not one per parameter
-        return group_grad_norms(self.groups)
+        raise NotImplementedError("per-group norms come from on_gradients; the FSDP callback overrides this")
 
     def on_step_end(self, step: int, metrics: dict) -> None:
         if self._lmax is not None:
