@@ -154,12 +154,7 @@ def _record(path: str) -> Path | None:
 def _reader(path: str, mark: int | None):
     """A StoreReader bounded at ``mark`` committed steps (None: at the marker it finds)."""
     if is_url(path):
-        from dyntool.record.object_store import Remote
-        from dyntool.record.remote import open_remote_record
-        try:
-            return open_remote_record(Remote(path), limit=mark)
-        except (RecordError, RunError) as e:
-            raise AppInputError(f"the recording can't be read: {e}") from None
+        return _open_remote(path, mark)
     rec = _record(path)
     if rec is None:
         return None
@@ -184,10 +179,20 @@ def marker(path: str) -> int:
     return r.steps_written if r is not None else 0
 
 
+def _open_remote(path: str, mark: int | None):
+    from dyntool.record.object_store import Remote
+    from dyntool.record.remote import open_remote_record
+    try:
+        return open_remote_record(Remote(path), limit=mark)
+    except (RecordError, RunError) as e:
+        raise AppInputError(f"the recording can't be read: {e}") from None
+
+
 @st.cache_data(max_entries=256, show_spinner=False)
 def _remote_marker(path: str, sig: tuple) -> int:
+    """The marker a remote run has now (opened afresh, not the cached reader: a live run grows)."""
     try:
-        r = _reader(path, None)
+        r = _open_remote(path, None)
     except AppInputError:
         return 0
     return r.steps_written if r is not None else 0

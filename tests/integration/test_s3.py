@@ -164,3 +164,23 @@ def test_bad_object_store_input_is_one_line_and_writes_nothing(s3, monkeypatch, 
     keys = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"], aws_secret_access_key=SECRET,
                         aws_access_key_id="testing").list_objects_v2(Bucket=BUCKET).get("Contents", [])
     assert not any(k["Key"].startswith("unreachable") for k in keys)
+
+
+def test_app_reads_a_live_remote_run_up_to_its_growing_marker(s3):
+    """The app's marker of an s3:// run follows the writer (its reader cache is bounded at a marker;
+    the marker itself is read afresh once its 3 s signature changes)."""
+    from tests.app.fixtures import load_app_package
+    data = load_app_package().data
+    url = f"s3://{BUCKET}/live-app"
+    run = RunWriter.create(url, "synthetic", {"n": 1}, name="r")
+    st = run.open_store(chunk_steps=1, flush_seconds=0)
+    for step in range(2):
+        st.append(step, _values(step))
+    st.flush()
+    assert data._remote_marker(f"{url}/r", ("t0",)) == 2
+    for step in range(2, 5):
+        st.append(step, _values(step))
+    st.flush()
+    assert data._remote_marker(f"{url}/r", ("t1",)) == 5            # a new 3 s window: the new marker
+    assert data.reader(f"{url}/r", 5).steps_written == 5
+    run.finish()
