@@ -22,7 +22,10 @@ attached (``attach``/``detach``; a :class:`dyntool.capture.Capture`, the per-ste
 or both): q, k, v, the output ``y`` (the tensor the forward consumes next, on which a capture puts
 a *tensor* hook to receive ``U = ∂L/∂y``), the mask and the scale.  With a replacement backward
 (``attend_fn``, the span variant) it says ``grads="applied"`` so the capture records the dQ, dK
-that really reach q and k.  No observer: one attribute test, nothing else.
+that really reach q and k.  No observer: one attribute test, nothing else.  Inside a compiled
+forward only ``observe_compiled(q, k)`` is called (the per-step logit statistic keeps q, k there).
+``fused_fn`` (set while a :class:`dyntool.flight.FlightRecorder` with the fused kernel is entered)
+replaces the attention itself: the kernel computes it and the cheap tier's statistics in one pass.
 """
 from __future__ import annotations
 
@@ -89,7 +92,9 @@ class AttentionCore(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, scale=scale, **self._sdpa_mask_args(T, q.device))
         else:
             y = self._flex(q, k, v, scale)
-        if cap is not None and not torch.compiler.is_compiling():
+        if cap is not None and torch.compiler.is_compiling():
+            cap.observe_compiled(q, k)
+        elif cap is not None:
             cap.observe(self.site(), q, k, v, y, self.allowed(T, q.device).unsqueeze(0), scale,
                         grads="standard" if self.attend_fn is None else "applied", scores=scores)
         return y

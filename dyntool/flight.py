@@ -106,6 +106,28 @@ class FlightRecorder(Observer):
         if hasattr(self.adapter, "fused"):          # Hugging Face: the dyntool_fused registry entry
             self.adapter.fused = bool(self._fused)
         self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, sinks?, grad scale)
+        self._token_sizes: dict = {}      # site -> the token's length for a compiled step (prepare)
+        self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
+
+    def prepare(self, batch: int, T: int) -> None:
+        """Make compiled steps of (batch, T) recordable: every site must be on the fused path of
+        dyntool's own attention (a compiled graph cannot hold the observer seam's Python work).
+        Reads each mask at length T now and, from then on, makes the kernel's token for each site
+        in :meth:`__enter__`, outside the graph.  One forward per ``with`` on a compiled step."""
+        bad = [fused_path.site_name(i, s) for i, s in enumerate(self.sites)
+               if not isinstance(self._fused.get(s), fused_path.FusedSite) or self._fused[s].failed]
+        if bad:
+            raise FlightError(f"a compiled step is recorded through the fused kernel of dyntool's attention only; "
+                              f"not on {', '.join(bad)} ({self.paths()[bad[0]]})")
+        try:
+            self._token_sizes = {s: fs.prepare(batch, T) for s, fs in self._fused.items()}
+        except ValueError as e:
+            raise FlightError(str(e)) from None
+
+    @property
+    def compilable(self) -> bool:
+        """:meth:`prepare` succeeded and no site fell back since: a compiled step can be recorded."""
+        return bool(self._token_sizes) and not any(fs.failed for fs in self._fused.values())
 
     def paths(self) -> dict[str, str]:
         """{site: "fused" | "eager: <reason>"}: the path each site's statistics take."""
@@ -118,6 +140,8 @@ class FlightRecorder(Observer):
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> "FlightRecorder":
+        for s, n in self._token_sizes.items():    # fresh tokens, made outside a compiled graph
+            self._fused[s].token = torch.zeros(n, device=self._device, requires_grad=True)
         self.adapter.attach(self)
         self._arm(True)
         self._attached = True
@@ -125,6 +149,8 @@ class FlightRecorder(Observer):
 
     def __exit__(self, *exc) -> None:
         self._arm(False)
+        for fs in self._fused.values():
+            fs.token = None
         self._drop_handles()
         if self._attached:
             self.adapter.detach()
@@ -151,6 +177,42 @@ class FlightRecorder(Observer):
             capture.__exit__(None, None, None)
             if hasattr(capture.adapter, "fused"):
                 capture.adapter.fused = False         # its handles and the adapter
+
+    @contextmanager
+    def logits(self):
+        """Only the per-step max |logit| of each head, from the fused kernel's forward statistics
+        (no observer, no backward statistics, nothing read): what a compiled step that records
+        no cheap tier still reports (``train.logit_stat = exact``).  Read with :meth:`logit_max`."""
+        for fs in self._fused.values():
+            fs.mode = "logits"
+        self._arm(True)
+        try:
+            yield self
+        finally:
+            self._arm(False)
+            for fs in self._fused.values():
+                fs.mode = "stats"
+
+    def logit_max(self) -> torch.Tensor:
+        """(L, nh) max |τ q·k| of the forwards run under :meth:`logits` since the last call (NaN
+        for a site that ran none); those forwards are consumed."""
+        per: dict = {}
+        keep = []
+        for call in self._calls:
+            if call[2] is not None:
+                keep.append(call)
+                continue
+            m = call[1][..., 2].amax(dim=(0, 2))                              # (H,)
+            per[call[0]] = m if call[0] not in per else torch.maximum(per[call[0]], m)
+        self._calls = keep
+        if not per:
+            raise FlightError("no attention ran through the fused kernel under FlightRecorder.logits()")
+        nh = max(m.shape[0] for m in per.values())
+        rows = [torch.full((nh,), float("nan"), device=self._device) for _ in self.sites]
+        for i, s in enumerate(self.sites):
+            if s in per:
+                rows[i][: per[s].shape[0]] = per[s]
+        return torch.stack(rows)
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
@@ -211,9 +273,10 @@ class FlightRecorder(Observer):
         """Statistics since the last :meth:`reset`: name -> (L, nh) tensor, rows in ``sites``
         order (NaN for a site that recorded nothing, e.g. a head count that differs)."""
         self._reduce_fused()
-        if self._pending or self._calls:
-            raise FlightError(f"{self._pending + len(self._calls)} attention output(s) never received their gradient: call "
-                              "backward() inside the recorder and run recording steps uncompiled")
+        waiting = self._pending + sum(c[2] is not None for c in self._calls)
+        if waiting:
+            raise FlightError(f"{waiting} attention output(s) never received their gradient: call backward() inside "
+                              "the recorder, and compile a recorded step only after FlightRecorder.prepare()")
         if not self._sums:
             raise FlightError("no attention ran with gradients inside the flight recorder")
         per = {s: self._sums[s].finish() for s in self.sites if s in self._sums}
@@ -234,9 +297,16 @@ class FlightRecorder(Observer):
     def _reduce_fused(self) -> None:
         """The fused sites' partial sums (forward's, and the backward's in each token's grad) → Sums."""
         from .kernels import stats as kstats
-        left = []
+        left, seen = [], set()
         for call in self._calls:
             site, fst, token, nkb, T, has_sinks, grad_scale = call
+            if token is None:               # a logits() forward: read by logit_max()
+                left.append(call)
+                continue
+            if id(token) in seen:           # its gradient would hold two forwards' partials, summed
+                raise FlightError("two forwards of one site inside one `with` of a compiled step: "
+                                  "enter the flight recorder once per forward")
+            seen.add(id(token))
             if token.grad is None:          # no backward yet: counted as pending in result()
                 left.append(call)
                 continue

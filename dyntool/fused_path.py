@@ -110,19 +110,30 @@ def sites_for(adapter, paths: dict, on_call, kernel: str = "fused") -> dict:
 
 
 class _Fused:
-    """What every fused site does per forward: skip evaluation forwards, hand the kernel a fresh
-    token, keep (partials, token) through ``on_call``, and remember the output it made (``last``:
-    the recorder's observer then knows this output needs no eager reduction)."""
+    """What every fused site does per forward: skip evaluation forwards, hand the kernel a token,
+    keep (partials, token) through ``on_call``, and remember the output it made (``last``: the
+    recorder's observer then knows this output needs no eager reduction).
+
+    Eager, each forward gets a fresh token.  A compiled step cannot make a leaf tensor inside its
+    graph, so there the token is made before the step (``token``, set by the flight recorder from
+    :meth:`FusedSite.prepare`'s size) and read as a graph input; ``mode = "logits"`` runs the kernel
+    with its forward statistics only (no token: the per-step max |logit| of a compiled step)."""
 
     def __init__(self, target, on_call, fallback: bool):
         self.target, self.on_call, self.fallback = target, on_call, fallback
         self.last, self.failed = None, None
+        self.token: torch.Tensor | None = None
+        self.mode = "stats"
 
     def run(self, q, k, v, has_sinks=False, **kw):
         if self.failed or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return None                        # an evaluation forward: the model's own attention
         from .kernels import op
-        token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+        if torch.compiler.is_compiling():
+            return self._run_compiled(op, q, k, v, has_sinks, kw)
+        token = None
+        if self.mode == "stats":
+            token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
         try:
             y, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
         except Exception as e:                  # noqa: BLE001  auto: never fail a step for the kernel
@@ -137,6 +148,15 @@ class _Fused:
         self.last = id(y)
         return y
 
+    def _run_compiled(self, op, q, k, v, has_sinks, kw):
+        token = self.token if self.mode == "stats" else None
+        if self.mode == "stats" and (token is None or token.numel() != op.bwd_stats_size(q, k)):
+            raise ValueError(f"record.kernel: a compiled step of shape {tuple(q.shape)} needs "
+                             "FlightRecorder.prepare(batch, T) with that batch and length first")
+        y, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
+        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], has_sinks)
+        return y
+
 
 class FusedSite(_Fused):
     """One ``AttentionCore`` (dyntool's GPT): causal / window per head read off its mask."""
@@ -149,16 +169,26 @@ class FusedSite(_Fused):
     def arm(self, on: bool) -> None:
         self.core.fused_fn = self if on else None
 
-    def __call__(self, core, q, k, v, scale):
-        T = q.shape[-2]
+    def prepare(self, batch: int, T: int) -> int:
+        """Read the mask at length T now (a compiled step cannot: it is a host read) and return the
+        token's length for a (batch, T) forward."""
+        from .kernels import op
+        self._spec(T)
+        return op.stats_numel(batch, self.core.n_head, T, T)
+
+    def _spec(self, T: int):
         spec = self._specs.get(T)
         if spec is None:
-            spec = self._specs[T] = mask_spec(core.mask, core.n_head, T)
+            if torch.compiler.is_compiling():
+                raise ValueError(f"record.kernel: a compiled step at T={T} needs FlightRecorder.prepare(batch, {T}) first")
+            spec = self._specs[T] = mask_spec(self.core.mask, self.core.n_head, T)
         if isinstance(spec, str):
-            raise ValueError(f"record.kernel=fused: layer {core.layer_index}: {spec} at T={T}")
-        causal, windows = spec
-        y = self.run(q, k, v, causal=causal, window=windows, scale=scale)
-        return y
+            raise ValueError(f"record.kernel=fused: layer {self.core.layer_index}: {spec} at T={T}")
+        return spec
+
+    def __call__(self, core, q, k, v, scale):
+        causal, windows = self._spec(q.shape[-2])
+        return self.run(q, k, v, causal=causal, window=windows, scale=scale)
 
 
 class SDPAFusedSite(_Fused):

@@ -59,6 +59,10 @@ class Observer:
                 grads: str = "standard", scores: torch.Tensor | None = None, **modifiers) -> None:
         raise NotImplementedError
 
+    def observe_compiled(self, q: torch.Tensor, k: torch.Tensor) -> None:
+        """Inside a ``torch.compile``d forward only this is called (a graph keeps no Python work
+        but attribute stores): observers that need nothing else may keep q, k here."""
+
 
 def expand_kv(t: torch.Tensor, n_head: int) -> torch.Tensor:
     """(B, nh_kv, T, d) → (B, nh, T, d) with query head h reading kv head h // (nh / nh_kv)."""
@@ -141,6 +145,10 @@ class Fanout(Observer):
         for o in self.observers:
             o.observe(site, *args, **kw)
 
+    def observe_compiled(self, q, k) -> None:
+        for o in self.observers:
+            o.observe_compiled(q, k)
+
 
 class KeepQK(Observer):
     """Forward-only: keeps a detached *reference* (no copy) to the last q, k of one site, for
@@ -153,6 +161,9 @@ class KeepQK(Observer):
                 **modifiers):
         self.q, self.k = q.detach(), expand_kv(k.detach(), q.shape[1])
         self.allowed, self.scale = allowed, scale
+
+    def observe_compiled(self, q, k) -> None:       # a compiled step's logit statistic
+        self.q, self.k = q.detach(), expand_kv(k.detach(), q.shape[1])
 
     def last(self):
         return None if self.q is None else (self.q, self.k)

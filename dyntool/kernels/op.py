@@ -41,8 +41,15 @@ def n_blocks(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
 
 def bwd_stats_size(q: torch.Tensor, k: torch.Tensor) -> int:
     """Length of the backward partials (and of the token): per (b, h), nQB·(2 + 3) + nKB·4."""
-    nqb, nkb = n_blocks(q, k)
-    return q.shape[0] * q.shape[1] * (nqb * (bw.N_PRE_STATS + bw.N_DQ_STATS) + nkb * bw.N_DKV_STATS)
+    return stats_numel(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+def stats_numel(B: int, H: int, T: int, Tk: int) -> int:
+    """:func:`bwd_stats_size` from the shapes (a token made before a compiled step: no q, k yet).
+    The block sizes do not depend on the head dimension, only D_PAD does."""
+    bm, bn, _ = blocks(16)
+    nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
+    return B * H * (nqb * (bw.N_PRE_STATS + bw.N_DQ_STATS) + nkb * bw.N_DKV_STATS)
 
 
 def _flags(q, km, slopes, win, causal, softcap, stats):

@@ -125,9 +125,40 @@ class RecordingCallback(Callback):
         self.groups = model.grad_groups()
         self.cores = [blk.attn.core for blk in model.h]
         model.track_qk(cfg.train.logit_stat != "off")
+        self.logit_tap: FlightRecorder | None = None
+        if cfg.train.compile:
+            self.run.update_meta(compiled_steps=self._prepare_compiled(model))
+
+    def _prepare_compiled(self, model) -> dict:
+        """How compiled steps record (kept in meta as ``compiled_steps``): the cheap tier through the
+        fused kernel when every site takes it (else its steps run eager), and the per-step
+        max |logit| from the kernel's forward statistics, or from the q, k the compiled graph hands
+        out (one QKᵀ pass after the forward, as on eager steps)."""
+        from ..flight import FlightError
+        d, rc, how = self.cfg.data, self.cfg.record, {}
+        if self.flight is not None:
+            try:
+                self.flight.prepare(d.batch_size, d.block_size)
+                how["cheap_tier"] = "compiled, fused kernel"
+            except FlightError as e:
+                how["cheap_tier"] = f"eager steps ({e})"
+        stat = self.cfg.train.logit_stat
+        if stat == "exact":
+            tap = self.flight if self.flight is not None and self.flight.compilable else None
+            if tap is None and self.flight is None and rc.kernel != "eager":
+                try:                        # a recorder of the kernel's forward statistics only
+                    tap = FlightRecorder(model, kernel=rc.kernel)
+                    tap.prepare(d.batch_size, d.block_size)
+                except FlightError:
+                    tap = None
+            self.logit_tap = tap
+        if stat != "off":
+            how["logit_stat"] = (f"{stat}, fused kernel's forward statistics" if self.logit_tap is not None
+                                 else f"{stat}, from the q, k the compiled graph returns")
+        return how
 
     def wants_eager(self, step: int) -> bool:
-        if self.flight is not None and cheap_wants(self.cfg.record, step):
+        if self.flight is not None and cheap_wants(self.cfg.record, step) and not self.flight.compilable:
             return True                     # the observer seam is skipped inside compiled code
         return self.rec is not None and self.rec.wants(step)
 
@@ -164,12 +195,16 @@ class RecordingCallback(Callback):
         if rec is not None and self.cfg.record.batch == "train" and micro == 0 and rec.wants(step):
             cap = rec.capture(tr.raw, grad_scale=tr.grad_scale)
         flight = self.flight if self.flight is not None and cheap_wants(self.cfg.record, step) else None
+        # a compiled step without the cheap tier: the max |logit| from the kernel's forward
+        tap = self.logit_tap if flight is None and getattr(tr, "step_compiled", False) else None
         try:
-            with cap if cap is not None else nullcontext(), flight if flight is not None else nullcontext():
+            with cap if cap is not None else nullcontext(), flight if flight is not None else nullcontext(), \
+                    tap.logits() if tap is not None else nullcontext():
                 yield
         except BaseException:
-            if flight is not None:
-                flight.reset()
+            for f in (flight, tap):
+                if f is not None:
+                    f.reset()
             raise
         if cap is not None:
             qs = rec.record_capture(step, cap, grad_scale=tr.grad_scale)
@@ -177,9 +212,12 @@ class RecordingCallback(Callback):
         # the exact logit statistic is the cheap tier's logit_max when that sees every sequence:
         # one QKᵀ pass, not two
         covered = flight is not None and not self.cfg.record.cheap_seqs and self.cfg.train.logit_stat == "exact"
-        if covered:
+        if covered or tap is not None:
             for blk in tr.raw.h:
                 blk.clear_qk()
+            if tap is not None:
+                lm = tap.logit_max().float()
+                self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
         else:
             self._logit_stat()
         if flight is not None and micro == self.cfg.optim.accum - 1:
@@ -206,8 +244,8 @@ class RecordingCallback(Callback):
         rows = []
         for blk, core in zip(self.trainer.raw.h, self.cores):
             qk = blk.last_qk()
-            if qk is None:                  # e.g. a compiled step whose hooks did not run
-                return
+            if qk is None:                  # the observer was not fed: a bug, never a silent gap
+                raise RuntimeError(f"train.logit_stat={how}: layer {core.layer_index} handed out no q, k this step")
             q, k = qk
             scale = 1.0 / math.sqrt(q.shape[-1])
             if how == "exact":

@@ -9,7 +9,8 @@ The loop knows nothing about recording or logging: it calls, in list order,
 - ``on_eval(step, metrics)`` after a validation of the model after ``step`` steps (its keys are
   also in row ``step``'s metrics; for the state after the last step, which has no training row,
   ``on_final_state(step, metrics)`` follows, and the metrics logger writes a row of its own);
-- ``wants_eager(step)``: True makes the step run on the uncompiled model (hooks need eager).
+- ``wants_eager(step)``: True makes the step run on the uncompiled model (hooks need eager);
+  ``trainer.step_compiled`` then says, during the step, which model it runs on.
 
 Training: AdamW (decay on 2-D weights) with linear warmup + cosine decay, global-norm clipping,
 gradient accumulation (loss / accum), bf16 autocast on CUDA, optional ``torch.compile``, DDP.
@@ -131,6 +132,7 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.model = DDP(model, device_ids=ids)
         self.compiled = torch.compile(self.model) if cfg.train.compile else None
+        self.step_compiled = False
         o = cfg.optim
         fused = self.device.type == "cuda"
         self.opt = torch.optim.AdamW(model.param_groups(o.weight_decay), lr=o.lr,
@@ -188,6 +190,7 @@ class Trainer:
     def train_step(self, step: int) -> dict:
         cfg, accum = self.cfg, self.cfg.optim.accum
         eager = self.compiled is None or any(cb.wants_eager(step) for cb in self.callbacks)
+        self.step_compiled = not eager                      # callbacks read it (recording.py)
         net = self.model if eager else self.compiled
         loss_sum = 0.0
         for micro in range(accum):

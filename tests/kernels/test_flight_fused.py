@@ -113,3 +113,48 @@ def test_auto_falls_back_to_eager_when_the_kernel_fails(monkeypatch):
     assert set(flight.paths().values()) == {"eager: the fused kernel failed (RuntimeError: no kernel today)"}
     for n in want:
         torch.testing.assert_close(got[n], want[n], rtol=0, atol=0)
+
+
+def test_compiled_step_equals_eager_step():
+    """A ``torch.compile(fullgraph=True)``d step (aot_eager here: the interpreter's launches run
+    as they are) after ``prepare``: the same statistics, logit maxima and gradients, bit for bit,
+    as the eager step; micro-steps add up the same way."""
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V, (3, T), generator=g), torch.randint(0, V, (3, T), generator=g)
+    got = {}
+    for mode in ("eager", "compiled"):
+        m = gpt("ls")                                      # local + global heads: two windows
+        flight = FlightRecorder(m, kernel="fused")
+        flight.prepare(3, T)
+        net = m if mode == "eager" else torch.compile(m, fullgraph=True, backend="aot_eager")
+        for _ in range(2):
+            with flight:
+                net(x, y)[1].backward()
+        res = flight.result()
+        with flight.logits():
+            net(x, y)
+        got[mode] = (res, flight.logit_max(), {n: p.grad.clone() for n, p in m.named_parameters()})
+    torch._dynamo.reset()
+    (ra, la, ga), (rb, lb, gb) = got["eager"], got["compiled"]
+    assert ra.keys() == rb.keys() and len(ra) >= 10 and set(ra) <= set(STATS)
+    for n in ra:
+        assert torch.equal(ra[n], rb[n]), n
+    assert torch.equal(la, lb) and torch.equal(la, ra["logit_max"])    # one forward's max = the step's
+    for n in ga:
+        assert torch.equal(ga[n], gb[n]), n
+
+
+def test_compiled_step_refusals():
+    """Compiled recording needs every site on the kernel (span: eager) and one forward per ``with``."""
+    with pytest.raises(FlightError, match="fused kernel of dyntool's attention only; not on L0"):
+        FlightRecorder(gpt("span"), kernel="auto").prepare(3, T)
+    m = gpt()
+    flight = FlightRecorder(m, kernel="fused")
+    flight.prepare(3, T)
+    x = torch.randint(0, V, (3, T))
+    net = torch.compile(m, fullgraph=True, backend="aot_eager")
+    with flight:
+        (net(x, x)[1] + net(x, x)[1]).backward()
+    torch._dynamo.reset()
+    with pytest.raises(FlightError, match="two forwards of one site"):
+        flight.result()

@@ -66,3 +66,70 @@ def test_run_recorder_kernel_option(tmp_path):
     for key, val in got["eager"].items():
         if "/L" in key:
             assert abs(got["fused"][key] - val) <= 1e-5 * max(1.0, abs(val)), key
+
+
+def _compiling(monkeypatch, graphs: list):
+    """``train.compile`` with aot_eager (no C++ toolchain, the interpreter's launches run as they
+    are) and ``fullgraph=True``, so a graph break fails the test; ``graphs`` counts compilations."""
+    inner = torch._dynamo.lookup_backend("aot_eager")
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return inner(gm, example_inputs)
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real(model, fullgraph=True, backend=counting))
+
+
+def test_compiled_steps_record_through_the_kernel(tmp_path, monkeypatch):
+    """``train.compile`` with the cheap tier every 2nd step: recorded steps stay compiled (one
+    graph with the kernel and its statistics, one without, one for the logits-only steps), and
+    every row has the same statistics as an uncompiled run, the max |logit| of every step included
+    (from the kernel's forward on the steps without the cheap tier)."""
+    common = ("--max-steps", "4", "--record.every=0", "--record.cheap_every=2", "--train.final_eval=off",
+              "--train.eval_every=0", "--model.backend=sdpa", "--record.kernel=fused")
+    rc, plain = train(tmp_path, *common, name="plain")
+    assert rc == 0
+    graphs: list = []
+    _compiling(monkeypatch, graphs)
+    rc, comp = train(tmp_path, *common, "--train.compile=true", name="compiled")
+    assert rc == 0
+    torch._dynamo.reset()
+    # two graphs, both through the kernel: the cheap tier's (token in, statistics out) and the
+    # logits-only one; none per step
+    assert len(graphs) == 2 and all("dyntool.attn_fwd" in g.code for g in graphs)
+    assert sum("token" in g.code for g in graphs) == 1, [g.code for g in graphs]
+    meta = json.loads((comp / "meta.json").read_text())
+    assert meta["compiled_steps"] == {"cheap_tier": "compiled, fused kernel",
+                                      "logit_stat": "exact, fused kernel's forward statistics"}
+    a, b = rows(comp), rows(plain)
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3]
+    for ra, rb in zip(a, b):
+        assert set(ra) == set(rb)
+        assert mn.head(mn.LOGIT_MAX, 1, 1) in ra and (mn.head("column_entropy", 0, 0) in ra) == (ra["step"] % 2 == 0)
+        for key, val in rb.items():
+            if key.split("/")[0] in mn.CHEAP_TIER or key.startswith("logit_max") or key in ("loss", "grad_norm"):
+                assert abs(ra[key] - val) <= 1e-4 * max(1.0, abs(val)), key
+
+
+def test_compiled_logit_stat_without_the_kernel(tmp_path, monkeypatch):
+    """record.kernel=eager: a compiled step's max |logit| comes from the q, k the graph hands out
+    (it used to be silently absent), equal to the uncompiled run's."""
+    common = ("--max-steps", "3", "--record.every=0", "--record.cheap_every=0", "--train.final_eval=off",
+              "--train.eval_every=0", "--record.kernel=eager")
+    rc, plain = train(tmp_path, *common, name="plain")
+    assert rc == 0
+    graphs: list = []
+    _compiling(monkeypatch, graphs)
+    for stat in ("exact", "bound"):
+        rc, comp = train(tmp_path, *common, "--train.compile=true", f"--train.logit_stat={stat}", name=stat)
+        assert rc == 0
+        torch._dynamo.reset()
+        assert json.loads((comp / "meta.json").read_text())["compiled_steps"] == {
+            "logit_stat": f"{stat}, from the q, k the compiled graph returns"}
+        for ra, rb in zip(rows(comp), rows(plain)):
+            assert mn.LOGIT_MAX in ra
+            if stat == "exact":
+                assert abs(ra[mn.LOGIT_MAX] - rb[mn.LOGIT_MAX]) <= 1e-5 * rb[mn.LOGIT_MAX]
+            else:
+                assert ra[mn.LOGIT_MAX] >= rb[mn.LOGIT_MAX] * (1 - 1e-6)      # an upper bound
+    assert graphs
