@@ -110,7 +110,7 @@ class TrainLoopConfig:
     # (the old true/false still load: true = full).  dyntool/train/final_eval.py
     final_eval: str = "auto"
     dtype: str = "auto"             # auto (bf16 autocast on CUDA, float32 on CPU) | float32 | float64 | bfloat16
-    compile: bool = False           # torch.compile for non-recording steps (CUDA; eager reference kept)
+    compile: bool = False           # torch.compile; full-tier steps run eager, cheap-tier steps too unless fused
     logit_stat: str = "exact"       # per-step max|logit|: exact | bound | off (see recording.py)
     log_every: int = 1              # metrics row every N steps (recording steps always)
     threads: NonNegInt = 0          # torch.set_num_threads (0 = leave)

@@ -128,3 +128,49 @@ def test_recorded_training_step_makes_no_host_sync():
             finally:
                 torch.cuda.set_sync_debug_mode("default")
     assert torch.isfinite(flight.result()["attn_entropy"]).all()
+
+
+def test_compiled_recorded_step_equals_eager_and_makes_no_host_sync():
+    """dyntool's GPT compiled whole (inductor, fullgraph) with the cheap tier through the kernel
+    (``FlightRecorder.prepare``): no host sync inside the step once compiled, and the statistics
+    and gradients of the eager step (fp32: inductor may reorder the model's own sums)."""
+    from dyntool.flight import FlightRecorder
+    from tests.kernels.test_flight_fused import V, gpt
+    x = torch.randint(0, V, (3, 20), device=DEV)
+    got = []
+    for compiled in (False, True):
+        m = gpt("ls", n_local=1, n_global=1, window=6).to(DEV)
+        flight = FlightRecorder(m, kernel="fused")
+        flight.prepare(3, 20)
+        net = torch.compile(m, fullgraph=True) if compiled else m
+        for sync_check in (False, True):                 # the first step compiles and builds caches
+            m.zero_grad()
+            with flight:
+                if sync_check and compiled:
+                    torch.cuda.set_sync_debug_mode("error")
+                try:
+                    net(x, x)[1].backward()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            res = flight.result()
+        got.append((res, {n: p.grad for n, p in m.named_parameters()}))
+    torch._dynamo.reset()
+    (ra, ga), (rb, gb) = got
+    for n in ra:
+        torch.testing.assert_close(rb[n], ra[n], rtol=1e-4, atol=1e-6, msg=n)
+    for n in ga:
+        torch.testing.assert_close(gb[n], ga[n], rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_compiled_training_records_every_step(tmp_path):
+    """``dyntool train --train.compile=true`` on CUDA: the cheap tier's steps compiled through the
+    kernel (meta says so) and every row has the statistics and the max |logit|."""
+    import json
+
+    from tests.integration.test_train import rows, train
+    rc, path = train(tmp_path, "--max-steps", "4", "--record.every=0", "--record.cheap_every=2",
+                     "--train.final_eval=off", "--train.eval_every=0", "--train.compile=true", "--device=cuda")
+    assert rc == 0
+    assert json.loads((path / "meta.json").read_text())["compiled_steps"]["cheap_tier"] == "compiled, fused kernel"
+    for r in rows(path):
+        assert "logit_max" in r and ("attn_entropy/L0H0" in r) == (r["step"] % 2 == 0)
