@@ -1,29 +1,34 @@
 """What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
 
-    python bench/gpu_recorder_cost.py [--T 2048] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full]
+    python bench/gpu_recorder_cost.py [--T 2048,8192] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full]
                                       [--json FILE]     # part B first; the JSON is written after each part
+    python bench/gpu_recorder_cost.py --smoke           # CPU: part A's code path, tiny, under TRITON_INTERPRET=1
 
 A. (second) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
-   paired per-round ratios) of one training step (forward + backward + fused AdamW, bf16 autocast)
-   of dyntool's GPT at 12 layers × 12 heads × 768, T = 2048, vocabulary 50,257:
-   ``off_eager``, ``off_compiled`` (torch.compile; what a run without recording executes) and
-   ``cheap_eager*`` (the cheap tier, :class:`dyntool.flight.FlightRecorder`, on every step, its
-   statistics read: the trainer runs such steps eager, since the observer seam is skipped inside
-   compiled code) with query-row blocks of ``record.max_block_mib`` = 64 (the default), 1024 and 4096.  Each arm's time ends with ``torch.cuda.synchronize()``.
+   paired per-round ratios) of one training step as the trainer takes it (forward under bf16
+   autocast, backward outside it, fused AdamW) of dyntool's GPT at 12 layers × 12 heads × 768,
+   vocabulary 50,257, at each ``--T`` (default 2048 and 8192): ``off_compiled_flash`` (torch.compile,
+   ``sdpa_kernel(FLASH_ATTENTION)``: a step without recording), ``cheap_fused_compiled`` (the cheap
+   tier on every step through the fused kernel, compiled: ``FlightRecorder.prepare``), and at the
+   first T also ``off_eager``, ``cheap_fused_eager`` and ``cheap_eager`` (the eager reduction at
+   ``record.max_block_mib`` = 64).  Every recorded arm reads its statistics each step (the host sync
+   the trainer pays at a logging step).  Each arm's time ends with ``torch.cuda.synchronize()``.
 B. (first) The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
    eager, the cheap tier on every step), recording ``record.heads`` on a 1-sequence probe every
    10th step, streamed in blocks of ``record.max_block_mib``: the recorded steps' time against the
    median of the others, in the same run.
-Needs CUDA (it exits 2 without).
+Needs CUDA (it exits 2 without), except ``--smoke`` (no timing reported: it checks the code path).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -43,56 +48,74 @@ VOCAB = 50257
 SHAPE = dict(n_layer=12, n_head=12, n_embd=768)
 
 
-def step_arm(model, batch, flight=None):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+SMOKE = False       # --smoke: the CPU, a tiny model, aot_eager, no autocast, no flash
+
+
+def compiled(model):
+    return torch.compile(model, backend="aot_eager", fullgraph=True) if SMOKE else torch.compile(model)
+
+
+def step_arm(model, batch, flight=None, flash=False):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=not SMOKE)
+    flash = flash and not SMOKE
 
     def run(n):
         for _ in range(n):
-            with torch.autocast("cuda", torch.bfloat16):
-                if flight is None:
-                    loss = model(*batch)[1]
+            with flight if flight is not None else nullcontext():
+                with sdpa_kernel(SDPBackend.FLASH_ATTENTION) if flash else nullcontext():
+                    with torch.autocast("cuda", torch.bfloat16, enabled=not SMOKE):   # the trainer's: forward only
+                        loss = model(*batch)[1]
                     loss.backward()
-                else:
-                    with flight:
-                        model(*batch)[1].backward()
-                    flight.metrics()                     # the host sync the trainer pays
-                    flight.reset()
+            if flight is not None:
+                flight.metrics()                     # the host sync the trainer pays
+                flight.reset()
             opt.step()
             opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        if not SMOKE:
+            torch.cuda.synchronize()
     return run
 
 
-def bench_cheap(T: int, B: int, reps: int, steps: int, profile: bool = False) -> dict:
-    dev = torch.device("cuda")
+def bench_cheap(T: int, B: int, reps: int, steps: int, profile: bool = False, eager_arms: bool = True) -> dict:
+    dev = torch.device("cpu" if SMOKE else "cuda")
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (B, T), generator=g).to(dev)
     batch = (x, torch.roll(x, -1, 1))
+    names = ["off_compiled_flash", "cheap_fused_compiled"] + \
+        (["off_eager", "cheap_fused_eager", "cheap_eager"] if eager_arms else [])
     models = {}
-    budgets = {"cheap_eager": 64, "cheap_eager_1g": 1024, "cheap_eager_4g": 4096}   # record.max_block_mib
-    for name in ("off_eager", "off_compiled", *budgets):
+    for name in names:
         torch.manual_seed(0)
-        models[name] = GPT(ModelConfig(attention="mhsa", **SHAPE), VOCAB, T, device_type="cuda").to(dev)
-    compiled = torch.compile(models["off_compiled"])
-    arms = {"off_eager": step_arm(models["off_eager"], batch),
-            "off_compiled": step_arm(compiled, batch),
-            **{n: step_arm(models[n], batch, FlightRecorder(models[n], max_block_mib=mib)) for n, mib in budgets.items()}}
-    torch.cuda.reset_peak_memory_stats(dev)
+        models[name] = GPT(ModelConfig(attention="mhsa", **SHAPE), VOCAB, T, device_type=dev.type).to(dev)
+    fused = FlightRecorder(models["cheap_fused_compiled"], kernel="fused")
+    fused.prepare(B, T)
+    arms = {"off_compiled_flash": step_arm(compiled(models["off_compiled_flash"]), batch, flash=True),
+            "cheap_fused_compiled": step_arm(compiled(models["cheap_fused_compiled"]), batch, fused)}
+    if eager_arms:
+        arms.update(off_eager=step_arm(models["off_eager"], batch),
+                    cheap_fused_eager=step_arm(models["cheap_fused_eager"], batch,
+                                               FlightRecorder(models["cheap_fused_eager"], kernel="fused")),
+                    cheap_eager=step_arm(models["cheap_eager"], batch,
+                                         FlightRecorder(models["cheap_eager"], kernel="eager", max_block_mib=64)))
+    if not SMOKE:
+        torch.cuda.reset_peak_memory_stats(dev)
     t = interleave(arms, reps, steps)
     if profile:                                  # where the cheap tier's time goes, kernel by kernel
         from torch.profiler import ProfilerActivity, profile as prof
         with prof(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
-            arms["cheap_eager"](2)
+            arms["cheap_fused_compiled"](2)
         print(pr.key_averages().table(sort_by="cuda_time_total", row_limit=25), flush=True)
-        print(pr.key_averages().table(sort_by="cpu_time_total", row_limit=12), flush=True)
     med = {n: statistics.median(v) for n, v in t.items()}
-    return {"shape": f"dyntool GPT mhsa L=12 nh=12 C=768 B={B} T={T} V={VOCAB}, bf16 autocast, fused AdamW",
+    recorded = [n for n in names if n.startswith("cheap")]
+    torch._dynamo.reset()
+    return {"shape": f"dyntool GPT mhsa L=12 nh=12 C=768 B={B} T={T} V={VOCAB}, bf16 autocast (forward), fused AdamW",
             "step_ms": {n: s * 1e3 for n, s in med.items()},
             "tokens_per_s": {n: B * T / s for n, s in med.items()},
-            "max_block_mib": budgets,
-            **{f"{n}_over_off_eager": ratio(t, n, "off_eager") for n in budgets},
-            **{f"{n}_over_off_compiled": ratio(t, n, "off_compiled") for n in budgets},
-            "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30}
+            "attention_paths": fused.paths(),
+            **{f"{n}_over_off_compiled_flash": ratio(t, n, "off_compiled_flash") for n in recorded},
+            **({f"{n}_over_off_eager": ratio(t, n, "off_eager") for n in recorded} if eager_arms else {}),
+            "peak_mem_gib": None if SMOKE else torch.cuda.max_memory_allocated(dev) / 2**30}
 
 
 def bench_full(T: int, heads: str, data: str | None, device: str = "cuda") -> dict:
@@ -118,7 +141,7 @@ def bench_full(T: int, heads: str, data: str | None, device: str = "cuda") -> di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", type=int, default=2048)
+    p.add_argument("--T", default="2048,8192", help="comma-separated lengths of part A; part B at the first")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=5)
@@ -127,7 +150,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="print the CUDA kernels of two cheap-tier steps")
     p.add_argument("--only-full", action="store_true", help="part B only")
     p.add_argument("--json", default=None)
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, interpreter: the code path only")
     a = p.parse_args(argv)
+    if a.smoke:
+        return smoke()
     if not torch.cuda.is_available():
         print("gpu_recorder_cost: needs a CUDA device", file=sys.stderr)
         return 2
@@ -138,13 +164,28 @@ def main(argv=None) -> int:
         res["seconds"] = time.perf_counter() - t0
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))
-    res["full"] = bench_full(a.T, a.heads, a.data)          # first: it was never measured
+    lengths = [int(t) for t in str(a.T).split(",")]
+    res["full"] = bench_full(lengths[0], a.heads, a.data)          # first: it was never measured
     print(json.dumps(res["full"], indent=1), flush=True)
     save()
     if not a.only_full:
-        res["cheap"] = bench_cheap(a.T, a.batch, a.reps, a.steps, a.profile)
-        print(json.dumps(res["cheap"], indent=1), flush=True)
-        save()
+        for i, T in enumerate(lengths):
+            res[f"cheap_T{T}"] = bench_cheap(T, a.batch, a.reps, a.steps, a.profile and i == 0, eager_arms=i == 0)
+            print(json.dumps(res[f"cheap_T{T}"], indent=1), flush=True)
+            save()
+    return 0
+
+
+def smoke() -> int:
+    """Part A's arms on the CPU at a tiny shape (the kernel under TRITON_INTERPRET=1): the code a
+    GPU session runs, checked without one.  Prints no timing."""
+    global SMOKE, VOCAB, SHAPE
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        print("gpu_recorder_cost --smoke: set TRITON_INTERPRET=1 (before triton is imported)", file=sys.stderr)
+        return 2
+    SMOKE, VOCAB, SHAPE = True, 40, dict(n_layer=2, n_head=2, n_embd=32)
+    out = bench_cheap(20, 2, reps=1, steps=1)
+    print("smoke ok:", sorted(out["step_ms"]), out["attention_paths"])
     return 0
 
 
