@@ -4,6 +4,7 @@ command module, so no command module imports the package that imports it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 
 from ..errors import ConfigError
@@ -74,3 +75,16 @@ def common_output_options(p: argparse.ArgumentParser, out_default: str | None, w
     p.add_argument("--tag", action="append", default=[], metavar="TAG",
                    help="label stored in meta.json (repeatable); the app filters by it")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+@contextlib.contextmanager
+def restart_hint(out: str):
+    """A simulation stopped by Ctrl-C says what is kept and how to go on (the message the CLI prints
+    after "interrupted;"): simulations keep no checkpoint, so the same command starts again."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if getattr(e, "next_step", None) is None:
+            e.next_step = (f"see it with: dyntool ls {out}; a simulation keeps no checkpoint, so the same "
+                           "command starts it again, into a new folder")
+        raise

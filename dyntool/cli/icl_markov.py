@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import os
 
-from .common import add_n_seeds, common_output_options, config_option, config_values
+from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
 
 SCHEMA = "dyntool.sims.icl_markov_config:ICLMarkovConfig"
 
@@ -14,7 +14,8 @@ def cmd_icl_markov(args) -> int:
     from ..sims.icl_markov_config import ICLMarkovConfig
     from ..sims.icl_markov_study import run_study, table
     cfg = config.load(ICLMarkovConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    with restart_hint(args.out):
+        study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(table(json.loads((study / "summary.json").read_text())))
     print(f"study written to {study}")
     return 0

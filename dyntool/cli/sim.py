@@ -5,7 +5,7 @@ import json
 import os
 import warnings
 
-from .common import add_n_seeds, common_output_options, config_option, config_values
+from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
 # --controls without --seeds / --n-seeds / a preset / a config file of the user's setting seeds: ten seeds (the README's five first), paired tests
@@ -33,7 +33,8 @@ def cmd_sticky(args) -> int:
             values["seeds"] = CONTROL_SEEDS
             values.setdefault("record_seeds", 2)
     cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
-    study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    with restart_hint(args.out):
+        study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
     print(f"study written to {study}")
@@ -56,7 +57,8 @@ def cmd_sim_toy(args) -> int:
     from .. import config
     from ..sims.toy import ToyConfig, run_toy
     cfg = config.load(ToyConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    run = run_toy(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    with restart_hint(args.out):
+        run = run_toy(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(f"toy run written to {run.path}")
     return 0
 
@@ -65,7 +67,8 @@ def cmd_bijection(args) -> int:
     from .. import config
     from ..sims.bijection import BijectionConfig, run_bijection
     cfg = config.load(BijectionConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    run = run_bijection(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    with restart_hint(args.out):
+        run = run_bijection(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(json.dumps(run.meta.get("final", {}), indent=1, default=float))
     print(f"bijection run written to {run.path}")
     return 0

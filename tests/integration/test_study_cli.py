@@ -1,5 +1,6 @@
 """``dyntool study`` plumbing on the tiny corpus: seeds as a list, --max-steps reaches every run,
 each run's config loaded once from the packaged presets, user overrides beat the study defaults."""
+import pytest
 import json
 from pathlib import Path
 
@@ -96,3 +97,18 @@ def test_a_short_span_study_says_its_final_evaluation_was_bounded(tmp_path, caps
         assert s["seeds"][0][arm]["final_eval_tokens"] == {"valid": 8, "test": 8}     # half of 2×8 tokens
     assert "final = bounded final evaluation (first 8 validation tokens" in out.out
     assert "final evaluation: valid (8 tokens) + test (8 tokens)" in out.err and "about " in out.err
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["sim", "toy"], "dyntool.sims.toy.run_toy"),
+    (["sim", "sticky-markov"], "dyntool.sims.sticky.run_study"),
+    (["sim", "bijection"], "dyntool.sims.bijection.run_bijection"),
+    (["sim", "icl-markov"], "dyntool.sims.icl_markov_study.run_study")])
+def test_an_interrupted_simulation_says_how_to_go_on(argv, target, tmp_path, monkeypatch, capsys):
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(target, interrupted)
+    assert main([*argv, "--out", str(tmp_path)]) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"dyntool: interrupted; the run was flushed and marked 'interrupted'; see it with: dyntool ls "
+                   f"{tmp_path}; a simulation keeps no checkpoint, so the same command starts it again, into a new folder"]
