@@ -1,8 +1,9 @@
 """``dyntool study`` plumbing on the tiny corpus: seeds as a list, --max-steps reaches every run,
 each run's config loaded once from the packaged presets, user overrides beat the study defaults."""
-import pytest
 import json
 from pathlib import Path
+
+import pytest
 
 from dyntool.cli import main
 from dyntool.run import open_run
