@@ -1,34 +1,33 @@
 """A run's own files, parsed without ever raising: ``meta.json``, ``config.json`` and
-``metrics.jsonl`` of a local folder or an object store (their bytes), each problem listed instead
-(docs/FORMAT.md).  Used by :mod:`dyntool.run` for every kind of run, so a damaged file reads the
-same from a disk and from S3."""
+``metrics.jsonl``, read through a run's storage backend (:mod:`dyntool.storage`), each problem
+listed instead (docs/FORMAT.md).  Used by :mod:`dyntool.run` for every kind of run, so a damaged
+file reads the same from a disk and from S3."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from . import safeio
 from .record.ranks import RECORD_DIR
 from .run_writer import STATUSES
+from .storage import Outside
 
 
-def read_json(path: Path, root: Path, problems: list[str]) -> dict:
-    """A JSON object from ``path``; anything else (missing, symlinked outside ``root``, not a regular
-    file, too big, too deeply nested, not JSON, not an object) is a problem and reads as ``{}``."""
-    if not safeio.inside(path, root):
-        problems.append(f"{path.name} resolves outside {root}; not read")
-        return {}
+def read_json(backend, key: str, problems: list[str]) -> dict:
+    """A JSON object from ``key`` of a run's storage backend (:mod:`dyntool.storage`); anything else
+    (missing, symlinked outside the runs folder, not a regular file, too big, too deeply nested, not
+    JSON, not an object) is a problem and reads as ``{}``."""
     try:
-        raw = safeio.read_bytes(path, safeio.MAX_JSON_BYTES)
-    except FileNotFoundError:
-        raw = None
+        raw = backend.get(key, safeio.MAX_JSON_BYTES)
+    except Outside as e:
+        problems.append(str(e))
+        return {}
     except safeio.BadFile as e:
-        problems.append(f"{path.name} is corrupted ({e})")
+        problems.append(f"{key} is corrupted ({e})")
         return {}
     except OSError as e:
-        problems.append(f"{path.name} can't be read ({e.strerror or e})")
+        problems.append(f"{key} can't be read ({e.strerror or e})")
         return {}
-    return json_object(raw, path.name, problems)
+    return json_object(raw, key, problems)
 
 
 def json_object(raw: bytes | None, name: str, problems: list[str]) -> dict:
@@ -89,22 +88,18 @@ def _row_ok(row: Any) -> bool:
     return True
 
 
-def read_metrics(path: Path, root: Path, problems: list[str]) -> list[dict]:
-    """Rows of a local metrics.jsonl (:func:`metric_rows`); a file that can't be read is a problem
-    and gives no rows."""
-    if not safeio.inside(path, root):
-        problems.append(f"{path.name} resolves outside {root}; not read")
-        return []
+def read_metrics(backend, problems: list[str], key: str = "metrics.jsonl") -> list[dict]:
+    """Rows of a run's metrics.jsonl (:func:`metric_rows`), on either backend; a file that can't
+    be read is a problem and gives no rows."""
     try:
-        return metric_rows(safeio.iter_lines(path), problems)
-    except FileNotFoundError:
-        return []
+        return metric_rows(backend.lines(key), problems)
+    except Outside as e:
+        problems.append(str(e))
     except safeio.BadFile as e:
-        problems.append(f"{path.name} can't be read ({e})")
-        return []
+        problems.append(f"{key} can't be read ({e})")
     except OSError as e:
-        problems.append(f"{path.name} can't be read ({e.strerror or e})")
-        return []
+        problems.append(f"{key} can't be read ({e.strerror or e})")
+    return []
 
 
 def metric_rows(lines, problems: list[str]) -> list[dict]:
@@ -133,8 +128,6 @@ def metric_rows(lines, problems: list[str]) -> list[dict]:
         problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
                         f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")
     return rows
-
-
 
 
 def orphan_ranks(names) -> list[str]:

@@ -8,14 +8,14 @@ applied (a second signal interrupts at once).  On the way out the recorder is fl
 ``meta.status`` becomes ``finished``, ``interrupted`` or ``failed``; if the disk is full the
 status is still written (in place when no new file fits) and no ``meta.json.tmp`` is left.
 
-The layout constants (``RECORD_DIR``, ``STATUSES``) live here, beside what writes them; the reader
-is :mod:`dyntool.run`.
+Where the run lives (a local folder, an object-store prefix) is the storage backend's business
+(:mod:`dyntool.storage`); one :class:`RunWriter` writes both.  ``STATUSES`` lives here, beside
+what writes it; the reader is :mod:`dyntool.run`.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import json
 import math
 import os
@@ -24,16 +24,15 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
-from .atomic import replacing
 from .errors import NonFiniteLossError, RunError
-from .location import is_url, join
-from .record.object_store import CREATED, Remote
+from .location import is_url, location
 from .record.ranks import RECORD_DIR, rank_dir  # noqa: F401  (RECORD_DIR: defined once, there)
+from .record.store_writer import StoreWriter
+from .storage import Backend, open_backend
+from .storage.local import write_atomic
 
 STATUSES = ("running", "finished", "failed", "interrupted")
 
@@ -113,22 +112,16 @@ def write_json_atomic(path: Path, obj: Any, in_place_fallback: bool = False) -> 
     """Temp file + ``os.replace``.  On failure the temp file is removed (never a 0-byte
     ``.tmp`` left behind); with ``in_place_fallback`` a full disk (ENOSPC/EDQUOT) falls back to
     rewriting the existing file in place, which reuses its blocks (used for the final status)."""
-    text = json.dumps(_jsonable(obj), indent=2)
-    try:
-        with replacing(path) as tmp:
-            tmp.write_text(text)
-    except OSError as e:
-        if not (in_place_fallback and e.errno in (errno.ENOSPC, errno.EDQUOT) and path.exists()):
-            raise
-        with open(path, "r+") as f:
-            f.write(text)
-            f.truncate()
+    write_atomic(Path(path), _json_bytes(obj), in_place_fallback)
+
+
+def _json_bytes(obj: Any) -> bytes:
+    return json.dumps(_jsonable(obj), indent=2).encode()
 
 
 def ensure_out_dir(out_dir: str | Path) -> Path | str:
     """Create ``out_dir`` if needed and check it is writable (call before any expensive setup).
     An object-store URL is returned as it is: nothing local is ever made from a URL."""
-    from .location import is_url, location
     out = location(out_dir, "--out")
     if is_url(out):
         return str(out)
@@ -142,10 +135,15 @@ def ensure_out_dir(out_dir: str | Path) -> Path | str:
 
 
 class RunWriter:
-    def __init__(self, path: Path | str, meta: dict[str, Any], metrics=None):
-        self.path, self.meta = path, meta
-        # metrics.jsonl: a line-buffered file (one flush per row), or an object store's (RemoteMetrics)
-        self._metrics = metrics if metrics is not None else open(path / "metrics.jsonl", "a", buffering=1)
+    """Writes one run through its storage backend (:mod:`dyntool.storage`), a local folder or an
+    object-store prefix alike: every JSON file replaced whole (``config.json`` created exclusively:
+    a run is never overwritten), metrics appended line by line, the record through a zarr store of
+    the backend.  ``path``: the run folder's ``Path``, or its URL as text."""
+
+    def __init__(self, backend: Backend, meta: dict[str, Any]):
+        self.backend, self.meta = backend, meta
+        self.path = backend.path
+        self._metrics = backend.appender("metrics.jsonl")
         self.store = None
         self._old_handlers: dict = {}
 
@@ -153,27 +151,18 @@ class RunWriter:
     def create(cls, out_dir: str | Path, kind: str, config: dict[str, Any], name: str | None = None,
                seeds: list[int] | None = None, tags: list[str] | None = None, device: str = "cpu",
                extra_meta: dict | None = None) -> "RunWriter":
-        if is_url(out_dir):                                                         # object storage
-            return RemoteRunWriter.create_remote(str(out_dir), kind, config, name, seeds=seeds, tags=tags,
-                                                 device=device, extra_meta=extra_meta)
-        out = ensure_out_dir(out_dir)
+        out = open_backend(ensure_out_dir(out_dir), "--out", create=True)
         run_id = name or new_run_id(kind)
-        path = out / run_id
-        try:
-            path.mkdir()
-        except FileExistsError:
-            raise RunError(f"run {path} already exists; choose another name (existing runs are never overwritten)") from None
-        except OSError as e:
-            raise RunError(f"run directory {path} can't be created: {e.strerror or e}") from None
-        write_json_atomic(path / "config.json", config)
-        meta = new_meta(run_id, kind, seeds, tags, device, extra_meta)
-        write_json_atomic(path / "meta.json", meta)
-        return cls(path, meta)
+        backend = out.create(run_id)
+        backend.put("config.json", _json_bytes(config), exclusive=True)
+        w = cls(backend, new_meta(run_id, kind, seeds, tags, device, extra_meta))
+        w.backend.put("meta.json", _json_bytes(w.meta))
+        return w
 
     # -- recording ----------------------------------------------------------------------
-    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
-        from .record.store_writer import StoreWriter
-        self.store = StoreWriter(self.path / RECORD_DIR, chunk_steps, flush_seconds, attrs)
+    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None,
+                   rank: int = 0):
+        self.store = StoreWriter(self.backend.zarr_store(rank_dir(rank), "w"), chunk_steps, flush_seconds, attrs)
         return self.store
 
     def log(self, step: int, **metrics: Any) -> None:
@@ -182,7 +171,7 @@ class RunWriter:
 
     def update_meta(self, _final_status: bool = False, **kv: Any) -> None:
         self.meta.update(kv, updated=_now())
-        write_json_atomic(self.path / "meta.json", self.meta, in_place_fallback=_final_status)
+        self.backend.put("meta.json", _json_bytes(self.meta), last_resort=_final_status)
 
     def finish(self, status: str = "finished", **kv: Any) -> None:
         """Flush and close everything, then write the final status.  A failure while flushing
@@ -245,66 +234,7 @@ def new_meta(run_id: str, kind: str, seeds, tags, device: str, extra_meta: dict 
             "argv": sys.argv, **environment(), **(extra_meta or {})}
 
 
-# -- object storage --------------------------------------------------------------------------
-
-class RemoteMetrics:
-    """metrics.jsonl in object storage, which can't be appended to: rows kept in memory, the whole
-    object re-PUT at most every ``flush_seconds`` (and on close), so a kill -9 loses at most that
-    many seconds of rows, never the record's committed steps."""
-
-    def __init__(self, remote: Remote, flush_seconds: float = 5.0):
-        self.remote, self.every, self.lines, self.last = remote, flush_seconds, [], time.monotonic()
-        self.lock = threading.Lock()
-
-    def write(self, line: str) -> None:
-        with self.lock:
-            self.lines.append(line)
-        if time.monotonic() - self.last >= self.every:
-            self.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            data = "".join(self.lines).encode()
-            self.last = time.monotonic()
-        self.remote.put("metrics.jsonl", data)
-
-    def close(self) -> None:
-        self.flush()
-
-
-class RemoteRunWriter(RunWriter):
-    """A :class:`RunWriter` whose run lives at ``s3://…/RUN`` (or ``file://``): every object one
-    PUT (``config.json`` with ``mode="create"``: a run is never overwritten), the record through
-    zarr's ``ObjectStore``; ``path`` is the run's URL."""
-
-    def __init__(self, remote: Remote, meta: dict):
-        super().__init__(remote.url, meta, metrics=RemoteMetrics(remote))
-        self.remote = remote
-
-    @classmethod
-    def create_remote(cls, out_url: str, kind: str, config: dict, name: str | None = None, *, seeds=None,
-                      tags=None, device: str = "cpu", extra_meta: dict | None = None) -> "RemoteRunWriter":
-        run_id = name or new_run_id(kind)
-        remote = Remote(join(out_url, run_id), create=True)
-        if remote.get("meta.json") is not None:
-            raise RunError(f"run {remote.url} already exists; choose another name "
-                           "(existing runs are never overwritten)")
-        remote.put("config.json", json.dumps(_jsonable(config), indent=2).encode(), create=True)
-        CREATED.append(remote)                   # deleted again if this command is rejected (exit 2)
-        w = cls(remote, new_meta(run_id, kind, seeds, tags, device, extra_meta))
-        w.update_meta()
-        return w
-
-    def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None,
-                   rank: int = 0):
-        from .record.store_writer import StoreWriter
-        self.store = StoreWriter(self.remote.zarr_store(rank_dir(rank), read_only=False),
-                                 chunk_steps, flush_seconds, attrs)
-        return self.store
-
-    def update_meta(self, _final_status: bool = False, **kv) -> None:
-        self.meta.update(kv, updated=_now())
-        self.remote.put("meta.json", json.dumps(_jsonable(self.meta), indent=2).encode())
+RemoteRunWriter = RunWriter      # the old name of a writer into object storage: one class writes both
 
 
 class RankRun:
@@ -313,13 +243,12 @@ class RankRun:
 
     def __init__(self, path, rank: int):
         self.rank, self.store = rank, None
-        self.path = str(path).rstrip("/") if is_url(str(path)) else Path(path)
+        self.backend = open_backend(path, create=True)
+        self.path = self.backend.path
 
     def open_store(self, chunk_steps: int = 16, flush_seconds: float = 30.0, attrs: dict | None = None):
-        from .record.store_writer import StoreWriter
-        where = Remote(self.path, create=True).zarr_store(rank_dir(self.rank), read_only=False) \
-            if is_url(self.path) else self.path / rank_dir(self.rank)
-        self.store = StoreWriter(where, chunk_steps, flush_seconds, attrs)
+        self.store = StoreWriter(self.backend.zarr_store(rank_dir(self.rank), "w"), chunk_steps,
+                                 flush_seconds, attrs)
         return self.store
 
     def close(self) -> None:

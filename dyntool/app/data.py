@@ -30,6 +30,7 @@ from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, StoreReader, read_marker
 from dyntool.run import RECORD_DIR, Run, find_runs, list_runs, open_run
 from dyntool.steps import steps_taken
+from dyntool.storage import open_backend
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 MAX_DEPTH = 3
@@ -158,8 +159,8 @@ def _reader(path: str, mark: int | None):
     rec = _record(path)
     if rec is None:
         return None
-    try:
-        return open_record(rec.parent, root=runs_root(), limit=mark)     # every rank's, merged
+    try:                                                # every rank's, merged
+        return open_record(open_backend(rec.parent, root=runs_root()), limit=mark)
     except RecordError as e:
         raise AppInputError(f"the recording can't be read: {e}") from None
 
@@ -180,10 +181,8 @@ def marker(path: str) -> int:
 
 
 def _open_remote(path: str, mark: int | None):
-    from dyntool.record.object_store import Remote
-    from dyntool.record.remote import open_remote_record
     try:
-        return open_remote_record(Remote(path), limit=mark)
+        return open_record(open_backend(path), limit=mark)
     except (RecordError, RunError) as e:
         raise AppInputError(f"the recording can't be read: {e}") from None
 

@@ -1,8 +1,8 @@
 """The object-store backend: ``s3://bucket/prefix`` (and ``file:///path``) through `obstore
 <https://developmind.github.io/obstore>`_, as GET / PUT / LIST and a zarr store for a sub-path.
 
-It knows nothing about runs or records (those are :mod:`dyntool.record.remote`, :mod:`dyntool.run`
-and :mod:`dyntool.run_writer`, above it).  Credentials come from the standard AWS variables only
+It knows nothing about runs or records (those are :mod:`dyntool.record.remote` and
+:class:`dyntool.storage.ObjectStoreBackend`, the storage backend built on it, above it).  Credentials come from the standard AWS variables only
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, optional ``AWS_SESSION_TOKEN``,
 ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` for S3-compatible servers); they are
 never written to a run, a log or an error message.  Missing credentials, an unreachable endpoint
@@ -21,9 +21,6 @@ from ..location import URLPath, is_url, join  # noqa: F401  (is_url, join: re-ex
 def _need():
     from ..extras import need
     need("obstore", "s3:// runs", RunError)
-
-
-CREATED: list["Remote"] = []        # runs created by this process (deleted again on a rejection)
 
 
 def short(e: BaseException) -> str:
@@ -75,6 +72,17 @@ class Remote:
             return bytes(obstore.get(self.store, key).bytes())
         except FileNotFoundError:
             return None
+        except Exception as e:
+            raise RunError(f"{join(self.url, key)} can't be read: {short(e)}") from None
+
+    def head(self, key: str) -> bool:
+        """Whether the object ``key`` exists (its metadata only, never its bytes)."""
+        import obstore
+        try:
+            obstore.head(self.store, key)
+            return True
+        except FileNotFoundError:
+            return False
         except Exception as e:
             raise RunError(f"{join(self.url, key)} can't be read: {short(e)}") from None
 

@@ -23,8 +23,6 @@ statistic only declares its ``rank_reduce``); nothing is gathered across ranks w
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from .store import RecordError
@@ -229,22 +227,28 @@ class RankedStore:
         return out
 
 
-def open_record(run_path, root=None, limit: int | None = None):
-    """The run's recording: a :class:`StoreReader` (one rank) or a :class:`RankedStore` over the
-    ``world_size`` per-rank recordings rank 0 announces.  A rank whose recording is missing or
-    unreadable is a problem, and the view falls back to rank 0 alone."""
-    from .store import StoreReader
-    run_path = Path(run_path)
-    main = StoreReader(run_path / RECORD_DIR, root=root, limit=limit)
+def open_record(backend, limit: int | None = None):
+    """The run's recording, on either storage backend (:mod:`dyntool.storage`: ``backend.reader``
+    opens one rank's group): a reader of one rank, a :class:`RankedStore` over the ``world_size``
+    per-rank recordings rank 0 announces, or None when the run has no recording.  A rank whose
+    recording is missing or unreadable is a problem, and the view falls back to rank 0 alone."""
+    main = backend.reader(RECORD_DIR, limit)
+    if main is None:
+        return None
     world = main.attrs.get("world_size", 1)
     if not isinstance(world, int) or isinstance(world, bool) or world <= 1:
         return main
-    ranks, problems = [main], []
+    ranks = [main]
     for r in range(1, world):
         try:
-            ranks.append(StoreReader(run_path / rank_dir(r), root=root, limit=limit))
+            st = backend.reader(rank_dir(r), limit)
         except RecordError as e:
-            problems.append(f"rank {r}'s recording {rank_dir(r)} can't be read ({e}); "
-                            "showing rank 0's sequences only")
-            return RankedStore([main], problems)
-    return RankedStore(ranks, problems)
+            why = str(e).split(" (GroupNotFound")[0]
+        else:
+            if st is not None:
+                ranks.append(st)
+                continue
+            why = "it is missing"
+        return RankedStore([main], [f"rank {r}'s recording {rank_dir(r)} can't be read ({why}); "
+                                    "showing rank 0's sequences only"])
+    return RankedStore(ranks)

@@ -4,15 +4,15 @@ the object-store backend (:mod:`dyntool.record.object_store`) and zarr's ``Objec
 Same layout and guarantees as a local run (docs/FORMAT.md): every object is written by one PUT,
 which an object store makes visible whole or not at all, so ``meta.json``/``config.json`` are
 replaced atomically; zarr chunks land before the commit marker ``steps_written`` (one PUT of the
-group's ``zarr.json``); a reader never reads past the marker.  The run reader is
-:class:`dyntool.run.RemoteRun`, the writer :class:`dyntool.run_writer.RemoteRunWriter`.
+group's ``zarr.json``); a reader never reads past the marker.  It is what
+:meth:`dyntool.storage.ObjectStoreBackend.reader` opens for :func:`.ranks.open_record`.
 """
 from __future__ import annotations
 
 from ..errors import RunError
-from ..location import URLPath, join
+from ..location import join
 from .object_store import Remote, short
-from .ranks import RECORD_DIR, RankedStore, rank_dir
+from .ranks import RECORD_DIR
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -113,59 +113,3 @@ class RemoteStoreReader:
                     except RecordError as e:
                         out.append(f"array {name}: chunk {key}: {e}")
         return out
-
-
-def open_remote_record(remote: Remote, limit: int | None = None):
-    """One rank's recording, or every rank's merged (:mod:`.ranks`); None when there is none."""
-    if remote.get(f"{RECORD_DIR}/zarr.json") is None:
-        return None
-    main = RemoteStoreReader(remote, RECORD_DIR, limit)
-    world = main.attrs.get("world_size", 1)
-    if not isinstance(world, int) or isinstance(world, bool) or world <= 1:
-        return main
-    from .store import RecordError
-    ranks = [main]
-    for r in range(1, world):                # as the local reader (ranks.open_record) words it
-        if remote.get(f"{rank_dir(r)}/zarr.json") is None:
-            why = "it is missing"
-        else:
-            try:
-                ranks.append(RemoteStoreReader(remote, rank_dir(r), limit))
-                continue
-            except RecordError as e:
-                why = str(e).split(" (GroupNotFound")[0]
-        return RankedStore([main], [f"rank {r}'s recording {rank_dir(r)} can't be read ({why}); "
-                                    "showing rank 0's sequences only"])
-    return RankedStore(ranks)
-
-
-RUN_FILES = ("meta.json", "config.json")
-
-
-def is_remote_run(url) -> bool:
-    """A run folder in object storage (it holds meta.json or config.json)."""
-    return any(f in RUN_FILES for f in Remote(url).list_dir()[1])
-
-
-def find_remote_runs(url, max_depth: int = 3) -> list[URLPath]:
-    """Run folders at or below ``url`` (studies included), sorted; one delimited LIST per folder
-    visited, folders named ``*.zarr`` or ``.*`` never entered (the same walk as a local folder)."""
-    remote = Remote(url)
-    found: list[URLPath] = []
-
-    def walk(prefix: str, depth: int) -> None:
-        dirs, files = remote.list_dir(prefix)
-        if any(f in RUN_FILES for f in files):
-            found.append(URLPath(join(remote.url, prefix)))
-            return
-        if depth >= max_depth:
-            return
-        for d in sorted(dirs):
-            if not d.startswith(".") and not d.endswith(".zarr"):
-                walk(f"{prefix}/{d}".strip("/"), depth + 1)
-
-    dirs, files = remote.list_dir()
-    if not dirs and not files:              # object stores have no empty folders: nothing is there
-        raise RunError(f"runs directory {remote.url} does not exist (nothing is stored under it)")
-    walk("", 0)
-    return found

@@ -12,6 +12,7 @@ its own (``data_gen[rank]``, ``cuda[rank]``).
 from __future__ import annotations
 
 import errno
+import io
 import random
 import shutil
 from pathlib import Path
@@ -19,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import safeio
 from ..atomic import replacing
-
 from ..errors import RunError
+from ..location import URLPath, is_url
+from ..storage import open_backend
 
 FORMAT_VERSION = 2
 
@@ -68,11 +71,13 @@ def restore_rng(r: dict) -> None:
 def save(sd: dict, path: Path) -> None:
     """Write ``sd`` to ``path`` atomically (:func:`dyntool.atomic.replacing`): never a half-written
     checkpoint; on failure (e.g. disk full) the previous checkpoint is kept.  An object-store
-    ``path`` (``s3://…/RUN/checkpoint.pt``) is one PUT, visible whole or not at all."""
-    from ..location import is_url
+    ``path`` (``s3://…/RUN/checkpoint.pt``) is one PUT through the run's storage backend, visible
+    whole or not at all (a local file is streamed to disk instead of held in memory)."""
     if is_url(str(path)):
-        from ..record.remote_train import parent, put_checkpoint
-        put_checkpoint(parent(str(path)), {"format_version": FORMAT_VERSION, **sd})
+        url = URLPath(str(path))
+        buf = io.BytesIO()
+        torch.save({"format_version": FORMAT_VERSION, **sd}, buf)
+        open_backend(url.parent, create=True).put(url.name, buf.getvalue())
         return
     with replacing(path) as tmp:
         try:
@@ -86,17 +91,16 @@ def save(sd: dict, path: Path) -> None:
 
 
 def load(path: Path) -> dict:
-    """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError."""
-    from .. import safeio
-    from ..location import is_url
+    """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError.  An
+    object-store ``path`` is one GET through the run's storage backend."""
     url = is_url(str(path))
     path = str(path) if url else Path(path)
     try:
         if url:
-            from ..record.remote_train import get_checkpoint, parent
-            src = get_checkpoint(parent(path))
-            if src is None:
+            data = open_backend(URLPath(path).parent).get(URLPath(path).name)
+            if data is None:
                 raise RunError(f"checkpoint {path} is missing")
+            src = io.BytesIO(data)
         else:
             safeio.check_regular(path)             # a FIFO or device would hang torch.load
             src = path

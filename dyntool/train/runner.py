@@ -15,7 +15,8 @@ import torch
 
 from .. import safeio
 from ..errors import ConfigError, RunError
-from ..location import is_url
+from ..location import URLPath, is_url, join
+from ..storage import open_backend
 from .config import TrainConfig
 
 DEFAULT_OUT = os.path.join("runs", "wikitext")
@@ -32,15 +33,14 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
         if config is not None or preset is not None:
             raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
                                           "(overrides like --train.max_steps=N still apply)")
-        path = Path(resume) / "config.json"
-        if is_url(resume):                               # s3://…/RUN (record/remote_train.py)
-            from ..record.remote_train import get_json
-            base = get_json(resume, "config.json")
-        else:
-            try:
-                base = safeio.read_json(path)
-            except (OSError, ValueError) as e:
-                raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
+        path = join(resume, "config.json") if is_url(resume) else Path(resume) / "config.json"
+        try:                                             # a folder or s3://…/RUN alike (dyntool.storage)
+            raw = open_backend(resume, "--resume", root="/").get("config.json", safeio.MAX_JSON_BYTES)
+            if raw is None:
+                raise RunError(f"cannot resume {resume}: {path} is missing")
+            base = safeio.loads(raw, "config.json")
+        except (OSError, ValueError) as e:
+            raise RunError(f"cannot resume {resume}: {path} can't be read ({e})") from None
         if not isinstance(base, dict):
             raise RunError(f"cannot resume {resume}: {path} is not a config object")
         if not isinstance(base.setdefault("train", {}), dict):
@@ -125,10 +125,9 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
 
 def _resume_url(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
     """:func:`resume_source` for a run in object storage: its checkpoint.pt is one GET."""
-    from ..location import join
-    from ..record.remote_train import CHECKPOINT, exists, parent
-    return _load_checkpoint(join(resume, CHECKPOINT), resume, cfg, resume.rstrip("/").rsplit("/", 1)[-1],
-                            lambda name: exists(join(parent(resume), name)))
+    run = URLPath(resume)
+    return _load_checkpoint(join(resume, "checkpoint.pt"), resume, cfg, run.name,
+                            lambda name: open_backend(run.parent).exists(name))
 
 
 def _load_checkpoint(src, resume: str, cfg: TrainConfig, run_name: str, taken) -> tuple[dict, str]:
@@ -287,8 +286,7 @@ def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
     """The command that continues an interrupted run (or why there is none)."""
     import shlex
     if is_url(str(run_path)) and ck_path is not None:
-        from ..record.object_store import Remote
-        if Remote(str(run_path)).list("checkpoint.pt"):
+        if open_backend(run_path).exists("checkpoint.pt"):
             return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(run_path))}"
         ck_path = None
     if ck_path is None or not Path(ck_path).is_file():

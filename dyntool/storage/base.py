@@ -1,0 +1,105 @@
+"""The storage backend interface: what a run, its record and the output guard need from the place
+a run lives, whether that is a local folder or an object-store prefix.
+
+Everything above this layer (:mod:`dyntool.record.ranks`'s ``open_record``, :mod:`dyntool.run`,
+:mod:`dyntool.run_writer`, :mod:`dyntool.paths`, the trainer's checkpoints) speaks to a
+:class:`Backend`; only :mod:`.local` and :mod:`.objects` know what a folder or an object store is,
+and :func:`dyntool.storage.open_backend` picks one of them, once, from
+:func:`dyntool.location.location`.  A change to where runs live touches those two modules only.
+
+Keys are ``/``-separated and relative to the backend's own location (``meta.json``,
+``record.zarr/zarr.json``); ``""`` is the location itself.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+from ..location import URLPath
+
+
+class Outside(ValueError):
+    """A local key that resolves (through a symlink) outside the folder the reader was given: never
+    read.  Object storage has no links, so only :class:`~dyntool.storage.local.LocalBackend` raises it."""
+
+
+class LineWriter(Protocol):
+    """What :meth:`Backend.appender` returns: ``write`` one line at a time, ``close`` at the end."""
+
+    def write(self, line: str) -> Any: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """One place a run (or a folder of runs) lives.  ``where``: a :class:`~pathlib.Path` or a
+    :class:`~dyntool.location.URLPath`; ``path``: what writers expose as ``run.path`` (the
+    ``Path``, or the URL as text, so nothing local is ever made from a URL)."""
+
+    where: Path | URLPath
+
+    @property
+    def path(self) -> Path | str: ...
+
+    # -- objects -----------------------------------------------------------------------------
+    def get(self, key: str, cap: int | None = None) -> bytes | None:
+        """The bytes of ``key`` (None: it does not exist); over ``cap`` bytes, not a regular file:
+        :class:`dyntool.safeio.BadFile`; a local link leading outside: :class:`Outside`."""
+
+    def lines(self, key: str) -> Iterator[bytes | None]:
+        """``key``'s lines as :func:`dyntool.safeio.lines_of` gives them (none when it is missing)."""
+
+    def put(self, key: str, data: bytes, exclusive: bool = False, last_resort: bool = False) -> None:
+        """Replace ``key`` whole: a reader sees the old bytes or the new, never part (``exclusive``:
+        refuse when it exists; ``last_resort``: on a full local disk, rewrite it in place)."""
+
+    def append(self, key: str, line: str) -> None:
+        """Add one line to ``key`` (created if missing)."""
+
+    def appender(self, key: str) -> LineWriter:
+        """A writer that appends lines to ``key`` for as long as a run lasts (metrics.jsonl)."""
+
+    def list(self, key: str = "") -> tuple[list[str], list[str]]:
+        """(sub-folders, files) directly below ``key``, names only."""
+
+    def exists(self, key: str = "") -> bool: ...
+
+    def delete(self, key: str = "") -> None:
+        """Remove ``key`` and everything below it (``""``: the whole location)."""
+
+    def size(self) -> int:
+        """Bytes stored below the location (on a disk: allocated blocks, as ``du`` counts them)."""
+
+    # -- the record --------------------------------------------------------------------------
+    def zarr_store(self, sub: str, mode: str = "r"):
+        """A zarr store for the group at ``sub`` (``mode`` ``"r"`` or ``"w"``)."""
+
+    def reader(self, sub: str, limit: int | None = None):
+        """The marker-bounded reader of the recording at ``sub``, or None when there is none."""
+
+    # -- runs and folders of runs ------------------------------------------------------------
+    def child(self, name: str) -> "Backend": ...
+
+    def create(self, name: str) -> "Backend":
+        """A new run folder ``name`` below this one; :class:`~dyntool.errors.RunError` if it exists
+        (existing runs are never written into)."""
+
+    def is_run(self) -> bool:
+        """The location holds ``meta.json`` or ``config.json``."""
+
+    def contained(self) -> bool:
+        """The location lies inside the root the reader was given (no link leads out of it)."""
+
+    # -- the output guard --------------------------------------------------------------------
+    def check_out(self, what: str = "--out") -> Path | str:
+        """Runs can be written here; else a one-line error, before anything is created."""
+
+    def mark(self) -> Any:
+        """What exists now, for :meth:`clean_up` after a rejected command."""
+
+    def clean_up(self, mark: Any) -> None:
+        """Remove what this command created here since ``mark`` and logged no metrics row."""
+
+
+RUN_FILES = ("meta.json", "config.json")       # a folder holding either is a run

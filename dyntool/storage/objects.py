@@ -1,0 +1,157 @@
+"""The object-store backend: a run is a prefix ``s3://bucket/prefix/RUN`` (or ``file:///path/RUN``)
+reached through :class:`dyntool.record.object_store.Remote` (obstore).
+
+An object is written by one PUT, visible whole or not at all, so every ``put`` is atomic as a
+local rename is.  An object can't be appended to: :class:`ObjectLines` keeps a run's rows in memory
+and re-PUTs the whole object at most every few seconds.  Runs this process creates are remembered
+(:data:`CREATED`) so a command rejected with exit 2 deletes them again, as a local run folder is.
+"""
+from __future__ import annotations
+
+import io
+import threading
+import time
+from typing import Iterator
+
+from .. import safeio
+from ..errors import RunError
+from ..location import URLPath, join
+from ..record.object_store import Remote, short
+from ..record.remote import RemoteStoreReader
+from .base import RUN_FILES
+
+CREATED: list["ObjectStoreBackend"] = []   # runs created by this process (deleted again on a rejection)
+
+
+class ObjectLines:
+    """An appended object (metrics.jsonl): rows kept in memory, the whole object re-PUT at most
+    every ``flush_seconds`` (and on close), so a kill -9 loses at most that many seconds of rows,
+    never the record's committed steps."""
+
+    def __init__(self, remote: Remote, key: str, flush_seconds: float = 5.0):
+        self.remote, self.key, self.every = remote, key, flush_seconds
+        self.lines: list[str] = []
+        self.last = time.monotonic()
+        self.lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        with self.lock:
+            self.lines.append(line)
+        if time.monotonic() - self.last >= self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            data = "".join(self.lines).encode()
+            self.last = time.monotonic()
+        self.remote.put(self.key, data)
+
+    def close(self) -> None:
+        self.flush()
+
+
+class ObjectStoreBackend:
+    """The objects below one URL.  ``create``: a writer's (may make a ``file://`` folder)."""
+
+    def __init__(self, where, create: bool = False):
+        self.remote = Remote(str(where), create=create)
+        self.where = URLPath(self.remote.url)
+
+    def __repr__(self) -> str:
+        return f"ObjectStoreBackend({self.remote.url!r})"
+
+    @property
+    def path(self) -> str:
+        return self.remote.url
+
+    # -- objects -----------------------------------------------------------------------------
+    def get(self, key: str, cap: int | None = None) -> bytes | None:
+        data = self.remote.get(key)
+        if data is not None and cap is not None and len(data) > cap:
+            raise safeio.BadFile(f"{key} is {len(data)} bytes, over the {cap}-byte limit for it; not read")
+        return data
+
+    def lines(self, key: str) -> Iterator[bytes | None]:
+        yield from safeio.lines_of(io.BytesIO(self.remote.get(key) or b""), key)
+
+    def put(self, key: str, data: bytes, exclusive: bool = False, last_resort: bool = False) -> None:
+        self.remote.put(key, data, create=exclusive)
+
+    def append(self, key: str, line: str) -> None:
+        """GET and PUT back with the line added (one writer at a time, as a run has)."""
+        self.remote.put(key, (self.remote.get(key) or b"") + line.encode())
+
+    def appender(self, key: str) -> ObjectLines:
+        return ObjectLines(self.remote, key)
+
+    def list(self, key: str = "") -> tuple[list[str], list[str]]:
+        return self.remote.list_dir(key)
+
+    def exists(self, key: str = "") -> bool:
+        """A prefix with objects below it (object stores have no empty folders), or an object
+        ``key`` (one HEAD: a checkpoint is never downloaded to be found)."""
+        dirs, files = self.remote.list_dir(key)
+        return bool(dirs or files) or (bool(key) and self.remote.head(key))
+
+    def delete(self, key: str = "") -> None:
+        import obstore
+        keys = list(self.remote.list(key))
+        if keys:
+            try:
+                obstore.delete(self.remote.store, keys)
+            except Exception as e:
+                raise RunError(f"{join(self.remote.url, key)} can't be deleted: {short(e)}") from None
+
+    def size(self) -> int:
+        return sum(self.remote.list().values())
+
+    # -- the record --------------------------------------------------------------------------
+    def zarr_store(self, sub: str, mode: str = "r"):
+        return self.remote.zarr_store(sub, read_only=mode == "r")
+
+    def reader(self, sub: str, limit: int | None = None):
+        if self.remote.get(f"{sub}/zarr.json") is None:
+            return None
+        return RemoteStoreReader(self.remote, sub, limit)
+
+    # -- runs and folders of runs ------------------------------------------------------------
+    def child(self, name: str) -> "ObjectStoreBackend":
+        return ObjectStoreBackend(join(self.remote.url, name), self.remote.create)
+
+    def create(self, name: str) -> "ObjectStoreBackend":
+        run = ObjectStoreBackend(join(self.remote.url, name), create=True)
+        if run.remote.get("meta.json") is not None:
+            raise RunError(f"run {run.remote.url} already exists; choose another name "
+                           "(existing runs are never overwritten)")
+        CREATED.append(run)                  # deleted again if this command is rejected (exit 2)
+        return run
+
+    def is_run(self) -> bool:
+        return any(f in RUN_FILES for f in self.remote.list_dir()[1])
+
+    def contained(self) -> bool:
+        return True                           # keys have no links that could lead elsewhere
+
+    # -- the output guard --------------------------------------------------------------------
+    def check_out(self, what: str = "--out") -> str:
+        """Credentials, endpoint and bucket answer (one LIST of at most one key) before anything
+        is created; else one-line :class:`RunError` (exit 2)."""
+        import obstore
+        r = Remote(self.remote.url, create=True)
+        try:
+            next(iter(obstore.list(r.store, None, chunk_size=1)), None)
+        except Exception as e:
+            raise RunError(f"{what} {self.remote.url} can't be reached: {short(e)}") from None
+        return self.remote.url
+
+    def mark(self) -> int:
+        return len(CREATED)
+
+    def clean_up(self, mark: int) -> None:
+        """Delete the runs created since ``mark`` that logged no metrics row."""
+        for run in CREATED[mark:]:
+            try:
+                if not (run.remote.get("metrics.jsonl") or b"").strip():
+                    run.delete()
+            except Exception:             # best effort: the rejection is what the user must see
+                continue

@@ -1,0 +1,140 @@
+"""The storage backend interface (dyntool/storage): the same round trips on a local folder and on
+an S3-compatible server (moto, the fixture of tests/integration/test_s3.py), and the local one's
+atomic writes, containment and clean-up after a rejection."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dyntool import safeio
+from dyntool.errors import RunError
+from dyntool.storage import Backend, LocalBackend, ObjectStoreBackend, Outside, open_backend
+
+
+try:                                  # the moto S3 server fixture; without obstore/moto the s3 cases skip
+    from tests.integration.test_s3 import BUCKET, s3  # noqa: F401
+except pytest.skip.Exception:
+    BUCKET = s3 = None
+
+
+@pytest.fixture(params=["local", "s3"])
+def backend(request, tmp_path):
+    """A fresh, empty location on each backend."""
+    if request.param == "local":
+        (tmp_path / "where").mkdir()
+        return open_backend(tmp_path / "where")
+    if s3 is None:
+        pytest.skip("obstore or moto[server] not installed")
+    request.getfixturevalue("s3")
+    return open_backend(f"s3://{BUCKET}/unit/{tmp_path.name}", create=True)
+
+
+def test_open_backend_chooses_once_from_the_location(tmp_path):
+    assert isinstance(open_backend(tmp_path), LocalBackend)
+    assert isinstance(open_backend(str(tmp_path)), LocalBackend)
+    if s3 is not None:
+        assert isinstance(open_backend(f"file://{tmp_path}"), ObjectStoreBackend)
+    with pytest.raises(RunError, match="not supported"):
+        open_backend("gs://bucket/x")
+    assert isinstance(open_backend(tmp_path), Backend)       # the Protocol is what callers see
+
+
+def test_get_put_exists_delete(backend):
+    assert backend.get("meta.json") is None and not backend.exists("meta.json")
+    backend.put("meta.json", b'{"a": 1}')
+    backend.put("meta.json", b'{"a": 2}')                       # replaced whole
+    assert backend.get("meta.json") == b'{"a": 2}' and backend.exists("meta.json")
+    with pytest.raises(RunError, match="already exists"):
+        backend.put("meta.json", b"{}", exclusive=True)
+    with pytest.raises(safeio.BadFile, match="limit"):
+        backend.get("meta.json", cap=3)
+    backend.put("sub/x.bin", b"\0" * 10) if not isinstance(backend, LocalBackend) else \
+        ((backend.where / "sub").mkdir(), backend.put("sub/x.bin", b"\0" * 10))
+    assert backend.list() == (["sub"], ["meta.json"])
+    assert backend.list("sub") == ([], ["x.bin"])
+    assert backend.exists("sub") and backend.child("sub").get("x.bin") == b"\0" * 10
+    assert backend.size() >= 18
+    backend.delete("sub")
+    assert not backend.exists("sub") and backend.get("meta.json") == b'{"a": 2}'
+    backend.delete()
+    assert backend.get("meta.json") is None
+
+
+def test_append_and_appender(backend):
+    backend.append("log.jsonl", '{"step": 0}\n')
+    backend.append("log.jsonl", '{"step": 1}\n')
+    assert list(backend.lines("log.jsonl")) == [b'{"step": 0}\n', b'{"step": 1}\n']
+    w = backend.appender("metrics.jsonl")
+    for i in range(3):
+        w.write(f'{{"step": {i}}}\n')
+    w.close()                                                   # an object store's: PUT on close
+    assert backend.get("metrics.jsonl") == b"".join(f'{{"step": {i}}}\n'.encode() for i in range(3))
+    assert list(backend.lines("missing.jsonl")) == []
+
+
+def test_create_run_and_is_run(backend):
+    parent = backend
+    run = parent.create("r1")
+    assert not run.is_run()
+    run.put("config.json", b"{}", exclusive=True)
+    run.put("meta.json", b"{}")
+    assert run.is_run() and parent.child("r1").is_run() and parent.list()[0] == ["r1"]
+    with pytest.raises(RunError, match="already exists"):
+        parent.create("r1")
+    assert run.contained()
+
+
+def test_zarr_store_round_trip_and_reader(backend):
+    from dyntool.record.ranks import RECORD_DIR, open_record
+    from dyntool.record.store_writer import StoreWriter
+    run = backend.create("rec")
+    assert run.reader(RECORD_DIR) is None and open_record(run) is None
+    w = StoreWriter(run.zarr_store(RECORD_DIR, "w"), chunk_steps=2, flush_seconds=0)
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    for i in range(3):
+        w.append(i, {"x": data[i]})
+    w.close()
+    r = open_record(run)
+    assert r.steps_written == 3 and not r.problems
+    np.testing.assert_array_equal(r["x"][:], data)
+    import zarr
+    g = zarr.open_group(store=run.zarr_store(RECORD_DIR, "r"), mode="r")
+    assert g.attrs["steps_written"] == 3
+
+
+def test_check_out_and_clean_up_after_a_rejection(backend):
+    backend.check_out()
+    mark = backend.mark()
+    made = backend.create("rejected")
+    made.put("config.json", b"{}", exclusive=True)
+    kept = backend.create("logged")
+    kept.put("config.json", b"{}", exclusive=True)
+    kept.append("metrics.jsonl", '{"step": 0}\n')
+    backend.clean_up(mark)
+    assert not backend.child("rejected").exists("config.json")
+    assert backend.child("logged").exists("metrics.jsonl")      # a run that logged rows keeps them
+
+
+def test_local_put_is_atomic_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    b = open_backend(tmp_path)
+    b.put("meta.json", b"old")
+
+    def broken(self, data):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(type(tmp_path), "write_bytes", broken)
+    with pytest.raises(OSError):
+        b.put("meta.json", b"new")
+    assert b.get("meta.json") == b"old" and sorted(p.name for p in tmp_path.iterdir()) == ["meta.json"]
+    b.put("meta.json", b"new!", last_resort=True)              # full disk: rewritten in place
+    assert b.get("meta.json") == b"new!"
+
+
+def test_local_reads_never_follow_a_link_out_of_the_root(tmp_path):
+    (tmp_path / "secret.json").write_text("{}")
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "meta.json").symlink_to(tmp_path / "secret.json")
+    b = open_backend(run, root=tmp_path / "runs")
+    with pytest.raises(Outside):
+        b.get("meta.json")
+    assert open_backend(run, root=tmp_path).get("meta.json") == b"{}"
