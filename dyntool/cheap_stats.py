@@ -23,6 +23,11 @@ Layout: grouped-query attention is computed without repeating k and v: queries a
 (B, n_kv, g, T, d) against keys (B, n_kv, 1, Tk, d), so a head's statistics cost what its
 own attention costs.  Row blocks are sized from a memory budget (``max_block_mib``); with a causal
 mask a block only reads the keys its rows can see.
+
+Precision: the inputs come in their own dtype (bf16/fp16 under autocast) and each block's slice is
+cast to the compute dtype (:func:`compute_dtype`: float32, float64 kept) as it is read, so the
+statistics are the ones of the up-cast inputs while no up-cast copy of q, k, v or U is ever made
+(at B = 8, 16 heads, T = 8192, d = 64 each copy was 256 MiB held through the backward).
 """
 from __future__ import annotations
 
@@ -43,12 +48,19 @@ def grouped(t: torch.Tensor | None, n_kv: int, nh: int) -> torch.Tensor | None:
     return t.unsqueeze(2)                           # shared by every head: broadcast
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the statistics are computed and summed in: float64 stays float64, everything else
+    (bf16, fp16, fp32) is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float,
-               live: int = _LIVE_BLOCKS) -> int:
-    """Query rows per block so that the block's ``live`` (B, nh, rows, Tk) temporaries fit
+               live: int = _LIVE_BLOCKS, row_bytes: int = 0) -> int:
+    """Query rows per block so that the block's ``live`` (B, nh, rows, Tk) temporaries of
+    ``itemsize`` bytes (the compute dtype's, not the inputs') plus ``row_bytes`` more per row fit
     ``max_block_mib``; 0 = not even one.  (The full tier streamed passes its own count.)"""
-    per_row = live * B * nh * Tk * itemsize
-    return min(T, int(max_block_mib * 2**20 // per_row))
+    per_row = live * B * nh * Tk * itemsize + row_bytes
+    return min(T, int(max_block_mib * 2**20 // per_row)) if max_block_mib > 0 else 0
 
 
 def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor | None,
@@ -116,25 +128,36 @@ class Sums:
 
 @torch.no_grad()
 def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, softcap=None, sinks=None,
-               uniform=None, max_block_mib: float = 64.0) -> None:
+               uniform=None, max_block_mib: float = 64.0, grad_scale: float = 1.0) -> None:
     """Add one forward's statistics to ``sums``.  ``q`` (B, nh, T, d_k), ``k``/``v`` (B, n_kv, Tk, d),
-    ``o``/``u`` (B, nh, T, d_v) (U already divided by the loss factor), ``allowed`` (B|1, nh|1, T, Tk),
-    ``bias`` broadcastable to (B, nh, T, Tk), ``sinks`` (nh,), ``uniform`` (B, nh, T, 1) or None;
-    all in the compute dtype."""
+    ``o``/``u`` (B, nh, T, d_v) (U is divided by ``grad_scale``, the loss factor; ``o`` is not read:
+    the empty-row decision, ``uniform``, was made from it), ``allowed`` (B|1, nh|1, T, Tk), ``bias``
+    broadcastable to (B, nh, T, Tk), ``sinks`` (nh,), ``uniform`` (B, nh, T, 1) or None.  Tensors
+    in any float dtype: each block's slice is cast to :func:`compute_dtype` of ``q``'s as it is
+    read (the same arithmetic as up-casting first, no whole copy)."""
     B, nh, T, _ = q.shape
     n_kv, Tk = k.shape[1], k.shape[-2]
-    rows = block_rows(B, nh, T, Tk, q.element_size(), max_block_mib)
+    dt = compute_dtype(q.dtype)
+    # a block's temporaries are compute-dtype whatever the inputs' itemsize (sizing them by a bf16
+    # input's 2 bytes made blocks twice the budget); per row it also holds its q and U rows cast
+    # (U divided), and a per-row bias's row cast when it is not in the compute dtype; the keys and
+    # values it reads are cast once per block (at most all of them)
+    kv_mib = 0.0 if k.dtype == v.dtype == dt else (k.numel() + v.numel()) * dt.itemsize / 2**20
+    row_bytes = B * nh * (q.shape[-1] + u.shape[-1]) * dt.itemsize
+    if bias is not None and bias.dtype != dt and bias.dim() >= 2 and bias.shape[-2] > 1:
+        row_bytes += bias[..., 0, :].numel() * dt.itemsize             # (B|1, nh|1, 1, Tk) per row
+    rows = block_rows(B, nh, T, Tk, dt.itemsize, max_block_mib - kv_mib, row_bytes=row_bytes)
     if rows < 1:
         raise ValueError(f"record.max_block_mib={max_block_mib} is too small for one query row "
                          f"({B}×{nh}×{Tk} scores)")
-    gq, gu, go = (grouped(t, n_kv, nh) for t in (q, u, o))            # (B, n_kv, g, T, d)
+    gq, gu = (grouped(t, n_kv, nh) for t in (q, u))                   # (B, n_kv, g, T, d)
     gk, gv = k.unsqueeze(2), v.unsqueeze(2)                           # (B, n_kv, 1, Tk, d)
     gal, gbias, guni = grouped(allowed, n_kv, nh), grouped(bias, n_kv, nh), grouped(uniform, n_kv, nh)
     if gbias is not None and gbias.dim() < 5:
         gbias = gbias.reshape((1,) * (5 - gbias.dim()) + tuple(gbias.shape))
-    gsink = None if sinks is None else sinks.to(q.dtype).reshape(1, n_kv, nh // n_kv, 1, 1)
-    col = torch.zeros(B, n_kv, nh // n_kv, Tk, dtype=q.dtype, device=q.device)   # c_j
-    dv = torch.zeros(B, n_kv, nh // n_kv, Tk, v.shape[-1], dtype=q.dtype, device=q.device)  # αᵀU per query head
+    gsink = None if sinks is None else sinks.to(dt).reshape(1, n_kv, nh // n_kv, 1, 1)
+    col = torch.zeros(B, n_kv, nh // n_kv, Tk, dtype=dt, device=q.device)   # c_j
+    dv = torch.zeros(B, n_kv, nh // n_kv, Tk, v.shape[-1], dtype=dt, device=q.device)  # αᵀU per query head
     flat = lambda t: t.reshape(nh)          # noqa: E731  per-head reductions (n_kv, g) → (nh,)
     ends = key_ends(allowed, uniform, T, Tk, rows)      # keys no row of a block sees are skipped
     for a0, kend in zip(range(0, T, rows), ends):
@@ -144,8 +167,11 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         al = al[..., :kend]
         bb = None
         if gbias is not None:               # a bias with one row broadcasts over the queries
-            bb = gbias[..., a0:a1, :kend] if gbias.shape[-2] > 1 else gbias[..., :kend]
-        logits, s = score_parts(gq[..., a0:a1, :], gk[..., :kend, :], scale, softcap, bb)
+            bb = (gbias[..., a0:a1, :kend] if gbias.shape[-2] > 1 else gbias[..., :kend]).to(dt)
+        # this block's inputs in the compute dtype (no copy when they are in it already)
+        ub = gu[..., a0:a1, :].to(dt) / grad_scale                          # (B, n_kv, g, rows, d_v)
+        vb = gv[..., :kend, :].to(dt)                                       # (B, n_kv, 1, kend, d_v)
+        logits, s = score_parts(gq[..., a0:a1, :].to(dt), gk[..., :kend, :].to(dt), scale, softcap, bb)
         seen = al
         if uni is not None:                        # uniform rows: every key, equal scores (a block
             al = al | uni                          # without one is unchanged: uni is all False)
@@ -159,7 +185,7 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         a, sink_mass = masked_softmax(s, al, gsink)
         del s
         sums.ent += flat(torch.special.entr(a).sum(dim=(0, 3, 4)))
-        b = torch.matmul(gu[..., a0:a1, :], gv[..., :kend, :].transpose(-1, -2)).masked_fill_(~al, 0.0)
+        b = torch.matmul(ub, vb.transpose(-1, -2)).masked_fill_(~al, 0.0)
         e = (a * b).sum(-1, keepdim=True)                                   # E_α[b]  (…, rows, 1)
         b -= e                                                              # b − E_α[b]
         ds = a * b                                                          # ∂L/∂S (routing law)
@@ -167,14 +193,14 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         sums.var += flat((ds * b).sum(dim=(0, 3, 4)))
         sums.ds2 += flat(ds.square().sum(dim=(0, 3, 4)))
         del b, ds
-        dv[..., :kend, :] += torch.matmul(a.transpose(-1, -2), gu[..., a0:a1, :])
+        dv[..., :kend, :] += torch.matmul(a.transpose(-1, -2), ub)
         col[..., :kend] += a.sum(-2)
+        sums.u2 += flat(ub.square().sum(dim=(0, 3, 4)))
         if sink_mass is not None:
             sums.sink += flat(sink_mass.sum(dim=(0, 3)))
             sums.has_sinks = True
     sums.rows += B * T
     sums.seqs += B
-    sums.u2 += flat(gu.square().sum(dim=(0, 3, 4)))
     sums.dv2 += flat(dv.square().sum(dim=(0, 3, 4)))
     sums.colmax += flat(col.amax(-1).sum(0))
     p = col / col.sum(-1, keepdim=True).clamp_min(torch.finfo(col.dtype).tiny)

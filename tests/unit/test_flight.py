@@ -114,6 +114,40 @@ def test_row_blocks_read_the_mask_once_per_call(monkeypatch):
     assert ends == [5, 10, 15, 20, 24]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_accumulate_in_fp32_per_block(monkeypatch, dtype):
+    """bf16/fp16 inputs are cast block by block: the statistics equal the same call on the inputs
+    up-cast first (the same arithmetic), with grouped keys, a half bias, sinks, uniform rows and a
+    budget of a few rows; the blocks are sized by the fp32 temporaries, not the inputs' itemsize."""
+    from dyntool import cheap_stats
+    B, nh, n_kv, Tq, d = 2, 4, 2, 24, 8
+    g = torch.Generator().manual_seed(3)
+    q, u = (torch.randn(B, nh, Tq, d, generator=g).to(dtype) for _ in range(2))
+    k, v = (torch.randn(B, n_kv, Tq, d, generator=g).to(dtype) for _ in range(2))
+    bias = torch.randn(1, nh, Tq, Tq, generator=g).to(dtype)
+    sinks = torch.randn(nh, generator=g).to(dtype)
+    allowed = torch.ones(Tq, Tq, dtype=torch.bool).tril().expand(B, nh, Tq, Tq).clone()
+    allowed[1, :, 2] = False
+    uniform = torch.zeros(B, nh, Tq, 1, dtype=torch.bool)
+    uniform[1, :, 2] = True
+    rows = []
+    orig = cheap_stats.key_ends
+    monkeypatch.setattr(cheap_stats, "key_ends", lambda *a: (rows.append(a[-1]), orig(*a))[1])
+    row = 6 * B * nh * Tq * 4 + B * nh * 2 * d * 4           # fp32 temporaries + a row's q, U cast
+    kv = 2 * B * n_kv * Tq * d * 4                           # the keys and values a block casts
+    res = {}
+    for name, cast in (("half", lambda t: t), ("fp32", lambda t: t.float())):
+        sums = cheap_stats.Sums(nh, torch.float32, "cpu")
+        cheap_stats.accumulate(sums, cast(q), cast(k), cast(v), None, cast(u), allowed, 0.3, bias=cast(bias),
+                               softcap=5.0, sinks=cast(sinks), uniform=uniform, max_block_mib=(3.5 * row + kv) / 2**20,
+                               grad_scale=0.5)
+        res[name] = sums.finish()
+    assert rows == [3, 4], rows          # sized in fp32 (an itemsize of 2 would give 8); fp32 casts no k, v
+    for n, x in res["half"].items():
+        assert x.dtype == torch.float32 and torch.isfinite(x).all(), n
+        torch.testing.assert_close(x, res["fp32"][n], rtol=1e-6, atol=1e-7, msg=n)
+
+
 def test_budget_below_one_row_is_refused():
     m = gpt()
     with pytest.raises(ValueError, match="too small for one query row"):
