@@ -256,14 +256,15 @@ class FlightRecorder(Observer):
         self._handles.append(out.register_hook(on_u))
 
     def _reduce(self, site: Site, p: _Pending, u: torch.Tensor) -> None:
-        dt = torch.float64 if p.q.dtype == torch.float64 else torch.float32
         sums = self._sums.get(site)
         if sums is None:
-            sums = self._sums[site] = cheap_stats.Sums(p.q.shape[1], dt, p.q.device)
-        cv = lambda t: None if t is None else t.to(dt)       # noqa: E731  no copy when already dt
-        cheap_stats.accumulate(sums, cv(p.q), cv(p.k), cv(p.v), cv(p.o), u.to(dt) / self.grad_scale,
-                               p.allowed, p.scale, bias=cv(p.bias), softcap=p.softcap, sinks=p.sinks,
-                               uniform=p.uniform, max_block_mib=self.max_block_mib)
+            sums = self._sums[site] = cheap_stats.Sums(p.q.shape[1], cheap_stats.compute_dtype(p.q.dtype),
+                                                       p.q.device)
+        # in their own dtype (bf16 under autocast): accumulate casts each block's slice to fp32 as it
+        # reads it, so no fp32 copy of q, k, v, U or a bias is held through the backward
+        cheap_stats.accumulate(sums, p.q, p.k, p.v, p.o, u, p.allowed, p.scale, bias=p.bias, softcap=p.softcap,
+                               sinks=p.sinks, uniform=p.uniform, max_block_mib=self.max_block_mib,
+                               grad_scale=self.grad_scale)
         for f in _Pending.__slots__:       # the references go now: memory back during the backward
             setattr(p, f, None)
         self._pending -= 1
