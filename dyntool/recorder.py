@@ -155,7 +155,8 @@ class Recorder:
                 else:
                     self.store.write_rows(m, n, where, self._to_np(x[..., self.k0:self.k1], m), shape,
                                           (1, 1, 1, chunk, nk))
-        small = stream(cap, sel, emit, rows=rows, crop=(self.q0, self.q1), matrices=mats, pool=self.cfg.pool)
+        small = stream(cap, sel, emit, rows=rows, crop=(self.q0, self.q1), matrices=mats, pool=self.cfg.pool,
+                       max_block_mib=self.cfg.max_block_mib)       # a layer's heads in one block if they fit
         if buf is not None:
             host = _to_host(buf)                                       # one copy, one sync
             self.store.write_rows_later(n, [(m, (slice(None),) * 4, host[m], shape, (1, 1, 1, chunk, nk))

@@ -1,10 +1,17 @@
-"""The full tier streamed: one selected head at a time, in query-row blocks, nothing T × T kept.
+"""The full tier streamed: the selected heads of a layer together, in query-row blocks, nothing T × T kept.
 
 :meth:`dyntool.capture.Capture.compute` returns every head's T × T matrices at once (fine at
 T = 64, ~2 GiB for one head at T = 8192).  :func:`stream` computes the same quantities from the
 same capture (its q, k, v, U, mask, scale and modifiers, all O(T·d)) for the heads of a
 :class:`~dyntool.record.selection.Selection`, block of query rows by block:
 
+- a layer's selected heads go through a block together, as many as ``max_block_mib`` holds at the
+  block's rows (:func:`heads_per_block`; all of them at the sizes a training run records, one
+  when a head alone needs several blocks), with a head axis in front: (G, S, rows, Tk).  Why: one
+  head at a time cost nh times the launches and host reads of one block of nh heads, and on a
+  GPU a recorded step was launch-bound;
+- the key range of every block is read off the mask once per layer (one host transfer), not per
+  head or per block;
 - each block goes through :func:`dyntool.quantities.head_quantities` itself, so every per-row
   value (α, S, B, A, ∂L/∂S, E_α[b], entropies, dQ, sink mass) is the dense formula on those rows;
 - what sums over query rows (dV = αᵀU, dK, column usage, the RMS logit, the routing residual)
@@ -44,10 +51,18 @@ Emit = Callable[[int, int, int, int, dict], None]
 
 
 def rows_per_block(S: int, N: int, itemsize: int, max_block_mib: float, multiple: int = 1) -> int:
-    """Query rows per block (a multiple of ``multiple``, e.g. the pooling block); 0 = the budget
-    does not hold one."""
+    """Query rows per block of one head (a multiple of ``multiple``, e.g. the pooling block);
+    0 = the budget does not hold one."""
     rows = block_rows(S, 1, N, N, itemsize, max_block_mib, live=LIVE)
     return min(N, rows // multiple * multiple) if rows >= multiple else 0
+
+
+def heads_per_block(S: int, N: int, rows: int, itemsize: int, max_block_mib: float | None) -> int:
+    """Heads computed together in blocks of ``rows`` query rows: as many as ``max_block_mib``
+    holds, at least one (``rows`` was sized for one); None = one head at a time."""
+    if max_block_mib is None:
+        return 1
+    return max(1, int(max_block_mib * 2**20 // (LIVE * S * rows * N * itemsize)))
 
 
 def size(cap: Capture) -> int:
@@ -57,8 +72,10 @@ def size(cap: Capture) -> int:
 
 @torch.no_grad()
 def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[int, int] | None = None,
-           matrices=names.MATRICES, pool: int = 0, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
-    """Compute the selected heads in blocks of ``rows`` query rows.
+           matrices=names.MATRICES, pool: int = 0, dtype: torch.dtype | None = None,
+           max_block_mib: float | None = None) -> dict[str, torch.Tensor]:
+    """Compute the selected heads in blocks of ``rows`` query rows, as many heads of a layer in
+    one block as ``max_block_mib`` holds (:func:`heads_per_block`; None = one at a time).
 
     ``emit(layer_index, slot, r0, r1, {name: (S, r1 − r0, N)})`` receives every block of the
     matrices in ``matrices`` whose rows [r0, r1) meet ``crop`` (default all; blocks are aligned
@@ -74,15 +91,17 @@ def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[i
         if slot is None or slot.u is None:
             raise CaptureError(f"{site_where(site)}: nothing captured for it (attention did not run, or backward "
                                "ran outside the Capture)")
+        dt = _dtype(slot, dtype)
+        hs = list(sel.heads[li])
+        G = heads_per_block(slot.q.shape[0], N, rows, dt.itemsize, max_block_mib)
+        blocks = _blocks(N, rows, lo, hi, pool)
+        reads = _block_reads(slot, blocks)                  # one host read per layer, not per head
         heads = []
-        for si in range(sel.slots):
-            if si < len(sel.heads[li]):
-                h = sel.heads[li][si]
-                heads.append(_head(cap, slot, h, N, rows, lo, hi, pool, matrices,
-                                   lambda r0, r1, m, li=li, si=si: emit(li, si, r0, r1, m), dtype))
-            else:
-                heads.append(None)
-        per_site.append(heads)
+        for g0 in range(0, len(hs), G):
+            res = _heads(cap, slot, hs[g0:g0 + G], N, blocks, reads, lo, hi, pool, matrices,
+                         lambda gi, r0, r1, m, li=li, g0=g0: emit(li, g0 + gi, r0, r1, m), dt)
+            heads += [{n: x[g:g + 1] for n, x in res.items()} for g in range(len(hs[g0:g0 + G]))]
+        per_site.append(heads + [None] * (sel.slots - len(hs)))
     ref = next(h for heads in per_site for h in heads if h is not None)
     out = {}
     for name, x in ref.items():
@@ -94,7 +113,7 @@ def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[i
         for si in range(len(sel.heads[li]), sel.slots):
             for r0, r1 in _blocks(N, rows, lo, hi, pool):
                 if r0 < hi and r1 > lo:
-                    emit(li, si, max(r0, lo), min(r1, hi), _pad_block(matrices, S, min(r1, hi) - max(r0, lo), N,
+                    emit(li, si, max(r0, lo), min(r1, hi), _pad_block(matrices, (S, min(r1, hi) - max(r0, lo), N),
                                                                       out["queries"].dtype, out["queries"].device))
     return out
 
@@ -107,50 +126,63 @@ def _blocks(N: int, rows: int, lo: int, hi: int, pool: int):
     return [(a, min(b, N)) for a, b in zip(starts, starts[1:] + [N])]
 
 
-def _key_ends(allowed, uniform, T: int, Tk: int, blocks) -> list[int]:
-    """One past the last key each block's rows see (one host read per head, not one per block):
-    :func:`dyntool.cheap_stats.key_ends` at one-row granularity, maxed over each block."""
-    ends = key_ends(allowed, uniform, T, Tk, 1)                  # per query row
-    return [max(ends[r0:min(r1, T)], default=1) for r0, r1 in blocks]
+def _block_reads(slot, blocks) -> tuple[list[int], list[bool] | None]:
+    """For each block: one past the last key its rows see (:func:`dyntool.cheap_stats.key_ends`
+    at one-row granularity, maxed over the block; a uniform row reads every key), and whether it
+    holds a uniform row (None: the site has none).  The mask of every head at once, read once per
+    layer: a block without a uniform row is then computed without ``head_quantities``' test for
+    them (a host read)."""
+    T, Tk = slot.q.shape[-2], slot.k.shape[-2]
+    ends = key_ends(slot.allowed, slot.uniform_rows, T, Tk, 1)                     # per query row
+    kends = [max(ends[r0:min(r1, T)], default=1) for r0, r1 in blocks]
+    if slot.uniform_rows is None:
+        return kends, None
+    rows = slot.uniform_rows.reshape(-1, T).any(0).tolist()                        # (T,)
+    return kends, [any(rows[r0:min(r1, T)]) for r0, r1 in blocks]
 
 
-def _pad_block(matrices, S: int, n: int, N: int, dt, device) -> dict[str, torch.Tensor]:
-    return {m: torch.full((S, n, N), PAD[m], dtype=dt, device=device) for m in matrices}
+def _pad_block(matrices, shape: tuple, dt, device) -> dict[str, torch.Tensor]:
+    return {m: torch.full(shape, PAD[m], dtype=dt, device=device) for m in matrices}
 
 
-def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool: int, matrices, emit,
-          dtype) -> dict[str, torch.Tensor]:
-    """One head of one site, as ``Capture._layer`` computes it for every head, in row blocks."""
-    dt = dtype or (torch.float64 if slot.q.dtype == torch.float64 else torch.float32)
-    pick = lambda t: None if t is None else t[:, h if t.shape[1] > 1 else 0].unsqueeze(0)   # noqa: E731
-    q, k, v = (pick(t).to(dt) for t in (slot.q, slot.k, slot.v))        # (1, S, T|Tk, d)
+def _dtype(slot, dtype) -> torch.dtype:
+    return dtype or (torch.float64 if slot.q.dtype == torch.float64 else torch.float32)
+
+
+def _heads(cap: Capture, slot, hs: list[int], N: int, blocks, reads, lo: int, hi: int, pool: int, matrices,
+           emit, dt) -> dict[str, torch.Tensor]:
+    """Heads ``hs`` of one site, as ``Capture._layer`` computes every head, in row blocks; every
+    tensor has the G = len(hs) heads in front: (G, S, ...).  ``emit(g, r0, r1, {name: (S, rows, N)})``."""
+    G = len(hs)
+    # (S|1, nh|1, ...) → (G|1, S|1, ...): the heads of the group, or the one slice a shared tensor has
+    pick = lambda t: None if t is None else (t[:, hs] if t.shape[1] > 1 else t[:, :1]).transpose(0, 1)  # noqa: E731
+    q, k, v = (pick(t).to(dt) for t in (slot.q, slot.k, slot.v))        # (G, S, T|Tk, d)
     u = pick(slot.u).to(dt) / cap.grad_scale
     allowed, uniform, bias = pick(slot.allowed), pick(slot.uniform_rows), pick(slot.bias)
     bias = None if bias is None else bias.to(dt)
-    sinks = pick(slot.sinks)
+    sinks = pick(slot.sinks)                                             # (G, 1, 1, 1)
     S, T, Tk = q.shape[1], q.shape[2], k.shape[2]
     f = dict(dtype=dt, device=q.device)                # every buffer where the captured tensors are (a GPU)
     acc = {"value_grad": torch.zeros_like(v), "key_grad": torch.zeros_like(k),
-           "column_usage": torch.zeros(1, S, Tk, **f)}
+           "column_usage": torch.zeros(G, S, Tk, **f)}
     vec: dict[str, torch.Tensor] = {}
     pooled = {m: [] for m in matrices if pool and m in names.POOLED}
     computed = tuple(matrices) + (("scores",) if pooled and "scores" not in matrices else ())
-    lmax = torch.zeros(1, **f)
-    sumsq = torch.zeros(1, **f)
-    count = torch.zeros(1, **f)                        # on the device: no sync per block
-    resid = torch.zeros(2, **f) if slot.ds is not None else None
-    blocks = _blocks(N, rows, lo, hi, pool)
-    kends = _key_ends(allowed, uniform, T, Tk, blocks)  # keys no row of a block sees are skipped
-    for (r0, r1), kend in zip(blocks, kends):
+    lmax = torch.zeros(G, **f)
+    sumsq = torch.zeros(G, **f)
+    count = torch.zeros(G, **f)                        # on the device: no sync per block
+    resid = torch.zeros(2, G, **f) if slot.ds is not None else None
+    kends, has_uni = reads                             # keys no row of a block sees are skipped
+    for bi, ((r0, r1), kend) in enumerate(zip(blocks, kends)):
         a1 = min(r1, T)                                # rows past the site's T are padding
-        mats = _pad_block(computed, S, r1 - r0, N, dt, q.device) if (r0 < hi and r1 > lo) or pooled else None
+        mats = _pad_block(computed, (G, S, r1 - r0, N), dt, q.device) if (r0 < hi and r1 > lo) or pooled else None
         if r0 < a1:
             al = allowed[..., r0:a1, :]
-            uni = None if uniform is None else uniform[..., r0:a1, :]
+            uni = uniform[..., r0:a1, :] if has_uni is not None and has_uni[bi] else None
             bb = None if bias is None else (bias[..., r0:a1, :kend] if bias.shape[-2] > 1 else bias[..., :kend])
             qs = head_quantities(q[..., r0:a1, :], k[..., :kend, :], v[..., :kend, :], u[..., r0:a1, :],
                                  al[..., :kend], slot.scale, bias=bb, softcap=slot.softcap,
-                                 sinks=sinks, uniform_rows=uni)
+                                 sinks=sinks, uniform_rows=uni)          # (G, S, rows, kend) matrices
             for n in ROW_VECTORS:
                 if n in qs:
                     vec.setdefault(n, []).append(qs[n])
@@ -158,17 +190,17 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
             for n in ("value_grad", "key_grad"):        # keys past kend get nothing from this block
                 acc[n][..., :kend, :] += qs[n]
             lmax = torch.maximum(lmax, qs["logit_max"])
-            n_seen = al[..., :kend].expand(1, S, a1 - r0, kend).sum().to(dt)
+            n_seen = al[..., :kend].expand(G, S, a1 - r0, kend).sum(dim=(1, 2, 3)).to(dt)   # (G,)
             sumsq += qs["logit_norm"].square() * n_seen.clamp_min(1)
             count += n_seen
             if resid is not None:
-                ds_auto = slot.ds[:, h, r0:a1, :kend].to(dt).unsqueeze(0) / cap.grad_scale
+                ds_auto = slot.ds[:, hs, r0:a1, :kend].to(dt).transpose(0, 1) / cap.grad_scale
                 seen_all = al[..., :kend] if uni is None else al[..., :kend] | uni
-                resid[0] += (ds_auto - qs["score_grad"]).masked_fill(~seen_all, 0.0).square().sum()
-                resid[1] += ds_auto.masked_fill(~seen_all, 0.0).square().sum()
+                resid[0] += (ds_auto - qs["score_grad"]).masked_fill(~seen_all, 0.0).square().sum(dim=(1, 2, 3))
+                resid[1] += ds_auto.masked_fill(~seen_all, 0.0).square().sum(dim=(1, 2, 3))
             if mats is not None:
                 for m in computed:
-                    mats[m][:, : a1 - r0, :kend] = qs[m][0]
+                    mats[m][:, :, : a1 - r0, :kend] = qs[m]
             del qs
         if mats is not None:
             vis = torch.isfinite(mats["scores"]).float() if pooled else None   # masked: NaN scores
@@ -176,17 +208,18 @@ def _head(cap: Capture, slot, h: int, N: int, rows: int, lo: int, hi: int, pool:
                 pooled[m].append(pool_blocks(mats[m].float(), pool, vis))
             if r0 < hi and r1 > lo:
                 c0, c1 = max(r0, lo), min(r1, hi)
-                emit(c0, c1, {m: mats[m][:, c0 - r0: c1 - r0] for m in matrices})
+                for g in range(G):
+                    emit(g, c0, c1, {m: mats[m][g, :, c0 - r0: c1 - r0] for m in matrices})
     out = {"upstream": u, "values": v, "queries": q, "keys": k, "value_norm": v.norm(dim=-1), **acc,
            **{n: torch.cat(xs, dim=2) for n, xs in vec.items()},
            "logit_max": lmax, "logit_norm": (sumsq / count.clamp_min(1)).sqrt()}
     if resid is not None:
-        out["routing_residual"] = resid[0:1].sqrt() / resid[1:2].sqrt().clamp_min(1e-300)
+        out["routing_residual"] = resid[0].sqrt() / resid[1].sqrt().clamp_min(1e-300)
     if slot.dq is not None:
         out["query_grad"] = pick(slot.dq).to(dt) / cap.grad_scale
     if slot.dk is not None:
-        out["key_grad"] = expand_kv(slot.dk, slot.q.shape[1])[:, h].unsqueeze(0).to(dt) / cap.grad_scale
+        out["key_grad"] = pick(expand_kv(slot.dk, slot.q.shape[1])).to(dt) / cap.grad_scale
     out = {n: pad_to(n, x, N) for n, x in out.items()}
     for m, parts in pooled.items():
-        out[names.POOLED[m]] = torch.cat(parts, dim=1).unsqueeze(0)
+        out[names.POOLED[m]] = torch.cat(parts, dim=2)
     return out

@@ -15,7 +15,7 @@ from dyntool.errors import ConfigError
 from dyntool.record import names
 from dyntool.record.pooling import pool_blocks
 from dyntool.record.selection import Selection, model_head, model_layer, parse_heads, resolve
-from dyntool.stream import PAD, rows_per_block, size, stream
+from dyntool.stream import LIVE, PAD, heads_per_block, rows_per_block, size, stream
 from tests.unit.test_flight import batch, gpt, gpt_loss
 
 UNSET = float("inf")          # a sentinel no quantity takes: an entry never written stays inf
@@ -49,7 +49,7 @@ def test_resolve_and_layout():
 
 
 # ------------------------------------------------------------------ streamed == dense
-def streamed(cap, sel: Selection, rows: int, crop=None, pool: int = 0):
+def streamed(cap, sel: Selection, rows: int, crop=None, pool: int = 0, max_block_mib=None):
     """Run :func:`stream`, assembling the emitted blocks; every cell written exactly once."""
     N = size(cap)
     S = next(iter(cap.slots.values())).q.shape[0]
@@ -63,7 +63,7 @@ def streamed(cap, sel: Selection, rows: int, crop=None, pool: int = 0):
             cell = mats[m][li, si, :, r0 - lo:r1 - lo]
             assert x.shape == cell.shape and (cell == UNSET).all(), (m, li, si, r0, r1)
             cell.copy_(x)
-    small = stream(cap, sel, emit, rows=rows, crop=crop, pool=pool)
+    small = stream(cap, sel, emit, rows=rows, crop=crop, pool=pool, max_block_mib=max_block_mib)
     for m, x in mats.items():
         assert not (x == UNSET).any(), f"{m}: entries never written"
     return mats, small
@@ -112,35 +112,62 @@ def test_dyntool_gpt_streamed_equals_dense(attention, kw):
         assert "routing_residual" in small
 
 
-def test_streamed_blocks_read_the_mask_once_per_head(monkeypatch):
+def test_streamed_blocks_read_the_mask_once_per_layer(monkeypatch):
     """Every block's key range and the logit-norm counts stay on the device: one host read per
-    head (the key ranges), not a nonzero/int/any/sum read per block (each a sync on a GPU)."""
+    layer (the key ranges), not one per head nor a nonzero/int/any/sum read per block (each a sync
+    on a GPU), whether the heads go one at a time or together."""
     m = gpt("ls", n_local=3, n_global=1, window=4)
     cap, dense = captured(m, gpt_loss(*batch()), grad_scale=0.5)
-    sel = resolve("L0H*", 2, 4)
-    reads = []
-    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
-        orig = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
-    mats, small = stream(cap, sel, lambda *a: None, rows=3), None
-    monkeypatch.undo()
-    assert len(reads) == 4 and set(reads) == {"tolist"}, reads          # 4 heads × 6 blocks: 4 reads
-    mats, small = streamed(cap, sel, 3)
+    sel = resolve("L0H*,L1H1,L1H3", 2, 4)
+    for mib in (None, 64.0):
+        reads = []
+        for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
+            orig = getattr(torch.Tensor, name)
+            monkeypatch.setattr(torch.Tensor, name,
+                                lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+        stream(cap, sel, lambda *a: None, rows=3, max_block_mib=mib)
+        monkeypatch.undo()
+        assert reads == ["tolist", "tolist"], (mib, reads)          # 2 layers × 6 blocks × 4|2 heads: 2 reads
+    mats, small = streamed(cap, sel, 3, max_block_mib=64.0)
     assert_matches(dense, mats, small, sel)
+
+
+@pytest.mark.parametrize("attention,kw", [("mhsa", dict(backend="manual")), ("ls", dict(n_local=3, n_global=1, window=4)),
+                                          ("span", {})])
+def test_heads_together_equal_head_by_head(attention, kw):
+    """A layer's heads in one block (budget for all), in groups (budget for two) and one at a time
+    give the same arrays, every cell emitted once; and the same as the dense compute()."""
+    m = gpt(attention, **kw)
+    cap, dense = captured(m, gpt_loss(*batch()), grad_scale=0.5)
+    sel = resolve("L0H*,L1H3,L1H0,L1H2", 2, 4)
+    N, S, rows = size(cap), 3, 5
+    one_head = LIVE * S * rows * N * 8 / 2**20                      # MiB: a block of one head, float64
+    assert [heads_per_block(S, N, rows, 8, mib) for mib in (None, 0.1 * one_head, 2.5 * one_head, 1e9)] == \
+        [1, 1, 2, 2**20 * 1e9 // (one_head * 2**20)]
+    ref_mats, ref_small = streamed(cap, sel, rows, (2, 13))                        # one head at a time
+    for mib in (2.5 * one_head, 4 * one_head, 0.1 * one_head):                      # 2, all 4, 1 (too small)
+        mats, small = streamed(cap, sel, rows, (2, 13), max_block_mib=mib)
+        assert set(small) == set(ref_small)
+        for n in small:
+            torch.testing.assert_close(small[n], ref_small[n], rtol=1e-13, atol=1e-15, equal_nan=True, msg=n)
+        for n in mats:
+            torch.testing.assert_close(mats[n], ref_mats[n], rtol=1e-13, atol=1e-15, equal_nan=True, msg=n)
+        assert_matches(dense, mats, small, sel, (2, 13))
 
 
 def test_pooled_overview_streamed_equals_dense():
     """Pooled tiles from blocks of whole tiles = pooling the dense matrices (float32, as stored)."""
     m = gpt()
     cap, dense = captured(m, gpt_loss(*batch()))
-    sel = resolve("L0H1,L1H3", 2, 4)
-    _, small = streamed(cap, sel, rows=8, crop=(5, 9), pool=4)
+    sel = resolve("L0H1,L0H3,L1H3", 2, 4)
+    _, small = streamed(cap, sel, rows=8, crop=(5, 9), pool=4, max_block_mib=64.0)
     vis = torch.isfinite(dense["scores"]).float()
-    for li, (layer, (h,)) in enumerate(zip(sel.layers, sel.heads)):
-        for m_ in names.POOLED:
-            want = pool_blocks(dense[m_][layer, h].float(), 4, vis[layer, h])
-            torch.testing.assert_close(small[names.POOLED[m_]][li, 0], want, rtol=1e-5, atol=1e-7, equal_nan=True)
+    for li, (layer, hs) in enumerate(zip(sel.layers, sel.heads)):
+        for si, h in enumerate(hs):
+            for m_ in names.POOLED:
+                want = pool_blocks(dense[m_][layer, h].float(), 4, vis[layer, h])
+                torch.testing.assert_close(small[names.POOLED[m_]][li, si], want, rtol=1e-5, atol=1e-7,
+                                           equal_nan=True)
 
 
 @pytest.mark.parametrize("kind,impl,pad", [("gpt2", "sdpa", False), ("llama", "sdpa", True), ("llama", "eager", True),
@@ -162,8 +189,9 @@ def test_hf_streamed_equals_dense(kind, impl, pad):
     L, nh = dense["attn"].shape[:2]
     sel = resolve(f"L{L - 1}H*,L0H{nh - 1}", L, nh)
     N = dense["attn"].shape[-2]
-    mats, small = streamed(cap, sel, rows=2, crop=(1, N - 1))
-    assert_matches(dense, mats, small, sel, (1, N - 1))
+    for mib in (None, 64.0):                                  # one head at a time; a layer's heads together
+        mats, small = streamed(cap, sel, rows=2, crop=(1, N - 1), max_block_mib=mib)
+        assert_matches(dense, mats, small, sel, (1, N - 1))
 
 
 def test_rows_per_block_budget():
