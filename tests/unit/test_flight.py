@@ -148,6 +148,34 @@ def test_half_inputs_accumulate_in_fp32_per_block(monkeypatch, dtype):
         torch.testing.assert_close(x, res["fp32"][n], rtol=1e-6, atol=1e-7, msg=n)
 
 
+def test_half_model_reduces_its_own_dtype(monkeypatch):
+    """A bf16 model: the recorder hands q, k, v, U to the reduction in bf16 (no whole fp32 copy
+    held through the backward) and its statistics are fp32, equal to the reduction of the same
+    tensors up-cast first (≤ 1e-6 relative)."""
+    from dyntool import cheap_stats
+    m = gpt().to(torch.bfloat16)
+    calls = []
+    orig = cheap_stats.accumulate
+
+    def spy(sums, q, k, v, o, u, *a, **kw):
+        calls.append((q.clone(), k.clone(), v.clone(), u.clone(), a, kw))
+        orig(sums, q, k, v, o, u, *a, **kw)
+    monkeypatch.setattr(cheap_stats, "accumulate", spy)
+    flight = FlightRecorder(m, grad_scale=0.5, max_block_mib=0.03)        # 3-row blocks
+    with flight:
+        m(*batch())[1].backward()
+    res = flight.result()
+    assert len(calls) == 2 and all(t.dtype == torch.bfloat16 for c in calls for t in c[:4])
+    ref = []
+    for q, k, v, u, a, kw in calls:
+        sums = cheap_stats.Sums(q.shape[1], torch.float32, "cpu")
+        orig(sums, q.float(), k.float(), v.float(), None, u.float(), *a, **kw)
+        ref.insert(0, sums.finish())              # the backward reaches the last layer first
+    for n, x in res.items():
+        assert x.dtype == torch.float32 and torch.isfinite(x).all(), n
+        torch.testing.assert_close(x, torch.stack([r[n] for r in ref]), rtol=1e-6, atol=1e-7, msg=n)
+
+
 def test_budget_below_one_row_is_refused():
     m = gpt()
     with pytest.raises(ValueError, match="too small for one query row"):
