@@ -30,4 +30,14 @@ def open_backend(where, what: str = "RUN", root: Path | str | None = None,
     return LocalBackend(loc, root)
 
 
-__all__ = ["Backend", "LineWriter", "LocalBackend", "ObjectStoreBackend", "Outside", "URLPath", "open_backend"]
+def open_parent(where, what: str = "RUN", root: Path | str | None = None,
+                create: bool = False) -> tuple[LocalBackend | ObjectStoreBackend, str]:
+    """``(backend of where's folder, where's name)``: one file named by its full location (a
+    checkpoint ``RUN/checkpoint.pt`` on a disk or in a bucket) reached through its folder's
+    backend, so callers never split a URL or a path themselves."""
+    loc = location(where, what)
+    return open_backend(loc.parent, what, root, create), loc.name
+
+
+__all__ = ["Backend", "LineWriter", "LocalBackend", "ObjectStoreBackend", "Outside", "URLPath", "open_backend",
+           "open_parent"]

@@ -13,7 +13,7 @@ Keys are ``/``-separated and relative to the backend's own location (``meta.json
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator, Protocol, runtime_checkable
+from typing import Any, BinaryIO, Callable, ContextManager, Iterator, Protocol, runtime_checkable
 
 from ..location import URLPath
 
@@ -53,6 +53,21 @@ class Backend(Protocol):
     def put(self, key: str, data: bytes, exclusive: bool = False, last_resort: bool = False) -> None:
         """Replace ``key`` whole: a reader sees the old bytes or the new, never part (``exclusive``:
         refuse when it exists; ``last_resort``: on a full local disk, rewrite it in place)."""
+
+    def write_with(self, key: str, write: Callable[[Any], None]) -> None:
+        """Replace ``key`` whole with what ``write(target)`` writes, for objects too big to build
+        as bytes first (a checkpoint): ``target`` is a local temp file's :class:`~pathlib.Path`
+        (streamed to disk, renamed over ``key`` only when ``write`` returns) or an in-memory
+        binary buffer (one PUT).  A failed ``write`` leaves the old ``key`` and no temp file."""
+
+    def open_file(self, key: str) -> ContextManager[BinaryIO]:
+        """``with backend.open_file(key) as f``: ``key`` as a binary file, read as it is consumed
+        where the backend can (a disk); :class:`FileNotFoundError` when it is missing,
+        :class:`dyntool.safeio.BadFile` when it is not a regular file (a FIFO never hangs)."""
+
+    def what_is(self, key: str) -> str:
+        """``"file"``, ``"missing"``, ``"folder"``, ``"link"`` (a local symlink, never followed
+        here) or ``"other"`` (a FIFO, a device): what a caller must refuse before reading."""
 
     def append(self, key: str, line: str) -> None:
         """Add one line to ``key`` (created if missing)."""

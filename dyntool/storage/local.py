@@ -123,6 +123,23 @@ class LocalBackend:
             raise RunError(f"{p} already exists; existing runs are never overwritten")
         write_atomic(p, data, last_resort)
 
+    def write_with(self, key: str, write) -> None:
+        with replacing(self._at(key)) as tmp:          # streamed to a temp file, renamed when whole
+            write(tmp)
+
+    @contextlib.contextmanager
+    def open_file(self, key: str):
+        with safeio.open_regular(self._inside(key)) as (f, _):
+            yield f
+
+    def what_is(self, key: str) -> str:
+        p = self._at(key)
+        if p.is_symlink():
+            return "link"
+        if not p.exists():
+            return "missing"
+        return "file" if p.is_file() else "folder" if p.is_dir() else "other"
+
     def append(self, key: str, line: str) -> None:
         with open(self._at(key), "a") as f:
             f.write(line)

@@ -8,6 +8,8 @@ and re-PUTs the whole object at most every few seconds.  Runs this process creat
 """
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import threading
 import time
@@ -76,6 +78,26 @@ class ObjectStoreBackend:
 
     def put(self, key: str, data: bytes, exclusive: bool = False, last_resort: bool = False) -> None:
         self.remote.put(key, data, create=exclusive)
+
+    def write_with(self, key: str, write) -> None:
+        buf = io.BytesIO()                   # an object is one PUT: built whole in memory first
+        write(buf)
+        self.remote.put(key, buf.getvalue())
+
+    @contextlib.contextmanager
+    def open_file(self, key: str):
+        data = self.remote.get(key)
+        if data is None:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", join(self.remote.url, key))
+        yield io.BytesIO(data)
+
+    def what_is(self, key: str) -> str:
+        """One HEAD for an object; a LIST only when there is none (object stores have no links
+        and no FIFOs, so only "file", "folder" or "missing")."""
+        if key and self.remote.head(key):
+            return "file"
+        dirs, files = self.remote.list_dir(key)
+        return "folder" if dirs or files else "missing"
 
     def append(self, key: str, line: str) -> None:
         """GET and PUT back with the line added (one writer at a time, as a run has)."""

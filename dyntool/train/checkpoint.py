@@ -12,7 +12,6 @@ its own (``data_gen[rank]``, ``cuda[rank]``).
 from __future__ import annotations
 
 import errno
-import io
 import random
 import shutil
 from pathlib import Path
@@ -21,10 +20,8 @@ import numpy as np
 import torch
 
 from .. import safeio
-from ..atomic import replacing
 from ..errors import RunError
-from ..location import URLPath, is_url
-from ..storage import open_backend
+from ..storage import open_parent
 
 FORMAT_VERSION = 2
 
@@ -68,43 +65,34 @@ def restore_rng(r: dict) -> None:
 
 # -- files ------------------------------------------------------------------------------------
 
-def save(sd: dict, path: Path) -> None:
-    """Write ``sd`` to ``path`` atomically (:func:`dyntool.atomic.replacing`): never a half-written
-    checkpoint; on failure (e.g. disk full) the previous checkpoint is kept.  An object-store
-    ``path`` (``s3://…/RUN/checkpoint.pt``) is one PUT through the run's storage backend, visible
-    whole or not at all (a local file is streamed to disk instead of held in memory)."""
-    if is_url(str(path)):
-        url = URLPath(str(path))
-        buf = io.BytesIO()
-        torch.save({"format_version": FORMAT_VERSION, **sd}, buf)
-        open_backend(url.parent, create=True).put(url.name, buf.getvalue())
-        return
-    with replacing(path) as tmp:
+def save(sd: dict, path) -> None:
+    """Write ``sd`` to ``path`` (``RUN/checkpoint.pt`` on a disk or ``s3://…/RUN/checkpoint.pt``)
+    through the run's storage backend, atomically: never a half-written checkpoint; on failure
+    (e.g. disk full) the previous checkpoint is kept.  A disk streams it to a temp file renamed
+    over the old one, object storage sends it as one PUT (:meth:`dyntool.storage.Backend.write_with`)."""
+    backend, key = open_parent(path, "checkpoint", create=True)
+    sd = {"format_version": FORMAT_VERSION, **sd}
+
+    def write(target) -> None:
         try:
-            torch.save({"format_version": FORMAT_VERSION, **sd}, tmp)
+            torch.save(sd, target)
         except RuntimeError as e:
             # torch's zip writer reports a full disk as a RuntimeError ("unexpected pos …", "file
             # write failed"): measured before the partial file goes, it is the OSError it was
-            if shutil.disk_usage(tmp.parent).free < (1 << 20):
+            if isinstance(target, Path) and shutil.disk_usage(target.parent).free < (1 << 20):
                 raise OSError(errno.ENOSPC, "No space left on device", str(path)) from e
             raise
+    backend.write_with(key, write)
 
 
-def load(path: Path) -> dict:
-    """Read a checkpoint with ``weights_only=True``; anything else is a one-line RunError.  An
-    object-store ``path`` is one GET through the run's storage backend."""
-    url = is_url(str(path))
-    path = str(path) if url else Path(path)
+def load(path) -> dict:
+    """Read a checkpoint (a local path or an object-store URL, through its folder's storage
+    backend) with ``weights_only=True``; anything else is a one-line RunError."""
     try:
-        if url:
-            data = open_backend(URLPath(path).parent).get(URLPath(path).name)
-            if data is None:
-                raise RunError(f"checkpoint {path} is missing")
-            src = io.BytesIO(data)
-        else:
-            safeio.check_regular(path)             # a FIFO or device would hang torch.load
-            src = path
-        sd = torch.load(src, map_location="cpu", weights_only=True)
+        # root "/": a checkpoint is named by the user (--resume), not found inside a run folder
+        backend, key = open_parent(path, "checkpoint", root="/")
+        with backend.open_file(key) as f:          # a FIFO or device is refused: it would hang torch.load
+            sd = torch.load(f, map_location="cpu", weights_only=True)
     except RunError:
         raise
     except safeio.BadFile as e:

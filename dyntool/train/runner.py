@@ -15,7 +15,7 @@ import torch
 
 from .. import safeio
 from ..errors import ConfigError, RunError
-from ..location import URLPath, is_url, join
+from ..location import is_url, location
 from ..storage import open_backend
 from .config import TrainConfig
 
@@ -33,9 +33,10 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
         if config is not None or preset is not None:
             raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
                                           "(overrides like --train.max_steps=N still apply)")
-        path = join(resume, "config.json") if is_url(resume) else Path(resume) / "config.json"
-        try:                                             # a folder or s3://…/RUN alike (dyntool.storage)
-            raw = open_backend(resume, "--resume", root="/").get("config.json", safeio.MAX_JSON_BYTES)
+        run = open_backend(resume, "--resume", root="/")       # a folder or s3://…/RUN alike
+        path = run.where / "config.json"
+        try:
+            raw = run.get("config.json", safeio.MAX_JSON_BYTES)
             if raw is None:
                 raise RunError(f"cannot resume {resume}: {path} is missing")
             base = safeio.loads(raw, "config.json")
@@ -98,17 +99,16 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
 
     Raises :class:`RunError` with the reason when there is nothing to resume from, and
     :class:`NothingToDo` when the checkpoint is already at ``train.max_steps``."""
-    if is_url(resume):
-        return _resume_url(resume, cfg)
-    run = Path(resume)
-    src = run / "checkpoint.pt"
-    if src.is_symlink() or (src.exists() and not src.is_file()):     # never opened: a FIFO would hang
-        kind = "a link" if src.is_symlink() else "a folder" if src.is_dir() else "not a regular file"
+    run = open_backend(resume, "--resume", root="/")           # a folder or s3://…/RUN alike
+    kind = run.what_is("checkpoint.pt")
+    if kind not in ("file", "missing"):                  # never opened: a FIFO would hang
+        kind = {"link": "a link", "folder": "a folder"}.get(kind, "not a regular file")
         raise RunError(f"cannot resume {resume}: its checkpoint.pt is {kind}; it must be the file "
                        "a training run wrote")
-    if not src.is_file():
+    if kind == "missing":
         try:
-            old = safeio.read_json(run / "config.json").get("train", {})
+            raw = run.get("config.json", safeio.MAX_JSON_BYTES) or b"{}"     # why there is none
+            old = safeio.loads(raw, "config.json").get("train", {})
         except (OSError, ValueError, AttributeError):
             old = {}
         old = old if isinstance(old, dict) else {}
@@ -120,14 +120,8 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
             why = (f"it stopped before its first checkpoint (written {every}at the end and on "
                    f"SIGTERM/SIGINT; a kill -9 before step {iv or 'the end'} leaves none)")
         raise RunError(f"cannot resume {resume}: no checkpoint.pt, {why}")
-    return _load_checkpoint(src, resume, cfg, run.name, lambda name: (run.parent / name).exists())
-
-
-def _resume_url(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
-    """:func:`resume_source` for a run in object storage: its checkpoint.pt is one GET."""
-    run = URLPath(resume)
-    return _load_checkpoint(join(resume, "checkpoint.pt"), resume, cfg, run.name,
-                            lambda name: open_backend(run.parent).exists(name))
+    runs = open_backend(run.where.parent, "--resume", root="/")     # where the new run's name must be free
+    return _load_checkpoint(run.where / "checkpoint.pt", resume, cfg, run.where.name, runs.exists)
 
 
 def _load_checkpoint(src, resume: str, cfg: TrainConfig, run_name: str, taken) -> tuple[dict, str]:
@@ -215,7 +209,7 @@ def _build_model(cfg: TrainConfig, corpus, dist, ckpt: dict | None, resume: str 
         model.double()
     if ckpt is not None:                                     # names and shapes, before any run exists
         from .checkpoint import check_model
-        check_model(ckpt, model, Path(resume) / "checkpoint.pt")
+        check_model(ckpt, model, location(resume) / "checkpoint.pt")
     return model
 
 
@@ -262,9 +256,8 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
         cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
               [MetricsLogger(run, cfg.train.log_every)]
     ck_path = None
-    if cfg.train.checkpoint:
-        ck_path = Path(os.devnull) if run is None else f"{run.path}/checkpoint.pt" \
-            if is_url(str(run.path)) else run.path / "checkpoint.pt"      # s3: one PUT
+    if cfg.train.checkpoint:                       # a Path, or a URLPath: one PUT (dyntool.storage)
+        ck_path = Path(os.devnull) if run is None else run.backend.where / "checkpoint.pt"
     trainer = Trainer(cfg, model, corpus, dist, cbs, ck_path)
     trainer.quiet = quiet or not dist.is_main
     if ckpt is not None:
@@ -272,7 +265,7 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
             trainer.load_state_dict(ckpt)
         except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as e:
             why = " ".join(str(e).split())[:200]
-            raise RunError(f"checkpoint {Path(resume) / 'checkpoint.pt'} can't be restored "
+            raise RunError(f"checkpoint {location(resume) / 'checkpoint.pt'} can't be restored "
                            f"({type(e).__name__}: {why})") from None
     try:
         return trainer.fit()
@@ -282,20 +275,19 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
         raise
 
 
-def next_step(run_path: Path, ck_path: Path | None, step: int) -> str:
+def next_step(run_path, ck_path, step: int) -> str:
     """The command that continues an interrupted run (or why there is none)."""
     import shlex
-    if is_url(str(run_path)) and ck_path is not None:
-        if open_backend(run_path).exists("checkpoint.pt"):
-            return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(run_path))}"
-        ck_path = None
-    if ck_path is None or not Path(ck_path).is_file():
+    where = location(run_path)
+    if ck_path is None or open_backend(where, root="/").what_is("checkpoint.pt") != "file":
         return f"stopped at step {step} with no checkpoint (train.checkpoint=false or none written yet)"
-    try:
-        shown = Path(os.path.relpath(run_path))
-        shown = shown if not str(shown).startswith("..") else run_path
-    except ValueError:
-        shown = run_path
+    shown = where
+    if isinstance(where, Path):                    # a folder is shown relative to here when below it
+        try:
+            shown = Path(os.path.relpath(where))
+            shown = shown if not str(shown).startswith("..") else where
+        except ValueError:
+            shown = where
     return f"stopped at step {step}; continue with: dyntool train --resume {shlex.quote(str(shown))}"
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError, RunError
+from ..location import URLPath, location
 from ..record import metric_names as mn
 from ..record.ranks import declare_reducers
 from . import fsdp
@@ -35,15 +36,14 @@ def check(cfg, world: int) -> None:
                                          f"over {world} ranks under train.parallel=fsdp; use a multiple of {world}")
 
 
-def share_run(run, dist) -> "Path | str":
-    """Rank 0's run path on every rank (an object-store URL stays a string), or rank 0's error
-    raised on every rank."""
+def share_run(run, dist) -> Path | URLPath:
+    """Rank 0's run location on every rank (a ``Path``, or a ``URLPath`` for object storage: the
+    storage backend each rank opens on it tells them apart), or rank 0's error raised on every rank."""
     msg = fsdp.broadcast(("ok", str(run.path)) if run is not None else None) if dist.is_main else \
         fsdp.broadcast(None)
     if msg is None or msg[0] != "ok":
         raise RunError(msg[1] if msg else "rank 0 could not create the run")
-    from ..location import is_url
-    return msg[1] if is_url(msg[1]) else Path(msg[1])
+    return location(msg[1])
 
 
 class ShardedRecordingCallback(RecordingCallback):

@@ -3,6 +3,8 @@ an S3-compatible server (moto, the fixture of tests/integration/test_s3.py), and
 atomic writes, containment and clean-up after a rejection."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -70,6 +72,58 @@ def test_append_and_appender(backend):
     w.close()                                                   # an object store's: PUT on close
     assert backend.get("metrics.jsonl") == b"".join(f'{{"step": {i}}}\n'.encode() for i in range(3))
     assert list(backend.lines("missing.jsonl")) == []
+
+
+def test_write_with_open_file_and_what_is(backend):
+    """A large object streamed in (a checkpoint): atomic on both, read back as a file."""
+    assert backend.what_is("big.bin") == "missing"
+    with pytest.raises(FileNotFoundError):
+        with backend.open_file("big.bin"):
+            pass
+
+    def write(target):                     # a temp file's Path (a disk) or a buffer (one PUT)
+        target.write_bytes(b"v1") if isinstance(target, Path) else target.write(b"v1")
+    backend.write_with("big.bin", write)
+    with backend.open_file("big.bin") as f:
+        assert f.read() == b"v1"
+    assert backend.what_is("big.bin") == "file"
+
+    def fails(target):
+        raise RuntimeError("the writer broke half-way")
+    with pytest.raises(RuntimeError):
+        backend.write_with("big.bin", fails)
+    assert backend.get("big.bin") == b"v1" and backend.list() == ([], ["big.bin"])   # old kept, no temp
+    backend.put("sub/x", b"1") if not isinstance(backend, LocalBackend) else \
+        ((backend.where / "sub").mkdir(), backend.put("sub/x", b"1"))
+    assert backend.what_is("sub") == "folder"
+
+
+def test_checkpoint_save_and_load_through_either_backend(backend):
+    import torch
+
+    from dyntool.train import checkpoint
+    where = backend.where / "checkpoint.pt"
+    checkpoint.save({"step": 3, "w": torch.arange(4.0)}, where)
+    assert backend.what_is("checkpoint.pt") == "file"
+    with backend.open_file("checkpoint.pt") as f:
+        sd = torch.load(f, weights_only=True)
+    assert sd["step"] == 3 and sd["format_version"] == checkpoint.FORMAT_VERSION
+    with pytest.raises(RunError, match="not a dyntool training checkpoint"):
+        checkpoint.load(where)                                  # read back, then its keys checked
+    with pytest.raises(RunError, match="can't be read"):
+        checkpoint.load(backend.where / "missing.pt")
+
+
+def test_local_what_is_names_links_and_fifos(tmp_path):
+    import os
+    (tmp_path / "real").write_bytes(b"x")
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    os.mkfifo(tmp_path / "fifo")
+    b = open_backend(tmp_path)
+    assert [b.what_is(k) for k in ("real", "link", "fifo")] == ["file", "link", "other"]
+    with pytest.raises(safeio.BadFile, match="not a regular file"):
+        with b.open_file("fifo"):                               # refused, never hangs
+            pass
 
 
 def test_create_run_and_is_run(backend):
