@@ -20,6 +20,10 @@ E. ``full_tier_T8192_peak_extra_mib``: the same for the streamed full tier, end 
    selected with ``record.heads``, computed in query-row blocks of ``record.max_block_mib`` = 64
    and written into ``record.zarr`` block by block).  Target ≤ 512 MiB; and the values it stores at
    T = 1024 (budget 4 MiB, several blocks) equal the dense ``Capture.compute()`` to 1e-6.
+F. the streamed full tier's compute (``stream``, no writer) of every head of the ``small`` preset's
+   GPT (S = 4 sequences, T = 64 and 256): a layer's heads together in one block (``max_block_mib`` =
+   64, what the recorder passes; on the CPU capped at ``stream.CPU_BLOCK_ENTRIES``, so T = 256 keeps
+   one head a block) vs one head at a time; ratio ``together_over_one_head``.
 
 Rounds rotate the order of the arms; each arm's per-round time is the mean of ``--steps`` steps;
 ratios are the medians of the per-round ratios (paired, so the drift of a shared machine cancels).
@@ -283,6 +287,31 @@ def bench_memory_streamed(T: int) -> dict:
                     "record.zarr; values: streamed T=1024 read back from zarr vs Capture.compute(), max |diff| / max |value|"}
 
 
+def bench_stream_heads(reps: int, steps: int, Ts=(64, 256), S: int = 4) -> dict:
+    """F: ``stream`` of all heads, a layer's heads in one block vs one at a time (same capture)."""
+    from dyntool.capture import Capture
+    from dyntool.record.selection import resolve
+    from dyntool.stream import heads_per_block, rows_per_block, stream
+    out = {}
+    for T in Ts:
+        m = load_config("wikitext_mhsa", "small", []).model
+        torch.manual_seed(0)
+        model = GPT(m, VOCAB, T)
+        x = torch.randint(0, VOCAB, (S, T), generator=torch.Generator().manual_seed(0))
+        with Capture(model) as cap:
+            model(x, torch.roll(x, -1, 1))[1].backward()
+        sel, rows = resolve("all", m.n_layer, m.n_head), rows_per_block(S, T, 4, 64.0)
+        arms = {mode: (lambda n, mib=mib: [stream(cap, sel, lambda *a: None, rows=rows, max_block_mib=mib)
+                                           for _ in range(n)])
+                for mode, mib in (("one_head", None), ("together", 64.0))}
+        t = interleave(arms, reps, steps)
+        out[f"T{T}"] = {"shape": f"L={m.n_layer} nh={m.n_head} S={S} T={T} rows={rows} "
+                                 f"heads/block={heads_per_block(S, T, rows, 4, 64.0, cpu=True)}",
+                        "ms": {n: 1e3 * statistics.median(v) for n, v in t.items()},
+                        "together_over_one_head": ratio(t, "together", "one_head")}
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="≤ 3 min on 2 cores: fewer rounds, smaller HF model")
@@ -291,11 +320,18 @@ def main(argv=None) -> int:
     p.add_argument("--T", type=int, default=8192, help="length of the memory measurement")
     p.add_argument("--json", default=None)
     p.add_argument("--only-memory", action="store_true", help="only D and E (the memory measurements)")
+    p.add_argument("--only-stream", action="store_true", help="only F (the streamed full tier's heads together)")
     a = p.parse_args(argv)
     reps = a.reps or (3 if a.quick else 7)
     steps = a.steps or (3 if a.quick else 6)
     res = {"hardware": hardware(), "reps": reps, "steps": steps, "quick": a.quick}
     t0 = time.perf_counter()
+    if not a.only_memory:
+        res["stream_heads"] = bench_stream_heads(reps, steps)
+        print(json.dumps(res["stream_heads"], indent=1), flush=True)
+    if a.only_stream:
+        print(f"{time.perf_counter() - t0:.0f} s on {res['hardware']}")
+        return 0
     if not a.only_memory:
         res["gpt"] = bench_gpt(reps, steps)
         print(json.dumps(res["gpt"], indent=1), flush=True)

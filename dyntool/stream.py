@@ -6,10 +6,10 @@ same capture (its q, k, v, U, mask, scale and modifiers, all O(T·d)) for the he
 :class:`~dyntool.record.selection.Selection`, block of query rows by block:
 
 - a layer's selected heads go through a block together, as many as ``max_block_mib`` holds at the
-  block's rows (:func:`heads_per_block`; all of them at the sizes a training run records, one
-  when a head alone needs several blocks), with a head axis in front: (G, S, rows, Tk).  Why: one
-  head at a time cost nh times the launches and host reads of one block of nh heads, and on a
-  GPU a recorded step was launch-bound;
+  block's rows (:func:`heads_per_block`; all of them at the sizes a training run records on a GPU,
+  one when a head alone needs several blocks; on a CPU only while the block is small), with a head
+  axis in front: (G, S, rows, Tk).  Why: one head at a time cost nh times the launches and host
+  reads of one block of nh heads, and on a GPU a recorded step was launch-bound;
 - the key range of every block is read off the mask once per layer (one host transfer), not per
   head or per block;
 - each block goes through :func:`dyntool.quantities.head_quantities` itself, so every per-row
@@ -48,6 +48,11 @@ ROW_VECTORS = ("expected_compat", "attn_entropy", "attn_entropy_norm", "sink_mas
 COLUMN_SUMS = ("value_grad", "key_grad", "column_usage")
 
 Emit = Callable[[int, int, int, int, dict], None]
+# score entries of one (G, S, rows, N) block beyond which a CPU gains nothing from more heads in it:
+# a bigger block stops paying once an op's work dwarfs its dispatch (~10 µs) and starts to cost once
+# its temporaries leave the cache (2-core EPYC, S = 4: 4 heads of T = 64 together 0.6× the time of
+# one at a time, 4 heads of T = 256 1.2×).  A GPU is held to the budget only: there launches count
+CPU_BLOCK_ENTRIES = 2**18
 
 
 def rows_per_block(S: int, N: int, itemsize: int, max_block_mib: float, multiple: int = 1) -> int:
@@ -57,12 +62,15 @@ def rows_per_block(S: int, N: int, itemsize: int, max_block_mib: float, multiple
     return min(N, rows // multiple * multiple) if rows >= multiple else 0
 
 
-def heads_per_block(S: int, N: int, rows: int, itemsize: int, max_block_mib: float | None) -> int:
+def heads_per_block(S: int, N: int, rows: int, itemsize: int, max_block_mib: float | None,
+                    cpu: bool = False) -> int:
     """Heads computed together in blocks of ``rows`` query rows: as many as ``max_block_mib``
-    holds, at least one (``rows`` was sized for one); None = one head at a time."""
+    holds (on a CPU, no more than :data:`CPU_BLOCK_ENTRIES` entries), at least one (``rows`` was
+    sized for one); None = one head at a time."""
     if max_block_mib is None:
         return 1
-    return max(1, int(max_block_mib * 2**20 // (LIVE * S * rows * N * itemsize)))
+    g = int(max_block_mib * 2**20 // (LIVE * S * rows * N * itemsize))
+    return max(1, min(g, CPU_BLOCK_ENTRIES // (S * rows * N)) if cpu else g)
 
 
 def size(cap: Capture) -> int:
@@ -93,7 +101,7 @@ def stream(cap: Capture, sel: Selection, emit: Emit, *, rows: int, crop: tuple[i
                                "ran outside the Capture)")
         dt = _dtype(slot, dtype)
         hs = list(sel.heads[li])
-        G = heads_per_block(slot.q.shape[0], N, rows, dt.itemsize, max_block_mib)
+        G = heads_per_block(slot.q.shape[0], N, rows, dt.itemsize, max_block_mib, slot.q.device.type == "cpu")
         blocks = _blocks(N, rows, lo, hi, pool)
         reads = _block_reads(slot, blocks)                  # one host read per layer, not per head
         heads = []

@@ -15,7 +15,7 @@ from dyntool.errors import ConfigError
 from dyntool.record import names
 from dyntool.record.pooling import pool_blocks
 from dyntool.record.selection import Selection, model_head, model_layer, parse_heads, resolve
-from dyntool.stream import LIVE, PAD, heads_per_block, rows_per_block, size, stream
+from dyntool.stream import CPU_BLOCK_ENTRIES, LIVE, PAD, heads_per_block, rows_per_block, size, stream
 from tests.unit.test_flight import batch, gpt, gpt_loss
 
 UNSET = float("inf")          # a sentinel no quantity takes: an entry never written stays inf
@@ -144,6 +144,9 @@ def test_heads_together_equal_head_by_head(attention, kw):
     one_head = LIVE * S * rows * N * 8 / 2**20                      # MiB: a block of one head, float64
     assert [heads_per_block(S, N, rows, 8, mib) for mib in (None, 0.1 * one_head, 2.5 * one_head, 1e9)] == \
         [1, 1, 2, 2**20 * 1e9 // (one_head * 2**20)]
+    # a CPU stops adding heads at CPU_BLOCK_ENTRIES (a GPU only at the budget)
+    assert heads_per_block(4, 256, 256, 4, 64.0) == 3 and heads_per_block(4, 256, 256, 4, 64.0, cpu=True) == 1
+    assert heads_per_block(4, 64, 64, 4, 64.0, cpu=True) == CPU_BLOCK_ENTRIES // (4 * 64 * 64) == 16
     ref_mats, ref_small = streamed(cap, sel, rows, (2, 13))                        # one head at a time
     for mib in (2.5 * one_head, 4 * one_head, 0.1 * one_head):                      # 2, all 4, 1 (too small)
         mats, small = streamed(cap, sel, rows, (2, 13), max_block_mib=mib)
