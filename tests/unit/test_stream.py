@@ -132,8 +132,8 @@ def test_streamed_blocks_read_the_mask_once_per_layer(monkeypatch):
     assert_matches(dense, mats, small, sel)
 
 
-@pytest.mark.parametrize("attention,kw", [("mhsa", dict(backend="manual")), ("ls", dict(n_local=3, n_global=1, window=4)),
-                                          ("span", {})])
+@pytest.mark.parametrize("attention,kw", [("mhsa", dict(backend="manual")),
+                                          ("ls", dict(n_local=3, n_global=1, window=4)), ("span", {})])
 def test_heads_together_equal_head_by_head(attention, kw):
     """A layer's heads in one block (budget for all), in groups (budget for two) and one at a time
     give the same arrays, every cell emitted once; and the same as the dense compute()."""
