@@ -166,7 +166,7 @@ def _taker(hs: list[int]):
 
     def take(t):
         if t.device not in idx:             # on a GPU through pinned memory: a copy, never a sync
-            i = torch.tensor(hs)
+            i = torch.tensor(hs, device="cpu")          # staged on the host, then pinned
             idx[t.device] = i if t.device.type == "cpu" else i.pin_memory().to(t.device, non_blocking=True)
         return t.index_select(1, idx[t.device])
     return take
