@@ -41,7 +41,7 @@ import torch
 
 from .errors import CaptureError  # noqa: F401  (dyntool.capture.CaptureError: public, defined there)
 from .observe import Observer, Site, expand_kv, kv_head_map
-from .quantities import head_quantities
+from .quantities import compute_dtype, head_quantities
 from .record import names
 from .selfcheck import SelfCheckError, verify
 
@@ -182,7 +182,7 @@ class Capture(Observer):
         return {name: torch.stack([d[name] for d in per_layer]) for name in keys}
 
     def _layer(self, slot: _Slot, dtype) -> dict[str, torch.Tensor]:
-        dt = dtype or (torch.float64 if slot.q.dtype == torch.float64 else torch.float32)
+        dt = dtype or compute_dtype(slot.q.dtype)
         # (S, nh, T, d) → (nh, S, T, d): heads first so logit stats reduce over (S, T, T)
         q, k, v = (t.to(dt).transpose(0, 1) for t in (slot.q, slot.k, slot.v))
         u = slot.u.to(dt).transpose(0, 1) / self.grad_scale

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import torch
 
-from .quantities import masked_softmax, score_parts
+from .quantities import compute_dtype, masked_softmax, score_parts
 
 # the live (B, n_kv, g, rows, Tk) temporaries of one row block (logits, scores, α, B, dS, …)
 _LIVE_BLOCKS = 6
@@ -46,12 +46,6 @@ def grouped(t: torch.Tensor | None, n_kv: int, nh: int) -> torch.Tensor | None:
     if t.shape[1] == nh and nh != 1:
         return t.unflatten(1, (n_kv, nh // n_kv))
     return t.unsqueeze(2)                           # shared by every head: broadcast
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What the statistics are computed and summed in: float64 stays float64, everything else
-    (bf16, fp16, fp32) is float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float,

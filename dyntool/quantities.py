@@ -41,6 +41,12 @@ import math
 import torch
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What every recorded quantity and statistic is computed in: float64 stays float64, everything
+    else (bf16, fp16, fp32) is float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor, scale: float) -> torch.Tensor:
     """``τ q kᵀ`` with disallowed entries set to −inf.  # (..., T, T)"""
     s = torch.matmul(q, k.transpose(-1, -2)) * scale

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .quantities import masked_softmax, score_parts
+from .quantities import compute_dtype, masked_softmax, score_parts
 
 # ‖o − α V‖ / ‖o‖ per layer.  float64: Llama-family eager attention takes its softmax in float32
 # even in float64 models (≈1e-8 measured); float32/bfloat16/float16: a few ulps of the model's
@@ -40,7 +40,7 @@ def verify(q, k, v, out, allowed, scale, bias=None, softcap=None, sinks=None, *,
     in the error.  ``out_map``: ``out`` is ``out_map(o)``, a linear image of the per-head output
     (``nn.MultiheadAttention``'s out_proj); the check then compares in that space, and rows with no
     visible key are taken as SDPA's 0.  Raises :class:`SelfCheckError` with the reason on a mismatch."""
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dt = compute_dtype(q.dtype)
     with torch.no_grad():
         out_dtype = out.dtype
         q, k, v, o = (t.to(dt) for t in (q, k, v, out))

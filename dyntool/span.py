@@ -72,6 +72,7 @@ import torch
 import torch.nn.functional as F
 
 from . import masks
+from .quantities import compute_dtype
 
 CANDIDATES = ("c1_orthogonal", "c1_oblique", "c1c_first_order", "c2_constant_mode")
 
@@ -243,7 +244,7 @@ class _ProjectGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (x,) = ctx.saved_tensors
-        ct = torch.float64 if g.dtype == torch.float64 else torch.float32
+        ct = compute_dtype(g.dtype)
         # eps only guards the oblique / 1st-order splits; the orthogonal one needs none
         out = _rescale(g.to(ct), x.to(ct), None, "c1_orthogonal", ctx.alpha, ctx.beta, 0.0)
         return out.to(g.dtype), None, None
@@ -273,7 +274,7 @@ def _make_function(device_type: str):
         @torch.amp.custom_bwd(device_type=device_type)
         def backward(ctx, do):
             q, k, v, attn_mask = ctx.saved_tensors
-            ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+            ct = compute_dtype(q.dtype)
 
             def prep(t):
                 # round to what the forward saw, then widen: the gradient of cast∘SDPA is

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from .capture import Capture, CaptureError, pad_to, site_where
-from .cheap_stats import block_rows, key_ends
+from .cheap_stats import block_rows, compute_dtype, key_ends
 from .observe import expand_kv
 from .quantities import head_quantities
 from .record import names
@@ -154,7 +154,7 @@ def _pad_block(matrices, shape: tuple, dt, device) -> dict[str, torch.Tensor]:
 
 
 def _dtype(slot, dtype) -> torch.dtype:
-    return dtype or (torch.float64 if slot.q.dtype == torch.float64 else torch.float32)
+    return dtype or compute_dtype(slot.q.dtype)
 
 
 def _taker(hs: list[int]):
