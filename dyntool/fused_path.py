@@ -191,31 +191,38 @@ class FusedSite(_Fused):
         return self.run(q, k, v, causal=causal, window=windows, scale=scale)
 
 
-class SDPAFusedSite(_Fused):
+class _Armed(_Fused):
+    """A site its adapter finds by module id in the adapter's ``ARMED`` map (:meth:`armed`)."""
+
+    def armed(self) -> dict:
+        raise NotImplementedError
+
+    def arm(self, on: bool) -> None:
+        if on:
+            self.armed()[id(self.target)] = self
+        else:
+            self.armed().pop(id(self.target), None)
+
+
+class SDPAFusedSite(_Armed):
     """One nanoGPT-style module's ``F.scaled_dot_product_attention`` call (``adapters.sdpa``
     hands over the calls without ``attn_mask``)."""
 
-    def arm(self, on: bool) -> None:
+    def armed(self) -> dict:
         from .adapters import sdpa
-        if on:
-            sdpa._FUSED[id(self.target)] = self
-        else:
-            sdpa._FUSED.pop(id(self.target), None)
+        return sdpa.ARMED
 
     def __call__(self, q, k, v, causal, scale):
         return self.run(q, k, v, causal=causal, scale=scale)
 
 
-class HFFusedSite(_Fused):
+class HFFusedSite(_Armed):
     """One Hugging Face attention module (``adapters.hf``'s ``dyntool_fused`` entry passes the 2-D
     padding mask and the registry's keyword arguments)."""
 
-    def arm(self, on: bool) -> None:
+    def armed(self) -> dict:
         from .adapters import hf
-        if on:
-            hf._FUSED[id(self.target)] = self
-        else:
-            hf._FUSED.pop(id(self.target), None)
+        return hf.ARMED
 
     def __call__(self, q, k, v, mask, causal, kw):
         y = self.run(q, k, v, kw.get("s_aux") is not None, causal=causal, scale=kw.get("scaling"),

@@ -16,7 +16,7 @@ flash's 2-D padding mask is combined with causal + window.
 With the cheap tier's fused kernel (``record.kernel``, :mod:`dyntool.fused_path`) the entry is
 ``dyntool_fused`` instead: its mask entry is flash attention's (the 2-D (B, Tk) padding mask, or
 None), and the function computes the attention in the kernel for the sites a FlightRecorder armed
-(``_FUSED``), with causal from the module, ``sliding_window``, ``softcap``, ``s_aux`` (sinks) and
+(``ARMED``), with causal from the module, ``sliding_window``, ``softcap``, ``s_aux`` (sinks) and
 ``scaling`` from the keyword arguments; anything else (no grad, an unarmed module) runs the
 module's own eager formula on the 4-D mask built from the 2-D one.
 
@@ -35,7 +35,7 @@ from .base import Adapter, AdapterError
 
 PREFIX = "dyntool_"
 _ACTIVE: dict[int, tuple] = {}          # id(attention module) -> (observer, site) while capturing
-_FUSED: dict[int, object] = {}          # id(attention module) -> fused_path.HFFusedSite while armed
+ARMED: dict[int, object] = {}           # id(attention module) -> fused_path.HFFusedSite: its arm() writes it
 FUSED = PREFIX + "fused"
 
 
@@ -110,7 +110,7 @@ def _fused_attention(module, query, key, value, attention_mask, **kw):
     mask = attention_mask if torch.is_tensor(attention_mask) else None           # (B, Tk) or None
     causal = kw.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
-    run = _FUSED.get(id(module))
+    run = ARMED.get(id(module))
     out = None if run is None else run(query, key, value, mask, causal, kw)     # (B, T, nh, d)
     allowed = None
     if out is None:

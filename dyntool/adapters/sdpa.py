@@ -17,7 +17,7 @@ steps: no hooks, no swap.  The module must call SDPA once per forward through ``
 layer never ran).  Dropout inside SDPA is refused while recording.
 
 With the cheap tier's fused kernel (``record.kernel``, :mod:`dyntool.fused_path`), a call without
-``attn_mask`` (``is_causal`` or full, GQA through ``enable_gqa``) of an armed module (``_FUSED``)
+``attn_mask`` (``is_causal`` or full, GQA through ``enable_gqa``) of an armed module (``ARMED``)
 runs in the kernel instead of SDPA; a call with a mask runs SDPA and is recorded eagerly.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from .base import Adapter, AdapterError
 
 _REAL = F.scaled_dot_product_attention
 _STATE: dict = {"obs": None, "site": None, "seen": False}
-_FUSED: dict[int, object] = {}        # Site.key (id of the module) -> fused_path.SDPAFusedSite while armed
+ARMED: dict[int, object] = {}         # Site.key (id of the module) -> fused_path.SDPAFusedSite: its arm() writes it
 
 
 def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
@@ -55,7 +55,7 @@ def _observe(q, k, v, out, attn_mask, is_causal, scale, dropout_p):
 def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
     """Drop-in for ``F.scaled_dot_product_attention`` that reports to an open Capture."""
     site = _STATE["site"]
-    run = None if site is None else _FUSED.get(site.key)
+    run = None if site is None else ARMED.get(site.key)
     out = None
     if run is not None and attn_mask is None and not dropout_p and set(kw) <= {"enable_gqa"}:
         out = run(q, k, v, is_causal, scale)
