@@ -207,12 +207,7 @@ class FlightRecorder(Observer):
         self._calls = keep
         if not per:
             raise FlightError("no attention ran through the fused kernel under FlightRecorder.logits()")
-        nh = max(m.shape[0] for m in per.values())
-        rows = [torch.full((nh,), float("nan"), device=self._device) for _ in self.sites]
-        for i, s in enumerate(self.sites):
-            if s in per:
-                rows[i][: per[s].shape[0]] = per[s]
-        return torch.stack(rows)
+        return self._by_site(per)
 
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
@@ -281,18 +276,18 @@ class FlightRecorder(Observer):
         if not self._sums:
             raise FlightError("no attention ran with gradients inside the flight recorder")
         per = {s: self._sums[s].finish() for s in self.sites if s in self._sums}
-        nh = max(next(iter(d.values())).shape[0] for d in per.values())
         ref = next(iter(per.values()))
-        out = {}
-        for name in ref:
-            rows = []
-            for s in self.sites:
-                x = per.get(s, {}).get(name)
-                row = torch.full((nh,), float("nan"), dtype=ref[name].dtype, device=ref[name].device)
-                if x is not None:
-                    row[: x.shape[0]] = x
-                rows.append(row)
-            out[name] = torch.stack(rows)                                   # (L, nh)
+        return {name: self._by_site({s: d[name] for s, d in per.items() if name in d}) for name in ref}
+
+    def _by_site(self, per: dict) -> torch.Tensor:
+        """{site: (nh_site,)} → (L, nh), rows in ``sites`` order, NaN where a site has no value
+        (it recorded nothing, or has fewer heads than the widest)."""
+        ref = next(iter(per.values()))
+        out = torch.full((len(self.sites), max(x.shape[0] for x in per.values())), float("nan"),
+                         dtype=ref.dtype, device=ref.device)
+        for i, s in enumerate(self.sites):
+            if s in per:
+                out[i, : per[s].shape[0]] = per[s]
         return out
 
     def _reduce_fused(self) -> None:

@@ -216,8 +216,7 @@ class RecordingCallback(Callback):
             for blk in tr.raw.h:
                 blk.clear_qk()
             if tap is not None:
-                lm = tap.logit_max().float()
-                self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
+                self._fold_lmax(tap.logit_max().float())
         else:
             self._logit_stat()
         if flight is not None and micro == self.cfg.optim.accum - 1:
@@ -253,7 +252,10 @@ class RecordingCallback(Callback):
             else:
                 rows.append(logit_bound(q, k, scale))
             blk.clear_qk()                  # drop the reference: memory back before backward ends
-        lm = torch.stack(rows)                                          # (L, nh)
+        self._fold_lmax(torch.stack(rows))                              # (L, nh)
+
+    def _fold_lmax(self, lm: torch.Tensor) -> None:
+        """This micro-step's (L, nh) max |logit| into the step's (the max over micro-steps)."""
         self._lmax = lm if self._lmax is None else torch.maximum(self._lmax, lm)
 
     def _logged(self, step: int) -> bool:
