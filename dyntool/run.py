@@ -181,6 +181,17 @@ def _names_in(backend) -> list[str]:
     return dirs + files
 
 
+def _need_dir(p: Path | URLPath, missing: str) -> None:
+    """A local folder must exist (``missing`` says so otherwise); a URL is left to its backend,
+    which has no folders to test (a prefix exists when something is stored under it)."""
+    if isinstance(p, Path):
+        try:
+            if not p.is_dir():
+                raise RunError(missing)
+        except ValueError:                  # e.g. a NUL byte in the path
+            raise RunError(f"not a usable path: {str(p)!r}") from None
+
+
 def is_run(where) -> bool:
     """``where`` (a local folder or an object-store URL, see :mod:`dyntool.location`) is one run,
     not a folder of runs."""
@@ -194,12 +205,7 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     folder).  Malformed files are reported in ``Run.problems``, never raised; a recording's chunks
     are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
     p = location(path)
-    if isinstance(p, Path):
-        try:
-            if not p.is_dir():
-                raise RunError(f"no run at {p} (not a directory)")
-        except ValueError:                  # e.g. a NUL byte in the path
-            raise RunError(f"not a usable path: {str(p)!r}") from None
+    _need_dir(p, f"no run at {p} (not a directory)")
     backend = open_backend(p, root=root)
     if not backend.is_run():
         raise RunError(f"{backend.path} is not a dyntool run (no meta.json or config.json)")
@@ -243,12 +249,7 @@ def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None 
     folders resolving outside ``root`` (default ``runs_dir``) are skipped, folders named ``*.zarr``
     or ``.*`` never entered (an object store: one delimited LIST per folder visited)."""
     start = location(runs_dir, "RUNS_DIR")
-    if isinstance(start, Path):
-        try:
-            if not start.is_dir():
-                raise RunError(f"runs directory {start} does not exist")
-        except ValueError:
-            raise RunError(f"not a usable path: {str(start)!r}") from None
+    _need_dir(start, f"runs directory {start} does not exist")
     top = open_backend(start, "RUNS_DIR", root=root)
     if not top.exists():                    # object stores have no empty folders: nothing is there
         raise RunError(f"runs directory {top.path} does not exist (nothing is stored under it)")
