@@ -4,7 +4,6 @@ The command lines live in :mod:`dyntool.cli.train`.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import sys
@@ -16,6 +15,7 @@ import torch
 from .. import safeio
 from ..errors import ConfigError, RunError
 from ..location import is_url, location
+from ..run_files import read_json
 from ..storage import open_backend
 from .config import TrainConfig
 
@@ -106,11 +106,7 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
         raise RunError(f"cannot resume {resume}: its checkpoint.pt is {kind}; it must be the file "
                        "a training run wrote")
     if kind == "missing":
-        try:
-            raw = run.get("config.json", safeio.MAX_JSON_BYTES) or b"{}"     # why there is none
-            old = safeio.loads(raw, "config.json").get("train", {})
-        except (OSError, ValueError, AttributeError):
-            old = {}
+        old = read_json(run, "config.json", []).get("train", {})          # why there is none
         old = old if isinstance(old, dict) else {}
         if old.get("checkpoint") is False:
             why = "it was trained with train.checkpoint=false"
