@@ -132,7 +132,7 @@ class ObjectStoreBackend:
         return self.remote.zarr_store(sub, read_only=mode == "r")
 
     def reader(self, sub: str, limit: int | None = None):
-        if self.remote.get(f"{sub}/zarr.json") is None:
+        if not self.remote.head(f"{sub}/zarr.json"):     # the reader downloads it itself
             return None
         return RemoteStoreReader(self.remote, sub, limit)
 
@@ -142,7 +142,7 @@ class ObjectStoreBackend:
 
     def create(self, name: str) -> "ObjectStoreBackend":
         run = ObjectStoreBackend(join(self.remote.url, name), create=True)
-        if run.remote.get("meta.json") is not None:
+        if run.remote.head("meta.json"):
             raise RunError(f"run {run.remote.url} already exists; choose another name "
                            "(existing runs are never overwritten)")
         CREATED.append(run)                  # deleted again if this command is rejected (exit 2)
