@@ -1,10 +1,10 @@
 """What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
 
     python bench/gpu_recorder_cost.py [--T 2048,8192] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full]
-                                      [--json FILE]     # part B first; the JSON is written after each part
+                                      [--json FILE]     # part A first; the JSON is written after each part
     python bench/gpu_recorder_cost.py --smoke           # CPU: part A's code path, tiny, under TRITON_INTERPRET=1
 
-A. (second) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
+A. (first) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one warm-up round, medians of
    paired per-round ratios) of one training step as the trainer takes it (forward under bf16
    autocast, backward outside it, fused AdamW) of dyntool's GPT at 12 layers × 12 heads × 768,
    vocabulary 50,257, at each ``--T`` (default 2048 and 8192): ``off_compiled_flash`` (torch.compile,
@@ -13,7 +13,7 @@ A. (second) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one wa
    first T also ``off_eager``, ``cheap_fused_eager`` and ``cheap_eager`` (the eager reduction at
    ``record.max_block_mib`` = 64).  Every recorded arm reads its statistics each step (the host sync
    the trainer pays at a logging step).  Each arm's time ends with ``torch.cuda.synchronize()``.
-B. (first) The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
+B. (second) The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
    eager, the cheap tier on every step), recording ``record.heads`` on a 1-sequence probe every
    10th step, streamed in blocks of ``record.max_block_mib``: the recorded steps' time against the
    median of the others, in the same run.
@@ -165,14 +165,14 @@ def main(argv=None) -> int:
         if a.json:
             Path(a.json).write_text(json.dumps(res, indent=1))
     lengths = [int(t) for t in str(a.T).split(",")]
-    res["full"] = bench_full(lengths[0], a.heads, a.data)          # first: it was never measured
-    print(json.dumps(res["full"], indent=1), flush=True)
-    save()
-    if not a.only_full:
+    if not a.only_full:                          # first: the cheap tier's cost is the figure a session must bring
         for i, T in enumerate(lengths):
             res[f"cheap_T{T}"] = bench_cheap(T, a.batch, a.reps, a.steps, a.profile and i == 0, eager_arms=i == 0)
             print(json.dumps(res[f"cheap_T{T}"], indent=1), flush=True)
             save()
+    res["full"] = bench_full(lengths[0], a.heads, a.data)
+    print(json.dumps(res["full"], indent=1), flush=True)
+    save()
     return 0
 
 

@@ -4,8 +4,8 @@
 #            fused kernel in bf16 against float64, a compiled and a sync-checked recorded step
 #   fused    alone on the GPU: bench/gpu_fused_attention.py (issue 33's figures: fused vs flash SDPA
 #            and statistics on/off at T = 2048 / 4096 / 8192, bf16 accuracy, fullgraph compile)
-#   timing   alone on the GPU: gpu_check throughput (ARMS, recording off and every 50, vs the
-#            nanoGPT-style reference) and the recorder's cost at GPT-2 small's shape, T = 2048
+#   timing   alone on the GPU: the recorder's cost at GPT-2 small's shape (bench/gpu_recorder_cost.py),
+#            then gpu_check throughput (ARMS, recording off and every 50, vs the nanoGPT-style reference)
 #   runs     two at a time on the GPU (so untimed): the gpu presets of wikitext_mhsa + span, ls +
 #            qknorm (3000 steps, or as far as RUN_S seconds allow), then ls_logits at T = 2048 (mhsa,
 #            ls); gpu_check parity, graph_breaks and resume beside the first wave
@@ -13,7 +13,7 @@
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
 # for a 600 s call), and the results are packed on exit, also when a limit or a signal ends it.
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
-# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TP_S / RC_S (limits of
+# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TS_S (the tests' limit, default 90), TP_S / RC_S (limits of
 # the two timed parts, default 200 / 200), FU_S (the fused part's, default 150), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
 # the cheap tier).
 set -u
@@ -43,7 +43,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
 
 part_tests() {
-  timeout "$(left 90)" python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
+  timeout "$(left ${TS_S:-90})" python3 -m pytest -v -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
   [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
 }
 
@@ -55,13 +55,14 @@ part_fused() {
 }
 
 part_timing() {
-  # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
-  timeout "$(left ${TP_S:-200})" python3 bench/gpu_check.py --only throughput --steps 160 \
-    --arms ${ARMS:-mhsa,ls,span} --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
-  pack
+  # the recorder's cost first (the fused cheap tier, compiled: never measured), then gpu_check's throughput
   timeout "$(left ${RC_S:-200})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 --data "$WIKITEXT" \
     ${PROFILE:+--profile} --json $W/recorder_cost.json > $W/recorder_cost.log 2>&1
   [ -f $W/recorder_cost.json ] && cat $W/recorder_cost.json || tail -n 20 $W/recorder_cost.log
+  pack
+  # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
+  timeout "$(left ${TP_S:-200})" python3 bench/gpu_check.py --only throughput --steps 160 \
+    --arms ${ARMS:-mhsa,ls,span} --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
   pack
 }
 
