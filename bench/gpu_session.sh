@@ -13,7 +13,8 @@
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
 # for a 600 s call), and the results are packed on exit, also when a limit or a signal ends it.
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
-# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TS_S (the tests' limit, default 90), TP_S / RC_S (limits of
+# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TS_S (the tests' limit, default 90), TEST_ARGS
+# (more pytest arguments, e.g. -n 8 where pytest-xdist is installed), TP_S / RC_S (limits of
 # the two timed parts, default 200 / 200), FU_S (the fused part's, default 150), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
 # the cheap tier).
 set -u
@@ -43,7 +44,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
 
 part_tests() {
-  timeout "$(left ${TS_S:-90})" python3 -m pytest -v -p no:cacheprovider tests/gpu 2>&1 | tee $W/pytest_gpu.log
+  # -o addopts= : one line per test (pyproject's -q would hide which ones a time limit cut off)
+  timeout "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
+    ${TEST_ARGS:-} tests/gpu 2>&1 | tee $W/pytest_gpu.log
   [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
 }
 

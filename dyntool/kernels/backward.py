@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import key_range, query_range, score_tile, tanh
+from .tiles import fp32_scalars, key_range, query_range, score_tile, tanh
 
 N_PRE_STATS = 2            # Σ D, Σ ‖dO‖²
 N_DQ_STATS = 3             # Σ dS (dP − D), Σ dS², dσ
@@ -54,6 +54,7 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
                 STATS: tl.constexpr, PRECISION: tl.constexpr):
+    scale, softcap = fp32_scalars(scale, softcap)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -121,6 +122,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
                   CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                   HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr,
                   STATS: tl.constexpr, PRECISION: tl.constexpr):
+    scale, softcap = fp32_scalars(scale, softcap)
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
     Hk = H // G

@@ -17,7 +17,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import key_range, score_tile
+from .tiles import fp32_scalars, key_range, score_tile
 
 N_FWD_STATS = 4            # entropy sum, score max, |logit| max, sink-mass sum
 
@@ -30,6 +30,7 @@ def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE, WIN,
              CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
              HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
              STATS: tl.constexpr, PRECISION: tl.constexpr):
+    scale, softcap = fp32_scalars(scale, softcap)
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H

@@ -22,6 +22,14 @@ def tanh(x):
 
 
 @triton.jit
+def fp32_scalars(scale, softcap):
+    """The float arguments in fp32, whoever launched the kernel: torch.compile (inductor) hands a
+    user-defined kernel Python floats typed fp64, which would make the scores fp64 and a loop-carried
+    fp32 accumulator change type (a compile error on the GPU; the interpreter never sees it)."""
+    return tl.cast(scale, tl.float32), tl.cast(softcap, tl.float32)
+
+
+@triton.jit
 def score_tile(qk, offs_m, offs_n, T, Tk, lo, hi, window, scale, softcap, slope, km_row,
                CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr):
