@@ -1,6 +1,6 @@
 """What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
 
-    python bench/gpu_recorder_cost.py [--T 2048,8192] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full]
+    python bench/gpu_recorder_cost.py [--T 2048,8192] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full] [--no-eager]
                                       [--json FILE]     # part A first; the JSON is written after each part
     python bench/gpu_recorder_cost.py --smoke           # CPU: part A's code path, tiny, under TRITON_INTERPRET=1
 
@@ -149,6 +149,8 @@ def main(argv=None) -> int:
     p.add_argument("--data", default=None, help="WikiText-2 folder for part B (default: as dyntool train)")
     p.add_argument("--profile", action="store_true", help="print the CUDA kernels of two cheap-tier steps")
     p.add_argument("--only-full", action="store_true", help="part B only")
+    p.add_argument("--no-eager", action="store_true",
+                   help="part A's compiled arms only (the eager cheap tier alone takes ~90 s of an H100 at T = 2048)")
     p.add_argument("--json", default=None)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny shapes, interpreter: the code path only")
     a = p.parse_args(argv)
@@ -167,7 +169,8 @@ def main(argv=None) -> int:
     lengths = [int(t) for t in str(a.T).split(",")]
     if not a.only_full:                          # first: the cheap tier's cost is the figure a session must bring
         for i, T in enumerate(lengths):
-            res[f"cheap_T{T}"] = bench_cheap(T, a.batch, a.reps, a.steps, a.profile and i == 0, eager_arms=i == 0)
+            res[f"cheap_T{T}"] = bench_cheap(T, a.batch, a.reps, a.steps, a.profile and i == 0,
+                                             eager_arms=i == 0 and not a.no_eager)
             print(json.dumps(res[f"cheap_T{T}"], indent=1), flush=True)
             save()
     res["full"] = bench_full(lengths[0], a.heads, a.data)

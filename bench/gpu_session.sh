@@ -1,22 +1,27 @@
 #!/usr/bin/env bash
-# A GPU session's measurements (issue 23), sized for one lent device's 15 minutes, in parts:
-#   tests    pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed), the
-#            fused kernel in bf16 against float64, a compiled and a sync-checked recorded step
-#   fused    alone on the GPU: bench/gpu_fused_attention.py (issue 33's figures: fused vs flash SDPA
-#            and statistics on/off at T = 2048 / 4096 / 8192, bf16 accuracy, fullgraph compile)
-#   timing   alone on the GPU: the recorder's cost at GPT-2 small's shape (bench/gpu_recorder_cost.py),
-#            then gpu_check throughput (ARMS, recording off and every 50, vs the nanoGPT-style reference)
-#   runs     two at a time on the GPU (so untimed): the gpu presets of wikitext_mhsa + span, ls +
-#            qknorm (3000 steps, or as far as RUN_S seconds allow), then ls_logits at T = 2048 (mhsa,
-#            ls); gpu_check parity, graph_breaks and resume beside the first wave
-#   bench/gpu_session.sh tests fused timing runs   # the parts in this order; results in $OUT/results.tgz
+# A GPU session's measurements (issues 23, 34), sized for one lent device's 15 minutes, in parts:
+#   tests        pytest tests/gpu: recording on CUDA equals recording on the CPU (dense and streamed),
+#                the fused kernel in fp32 / bf16 against float64, compiled and sync-checked recorded steps
+#   timing       alone on the GPU: bench/gpu_fused_attention.py (fused vs flash SDPA, statistics on/off,
+#                T = 2048 / 4096 / 8192), bench/gpu_recorder_cost.py (the cheap tier on every step,
+#                compiled, at GPT-2 small's shape, T = 2048 / 8192), gpu_check throughput (ARMS,
+#                recording off and every 50, vs the nanoGPT-style reference)
+#   presets      the gpu presets of wikitext_ls and wikitext_qknorm, two at once (so not timed)
+#   span         dyntool study span --preset gpu (3 seeds, baseline and span arms)
+#   ls-logits    dyntool study ls-logits --preset gpu (T = 512, 1024, 2048), the cheap tier every step
+#   wind-tunnel  dyntool sim bijection --preset paper --device cuda, stopped at WT_MIN minutes
+#   auto         tests, then the parts bench/gpu_parts.py says no committed bench/gpu_*.json has measured
+#   bench/gpu_session.sh auto                  # or name parts: bench/gpu_session.sh tests timing
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
-# for a 600 s call), and the results are packed on exit, also when a limit or a signal ends it.
+# for a 600 s call), and the results are packed into $OUT/results.tgz after each part and on exit,
+# also when a limit or a signal ends it.  A session then writes bench/gpu_<date>.json (gpu_parts.py
+# --check says what it must hold).
 # Env: OUT (default ./gpu_out), WIKITEXT (WikiText-2 folder), WHEELS (wheels the device lacks: zarr
-# and its needs), DEADLINE, RUN_S (seconds per run of "runs", default 150), TS_S (the tests' limit, default 90), TEST_ARGS
-# (more pytest arguments, e.g. -n 8 where pytest-xdist is installed), TP_S / RC_S (limits of
-# the two timed parts, default 200 / 200), FU_S (the fused part's, default 150), ARMS (default mhsa,ls,span), PROFILE=1 (kernel table of
-# the cheap tier).
+# and its needs), DEADLINE, TS_S (the tests' limit, default 90), TEST_ARGS (more pytest arguments,
+# e.g. -n 8: pytest-xdist is in the device image), FU_S / RC_S / TP_S (the timing part's three limits,
+# default 60 / 240 / 120), RC_ARGS (more gpu_recorder_cost arguments, default --no-eager), ARMS
+# (gpu_check's, default mhsa), RUN_S (a run's limit in presets / span / ls-logits, default 450),
+# WT_MIN (the wind tunnel's minutes, default 7), PROFILE=1 (kernel table of the cheap tier).
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
@@ -45,63 +50,75 @@ NO_REC=""                     # set when recording on CUDA fails its test: the r
 
 part_tests() {
   # -o addopts= : one line per test (pyproject's -q would hide which ones a time limit cut off)
-  timeout "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
-    ${TEST_ARGS:-} tests/gpu 2>&1 | tee $W/pytest_gpu.log
-  [ "${PIPESTATUS[0]}" = 0 ] || NO_REC="--record.enabled=false"
+  timeout -k 10 "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
+    ${TEST_ARGS:-} tests/gpu > $W/pytest_gpu.log 2>&1
+  local rc=$?
+  grep -E "FAILED|ERROR|passed|failed" $W/pytest_gpu.log | tail -n 20
+  [ $rc = 0 ] || NO_REC="--record.enabled=false"
+  pack
 }
 
-part_fused() {
-  timeout "$(left ${FU_S:-150})" python3 bench/gpu_fused_attention.py --json $W/fused_attention.json \
-    > $W/fused_attention.log 2>&1
-  [ -f $W/fused_attention.json ] && cat $W/fused_attention.json || tail -n 20 $W/fused_attention.log
+# a step's output goes to a file, never through a pipe: a killed python's compile workers can hold a
+# pipe open past the limit (tee then waits, and the call overruns)
+step() {                                     # step NAME LIMIT CMD...: run, then show the log's end
+  local name=$1 limit=$2; shift 2
+  timeout -k 10 "$limit" "$@" > "$W/$name.log" 2>&1
+  echo "-- $name: exit $? ($(date +%T))"; tail -n 25 "$W/$name.log"
   pack
 }
 
 part_timing() {
-  # the recorder's cost first (the fused cheap tier, compiled: never measured), then gpu_check's throughput
-  timeout "$(left ${RC_S:-200})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 --data "$WIKITEXT" \
-    ${PROFILE:+--profile} --json $W/recorder_cost.json > $W/recorder_cost.log 2>&1
-  [ -f $W/recorder_cost.json ] && cat $W/recorder_cost.json || tail -n 20 $W/recorder_cost.log
-  pack
+  step fused_attention "$(left ${FU_S:-60})" python3 bench/gpu_fused_attention.py --json $W/fused_attention.json
+  step recorder_cost "$(left ${RC_S:-240})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 \
+    --data "$WIKITEXT" ${RC_ARGS:---no-eager} ${PROFILE:+--profile} --json $W/recorder_cost.json
   # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
-  timeout "$(left ${TP_S:-200})" python3 bench/gpu_check.py --only throughput --steps 160 \
-    --arms ${ARMS:-mhsa,ls,span} --json $W/gpu_check_throughput.json 2>&1 | tee $W/gpu_check_throughput.log
-  pack
+  step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput --steps 160 \
+    --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json
 }
 
-part_runs() {
-  # in three waves of two: seven processes at once ran out of the H100's 80 GB (span, ls, qknorm died)
-  local R=$W/runs; mkdir -p $R
-  local common="--out $R --quiet --data.path=$WIKITEXT $NO_REC"
-  wave() {
-    local limit; limit=$(left ${RUN_S:-150})
-    for arg in "$@"; do
-      local name=${arg%%:*} cmd=${arg#*:}
-      timeout "$limit" python3 -m dyntool train $cmd --name $name $common > "$R/$name.log" 2>&1 &
-    done
-    local last=$SECONDS
-    while [ -n "$(jobs -r)" ]; do
-      sleep 3
-      (( SECONDS - last < 30 )) && continue
-      last=$SECONDS
-      { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
-        for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-70)"; done; } 2>&1 | tee -a $W/progress.log
-    done
-    pack
-  }
-  timeout "$(left ${RUN_S:-150})" python3 bench/gpu_check.py --only parity,graph_breaks,resume \
-    --json $W/gpu_check_rest.json > $W/gpu_check_rest.log 2>&1 &
-  wave "mhsa:--config wikitext_mhsa --preset gpu" "span:--config wikitext_span --preset gpu"
-  wave "ls:--config wikitext_ls --preset gpu" "qknorm:--config wikitext_qknorm --preset gpu"
-  wave "ls_logits_mhsa:--config ls_logits --preset gpu2048 --model.attention=mhsa" \
-       "ls_logits_ls:--config ls_logits --preset gpu2048 --model.attention=ls"
-  tail -n 3 $R/*.log; tail -n 4 $W/gpu_check_rest.log
+R=$W/runs; mkdir -p $R
+common() { echo "--out $R --quiet --data.path=$WIKITEXT $NO_REC"; }
+
+part_presets() {                             # two at once: tokens/s from these runs are not measurements
+  local limit; limit=$(left ${RUN_S:-450})
+  for c in ls qknorm; do
+    timeout -k 10 "$limit" python3 -m dyntool train --config wikitext_$c --preset gpu --name $c $(common) \
+      > "$R/$c.log" 2>&1 &
+  done
+  local last=$SECONDS
+  while [ -n "$(jobs -r)" ]; do
+    sleep 3
+    (( SECONDS - last < 30 )) && continue
+    last=$SECONDS
+    { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+      for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-90)"; done; } 2>&1 | tee -a $W/progress.log
+  done
+  tail -n 3 $R/ls.log $R/qknorm.log; pack
 }
 
-for part in "$@"; do
+part_span() {
+  step study_span "$(left ${RUN_S:-450})" python3 -m dyntool study span --preset gpu --name span $(common)
+}
+
+part_ls-logits() {
+  step study_ls_logits "$(left ${RUN_S:-450})" python3 -m dyntool study ls-logits --preset gpu --n-seeds 1 \
+    --name ls_logits --record.enabled=true --record.every=0 --record.cheap_every=1 $(common)
+}
+
+part_wind-tunnel() {
+  step wind_tunnel "$(left $(( ${WT_MIN:-7} * 60 + 60 )))" python3 -m dyntool sim bijection --preset paper \
+    --device cuda --time_limit_min=${WT_MIN:-7} --name wind_tunnel --out $R --quiet
+}
+
+parts=("$@")
+[ "${parts[*]}" = auto ] && read -r -a parts <<< "$(python3 bench/gpu_parts.py)"
+echo "parts: ${parts[*]}"
+for part in "${parts[@]}"; do
   case "$part" in
-    tests|fused|timing|runs) echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; part_$part ;;
-    *) echo "usage: bench/gpu_session.sh [tests] [fused] [timing] [runs]" >&2; exit 2 ;;
+    tests|timing|presets|span|ls-logits|wind-tunnel)
+      echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; "part_$part" ;;
+    *) echo "usage: bench/gpu_session.sh auto | [tests] [timing] [presets] [span] [ls-logits] [wind-tunnel]" >&2
+       exit 2 ;;
   esac
 done
 ls -la "$OUT"
