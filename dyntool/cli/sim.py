@@ -126,10 +126,14 @@ def register(sub, simsub) -> None:
         description="Train a GPT through dyntool's attention on the bijection in-context task (exact Bayes "
                     "entropy per position), recording attention, values and the manifold analyses.",
         epilog=f"{OVERRIDES}, e.g. --model.n_layer=4 --record.every=500.  Presets: cpu (2 CPU cores, "
-               "<= 15 min), paper (6x6x192, 100k steps; the wind tunnel runs on the CPU only), ci, authors and authors_cpu (the authors' "
+               "<= 15 min), paper (6x6x192, 100k steps: a GPU's size; --device cuda exists but has not been run on "
+               "a GPU yet), ci, authors and authors_cpu (the authors' "
                "task: pointer head, query loss, keys with replacement; docs/wind_tunnel_differences.md).")
     config_option(b, BijectionConfig, "steps", help="training steps (default: the config's)")
     config_option(b, BijectionConfig, "seed", help="RNG seed (default 42)")
+    config_option(b, BijectionConfig, "device", help="cpu (default), cuda or cuda:N: where the model, batches and "
+                  "held-out set live; data is drawn on the CPU either way.  A missing GPU is refused before "
+                  "anything is written")
     _config_file_options(b, "bijection.toml")
     common_output_options(b, os.path.join("runs", "bijection"))
     b.set_defaults(fn=cmd_bijection, takes_overrides=True, writes=True)

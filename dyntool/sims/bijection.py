@@ -28,6 +28,11 @@ gradient clipping.  The ``[task]`` section (:mod:`dyntool.sims.bijection_task`) 
 authors' task piece by piece: pointer head at the query, query-only (or ``all_values``) loss, the
 final normed hidden state at the value positions as an extra read-out in bits; with
 ``with_replacement`` that is ``--preset authors`` (docs/wind_tunnel_differences.md).
+
+``device`` (cpu | cuda | cuda:N, default cpu): the model, the training batches and the held-out
+tensors live there; every sequence is still drawn from the same CPU generators (a CUDA run sees the
+data a CPU run sees), and whatever numpy reads is moved to the CPU first.  ``cpu`` is the run as it
+was before the key existed, byte for byte.  A CUDA run has not been made yet.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ from ..run_writer import RunWriter, ensure_out_dir
 from . import bijection_data as data
 from .bijection_analysis import analyze, evaluate
 from .bijection_task import BijectionTask, task_loss, value_scores
+from .device import SimDevice, resolve
 
 
 @dataclass
@@ -70,6 +76,7 @@ class BijectionModel:
 @dataclass
 class BijectionConfig:
     seed: Seed = 42
+    device: SimDevice = "cpu"       # cpu | cuda | cuda:N; data is drawn on the CPU either way
     V: int = 20
     L: int = 19
     with_replacement: bool = False
@@ -170,7 +177,8 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
                   tags: list[str] | None = None, quiet: bool = False) -> RunWriter:
     """Train and record one wind-tunnel run; ``cfg.threads`` applies to torch and to BLAS (the
     analyses) for the duration of the run only."""
-    cfg.check_memory()                                       # before any folder is made
+    dev = resolve(cfg.device)                                # before any folder is made
+    cfg.check_memory()                                       # (it counts host memory, also for a GPU run)
     prev, limits = torch.get_num_threads(), None
     if cfg.threads:
         try:        # numpy/BLAS threads of the analyses too (threadpoolctl comes with scikit-learn)
@@ -180,7 +188,7 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
             pass
         torch.set_num_threads(cfg.threads)
     try:
-        return _run(cfg, out_dir, name, tags, quiet)
+        return _run(cfg, dev, out_dir, name, tags, quiet)
     finally:            # reverse order: the BLAS/OpenMP limits also hold torch's OpenMP pool
         if limits is not None:
             limits.restore_original_limits()
@@ -192,21 +200,22 @@ _GEOMETRY = ("r2_linear", "r_pc1", "r_best", "ordering_score", mn.R2_PARTIAL, mn
              mn.ORDERING_NULL_P)
 
 
-def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWriter:
+def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quiet: bool) -> RunWriter:
     m = cfg.model
     T, hs = data.seq_len(cfg.L), m.n_embd // m.n_head
     check_budget(cfg.record, len(schedule(cfg.record, cfg.steps)), ensure_out_dir(out_dir),
                  L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs)
-    model = build_model(cfg)
+    model = build_model(cfg).to(dev)        # initialised on the CPU: the same weights on any device
     task = cfg.task
 
     def loss_of(mdl, x, y):                # the task's loss (default: keys + query, value logits)
         return task_loss(value_scores(mdl, x, cfg.V, task.head), x, y, cfg.V, task)
     opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
-    ho = _Heldout.of(cfg)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    ho = _Heldout.of(cfg, dev)
+    gen = torch.Generator().manual_seed(cfg.seed)          # on the CPU: a GPU run draws the same batches
     from ..config import to_dict
     run = RunWriter.create(out_dir, "bijection", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                           device=str(dev),
                            extra_meta={"record_batch": f"probe: first {cfg.record.seqs} held-out sequences",
                                        "n_params": model.num_params(), "bayes_loss": ho.bayes_loss,
                                        "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho.h)})
@@ -218,6 +227,9 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
         rec = Recorder(store, cfg.record, cfg.steps, T)
         last_eval, stop_at = None, None
         geometry: dict[int, dict] = {}          # analysed step -> geometry numbers (first and last kept)
+        # on the CPU each step's loss is checked before its update, as always; on a GPU that check is a
+        # host sync per step, so non-finite losses are OR-ed on the device and read on logged steps
+        check_now, nonfinite = dev.type == "cpu", torch.zeros((), dtype=torch.bool, device=dev)
         for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
             row: dict = {}
             over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
@@ -238,8 +250,13 @@ def _run(cfg: BijectionConfig, out_dir: str, name, tags, quiet: bool) -> RunWrit
             if over:                 # time limit: this step is the last one evaluated; no update
                 run.log(step, elapsed_s=time.perf_counter() - t0, **row)
                 break
-            loss, lr, gnorm = _train_step(model, opt, cfg, step, gen, loss_of)
+            loss, lr, gnorm = _train_step(model, opt, cfg, step, gen, loss_of, dev, check_now)
+            if not check_now:
+                nonfinite |= ~torch.isfinite(loss)
             if row or step % cfg.log_every == 0:
+                if not check_now and nonfinite.item():
+                    raise NonFiniteLossError(step, "a loss since the previous logged step was not finite "
+                                                   "(on a GPU the check is read on logged steps)")
                 run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
                         elapsed_s=time.perf_counter() - t0, **row)
         n_done = stop_at if stop_at is not None else cfg.steps
@@ -264,9 +281,12 @@ class _Heldout:
     bayes_loss: float              # mean H_Bayes: the Bayes-optimal held-out loss
 
     @classmethod
-    def of(cls, cfg: BijectionConfig) -> "_Heldout":
+    def of(cls, cfg: BijectionConfig, dev: torch.device | None = None) -> "_Heldout":
+        """Drawn on the CPU (H_Bayes from its numpy copy), the token tensors then moved to ``dev``."""
         tok, tgt = heldout(cfg)
         h = data.posterior_entropy(tok.numpy(), cfg.V)
+        if dev is not None:
+            tok, tgt = tok.to(dev), tgt.to(dev)
         return cls(tok, tgt, h, tok[:cfg.analysis_seqs], h[:cfg.analysis_seqs],
                    tok[:cfg.record.seqs], tgt[:cfg.record.seqs], h.mean(0), float(h.mean()))
 
@@ -307,15 +327,19 @@ def _final_geometry(geometry: dict[int, dict]) -> dict | None:
     return {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
 
 
-def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of):
-    """One AdamW step on a fresh batch (scheduled lr, clipped gradients); a non-finite loss stops the run.
+def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of, dev: torch.device | None = None,
+                check: bool = True):
+    """One AdamW step on a fresh batch (scheduled lr, clipped gradients), drawn from the CPU generator
+    ``gen`` and moved to ``dev``; with ``check`` a non-finite loss stops the run before the update.
     Returns (loss, lr, grad norm) with loss and norm as tensors: read only on logged steps (a GPU sync)."""
     lr = lr_at(cfg, step)
     for g in opt.param_groups:
         g["lr"] = lr
     x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
+    if dev is not None:
+        x, y = x.to(dev), y.to(dev)
     loss = loss_of(model, x, y)
-    if not torch.isfinite(loss):
+    if check and not torch.isfinite(loss):
         raise NonFiniteLossError(step)
     opt.zero_grad(set_to_none=True)
     loss.backward()

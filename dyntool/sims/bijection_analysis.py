@@ -21,6 +21,9 @@ Per layer ``l`` (0-based, "output of block l"):
 
 Plus the model's predictive entropy (over the V value classes) per target position, against
 H_Bayes.
+
+The model and the tokens may live on a GPU: index tensors are made on the tokens' device and
+every tensor handed to numpy is moved to the CPU first (a no-op for CPU tensors).
 """
 from __future__ import annotations
 
@@ -87,7 +90,7 @@ def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: 
     was = model.training
     model.eval()
     L = (tokens.shape[1] - 1) // 2
-    pos = torch.as_tensor(target_positions(L))
+    pos = torch.as_tensor(target_positions(L), device=tokens.device)
     nll, corr, ent = [], [], []
     for i in range(0, len(tokens), batch):
         lg = value_scores(model, tokens[i:i + batch], V, head)[:, pos].double()   # (b, L+1, V)
@@ -100,7 +103,7 @@ def evaluate(model, tokens: torch.Tensor, targets: torch.Tensor, V: int, batch: 
     nll, corr, ent = torch.cat(nll), torch.cat(corr), torch.cat(ent)          # (n, L+1)
     return {"loss": nll.mean().item(), "loss_keys": nll[:, :L].mean().item(),
             "loss_query": nll[:, L].mean().item(), "acc_keys": corr[:, :L].mean().item(),
-            "acc_query": corr[:, L].mean().item(), "entropy_per_position": ent.mean(0).numpy()}
+            "acc_query": corr[:, L].mean().item(), "entropy_per_position": ent.mean(0).cpu().numpy()}
 
 
 @torch.no_grad()
@@ -111,7 +114,7 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     ``readout = "normed_values"`` adds the authors' read-out (:func:`normed_value_geometry`)."""
     L = (tokens.shape[1] - 1) // 2
     if h_bayes is None:
-        h_bayes = posterior_entropy(tokens.numpy(), V)
+        h_bayes = posterior_entropy(tokens.cpu().numpy(), V)
     h = np.asarray(h_bayes)[:, :L].reshape(-1)                           # (n·L,) key positions
     tap, resid = _forward(model, tokens, normed=readout == "normed_values")
     metrics: dict[str, float] = {}
@@ -122,7 +125,7 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     base = manifold_metrics(onehot, h, r2=r2)
     pre = mn.bijection_manifold(mn.BIJECTION_BASELINE)
     metrics.update({pre + k: float(getattr(base, k)) for k in COMPARED})
-    kpos = torch.arange(0, 2 * L, 2)
+    kpos = torch.arange(0, 2 * L, 2, device=tokens.device)
     for l in range(len(model.h)):
         _attention_entropy(metrics, tap.attn(l).double(), l)
         st = tap.out[l]
@@ -130,7 +133,7 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
         reps = {"resid": resid[l][:, kpos],                                 # (B, L, C)
                 "g": st["y"][:, :, kpos].transpose(1, 2).reshape(B, L, nh * hs)}
         for name, x in reps.items():
-            sc = _representation(metrics, x.double().reshape(B * L, -1).numpy(), h, onehot, base,
+            sc = _representation(metrics, x.double().reshape(B * L, -1).cpu().numpy(), h, onehot, base,
                                  mn.bijection_manifold(name, l), r2, n_plot * L)
             if sc is not None:
                 arrays[f"pcs_{name}"].append(sc)
@@ -191,14 +194,14 @@ def _representation(metrics: dict, x: np.ndarray, h: np.ndarray, onehot: np.ndar
 
 def _key_orthogonality(metrics: dict, model, keys: torch.Tensor, V: int, l: int) -> None:
     """Key orthogonality in context (the keys at the key positions) and over the key vocabulary."""
-    ko = key_orthogonality(keys.double().numpy())                          # groups: (B, nh)
+    ko = key_orthogonality(keys.double().cpu().numpy())                          # groups: (B, nh)
     metrics[mn.key_orth("ctx", l)] = ko["mean_abs"]
     metrics[mn.key_orth("ctx", l, signed=True)] = ko["mean"]
     attn = model.h[l].attn
     nh, hs = keys.shape[1], keys.shape[-1]
     wk = attn.c_attn.weight[attn.n_embd:2 * attn.n_embd].double()
     kv = (model.wte.weight[:V].double() @ wk.T).view(V, nh, hs).transpose(0, 1)   # (nh, V, hs)
-    kov = key_orthogonality(kv.numpy())
+    kov = key_orthogonality(kv.cpu().numpy())
     metrics[mn.key_orth("vocab", l)] = kov["mean_abs"]
     metrics[mn.key_orth("vocab", l, signed=True)] = kov["mean"]
 
@@ -222,7 +225,7 @@ def normed_value_geometry(normed: torch.Tensor, h_bayes: np.ndarray, onehot: np.
     and the PC1/PC2 scores of the first ``n_plot`` sequences (or None)."""
     B, T, _ = normed.shape
     L = (T - 1) // 2
-    x = normed[:, 1:2 * L:2].double().reshape(B * L, -1).numpy()
+    x = normed[:, 1:2 * L:2].double().reshape(B * L, -1).cpu().numpy()
     h = np.asarray(h_bayes)[:, :L].reshape(-1) / math.log(2)             # bits
     p = pca(x, orient_by=h)
     pre = mn.bijection_manifold(mn.BIJECTION_NORMED_VALUES)
