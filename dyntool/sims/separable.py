@@ -19,6 +19,11 @@ first update under ``values`` (‖ΔW_group‖ = η·m·‖∇_group L‖ = η·
 size of step, moved to another group.
 
 Full-batch gradient descent on every run at once (a leading run axis, autograd), float32.
+
+``device`` (cpu | cuda | cuda:N, default cpu): the batched weights, inputs and learning rates live
+there, the run axis unchanged; data and initial weights are still made on the CPU (the same numbers
+on any device) and the losses come back to the CPU where they are kept.  ``cpu`` is the model as it
+was before the key existed, byte for byte; a CUDA run has not been made yet.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import numpy as np
 import torch
 
 from .. import masks
+from .device import SimDevice, resolve
 from .sticky_data import HELDOUT_OFFSET, generate, transition_matrix
 
 GROUPS = {"routing": ("W_Q", "W_K"), "values": ("W_V",), "readout": ("W_1", "W_2")}
@@ -55,13 +61,16 @@ class SeparableConfig:
     mult: float = 10.0
     heldout_every: int = 10
     target_fracs: list[float] = field(default_factory=lambda: [0.25, 0.5, 0.75, 1.0])
+    device: SimDevice = "cpu"           # cpu | cuda | cuda:N
 
     def validate(self) -> None:
+        """Raises ValueError for bad arms or sizes, ConfigError for a device this machine lacks."""
         bad = [a for a in self.arms if a not in ARMS]
         if bad or "sgd" not in self.arms or "values" not in self.arms:
             raise ValueError(f"arms must include sgd and values, known: {ARMS}; unknown {bad}")
         if self.T < 3 or self.steps < 1 or self.n_heads < 1 or not self.lr > 0 or not self.mult > 0:
             raise ValueError("T >= 3, steps >= 1, n_heads >= 1, lr > 0, mult > 0")
+        resolve(self.device)
 
 
 def init_weights(seeds, cfg: SeparableConfig) -> dict[str, torch.Tensor]:
@@ -84,7 +93,7 @@ def forward(W: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     k = torch.einsum("rnd,rhdk->rhnk", x, W["W_K"])
     v = torch.einsum("rnd,rhdv->rhnv", x, W["W_V"])
     s = q @ k.transpose(-1, -2)
-    s = s.masked_fill(~masks.causal().dense(N)[0], float("-inf"))
+    s = s.masked_fill(~masks.causal().dense(N, device=x.device)[0], float("-inf"))
     g = torch.softmax(s, -1) @ v                                             # (R, H, N, d_v)
     G = g.permute(0, 2, 1, 3).reshape(x.shape[0], N, -1)                      # heads concatenated
     return torch.nn.functional.gelu(G @ W["W_1"]) @ W["W_2"]
@@ -132,19 +141,24 @@ class Result:
 
 
 def train(cfg: SeparableConfig, on_step=None) -> Result:
+    """Every (seed, arm) run at once on ``cfg.device``; ``on_step(step, losses)`` gets each step's
+    (R,) train losses as numpy."""
     cfg.validate()
+    dev = resolve(cfg.device)
     P = transition_matrix(cfg.n_symbols)
     runs = [(s, a) for s in cfg.seeds for a in cfg.arms]
     data = {s: generate(s, cfg.T, cfg.n_symbols, cfg.d_x, P) for s in cfg.seeds}
     held = {s: generate(s + HELDOUT_OFFSET, cfg.T, cfg.n_symbols, cfg.d_x, P) for s in cfg.seeds}
-    x = torch.stack([data[s].x for s, _ in runs])
-    y = torch.stack([data[s].y for s, _ in runs])
-    xh = torch.stack([held[s].x for s, _ in runs])
-    yh = torch.stack([held[s].y for s, _ in runs])
-    W = init_weights([s for s, _ in runs], cfg)
+    # made on the CPU, then moved (a no-op on the CPU): the same data and initial weights anywhere
+    x = torch.stack([data[s].x for s, _ in runs]).to(dev)
+    y = torch.stack([data[s].y for s, _ in runs]).to(dev)
+    xh = torch.stack([held[s].x for s, _ in runs]).to(dev)
+    yh = torch.stack([held[s].y for s, _ in runs]).to(dev)
+    W = {n: w.to(dev) for n, w in init_weights([s for s, _ in runs], cfg).items()}
     R = len(runs)
     loss, grads = gradients(W, x, y)
-    norms0 = group_norms(grads)
+    # the multipliers are set on the CPU (per-arm indexing, float64, numpy for the summary)
+    norms0 = {g: v.cpu() for g, v in group_norms(grads).items()}
     # norm matching: against the values arm's values-gradient norm of the SAME seed (same init, so
     # it is this run's own ‖∇_V L‖ at step 0)
     mults = {g: torch.ones(R, dtype=torch.float64) for g in GROUPS}
@@ -153,7 +167,7 @@ def train(cfg: SeparableConfig, on_step=None) -> Result:
         m = arm_multipliers(arm, cfg.mult, {g: v[ii] for g, v in norms0.items()})
         for g in GROUPS:
             mults[g][ii] = m[g]
-    lr = {n: (cfg.lr * mults[g]).float() for g, names in GROUPS.items() for n in names}
+    lr = {n: (cfg.lr * mults[g]).float().to(dev) for g, names in GROUPS.items() for n in names}
     first = {f"update_norm_{g}": (cfg.lr * mults[g] * norms0[g].double()).numpy() for g in GROUPS}
     first["first_order_decrease"] = sum(cfg.lr * mults[g] * norms0[g].double() ** 2 for g in GROUPS).numpy()
     curve = np.empty((R, cfg.steps + 1))
@@ -163,10 +177,10 @@ def train(cfg: SeparableConfig, on_step=None) -> Result:
             loss, grads = gradients(W, x, y)
         if not torch.isfinite(loss).all():
             raise FloatingPointError(f"non-finite loss at step {step}: run {runs[int((~torch.isfinite(loss)).nonzero()[0])]}")
-        curve[:, step] = loss.double().numpy()
+        curve[:, step] = loss.double().cpu().numpy()          # the curve is kept every step
         if step % cfg.heldout_every == 0 or step == cfg.steps:
             with torch.no_grad():
-                hl = losses(W, xh, yh).double().numpy()
+                hl = losses(W, xh, yh).double().cpu().numpy()
             for i in range(R):
                 heldout[i].append((step, float(hl[i])))
         if on_step is not None:
