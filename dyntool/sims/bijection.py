@@ -159,6 +159,13 @@ def heldout(cfg: BijectionConfig):
     return data.sample(cfg.heldout_seqs, cfg.V, cfg.L, g, cfg.with_replacement)
 
 
+def checks_loss_each_step(dev: torch.device) -> bool:
+    """Is each step's loss checked for finiteness before its update (True on the CPU, as always)?
+    On a GPU that check is a host sync per step, so there non-finite losses are OR-ed on the device
+    and read on logged steps: the run fails at the first logged step at or after the bad one."""
+    return dev.type == "cpu"
+
+
 def _bayes_accuracy_keys(cfg: BijectionConfig, h: np.ndarray) -> float:
     """Bayes-optimal accuracy at the key positions: closed form without replacement; with
     replacement the posterior is uniform on exp(H) values, so the held-out mean of exp(-H)."""
@@ -227,9 +234,7 @@ def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quie
         rec = Recorder(store, cfg.record, cfg.steps, T)
         last_eval, stop_at = None, None
         geometry: dict[int, dict] = {}          # analysed step -> geometry numbers (first and last kept)
-        # on the CPU each step's loss is checked before its update, as always; on a GPU that check is a
-        # host sync per step, so non-finite losses are OR-ed on the device and read on logged steps
-        check_now, nonfinite = dev.type == "cpu", torch.zeros((), dtype=torch.bool, device=dev)
+        check_now, nonfinite = checks_loss_each_step(dev), torch.zeros((), dtype=torch.bool, device=dev)
         for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
             row: dict = {}
             over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
