@@ -7,7 +7,6 @@ Writing a run is :mod:`dyntool.run_writer`.
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +15,11 @@ from typing import Any
 from . import safeio
 from .dataset import chunk, to_xarray
 from .errors import RunError
-from .location import URLPath, is_url, location
+from .location import URLPath, location
 from .record.ranks import RECORD_DIR, open_record  # noqa: F401  (RECORD_DIR: re-exported)
 from .record.store import RecordError
 from .run_files import check_meta, json_object, metric_rows, orphan_ranks, read_json, read_metrics  # noqa: F401
-from .storage import Backend, LocalBackend, open_backend
+from .storage import Backend, open_backend
 from .storage.local import disk_usage, is_run_dir  # noqa: F401  (re-exported: is_run_dir, disk_usage)
 
 
@@ -48,7 +47,7 @@ class Run:
     def __post_init__(self):
         if self.backend is None:
             self.backend = open_backend(self.path, root=self.root)
-        self.root = self.backend.root if isinstance(self.backend, LocalBackend) else None
+        self.root = self.backend.root
 
     @property
     def remote(self):
@@ -215,6 +214,8 @@ def open_run(path: str | Path, root: str | Path | None = None) -> Run:
     meta = check_meta(read_json(backend, "meta.json", problems), problems)
     config = read_json(backend, "config.json", problems)
     notes = []
+    # local folders only: in object storage the files' ages would cost a HEAD per file on every
+    # open (the app re-opens live runs every few seconds), so a stale remote run is not noted
     if meta.get("status") == "running" and isinstance(p, Path) and _stale(p):
         notes.append("status is 'running' but nothing was written for 10 minutes (killed?)")
     return Run(backend.where, config, meta, problems, notes=notes, backend=backend)
@@ -229,7 +230,7 @@ def study_summary(folder) -> dict:
     """The ``summary.json`` a study writes beside its runs (local or object storage), {} when there
     is none, it is a link, or it is not a JSON object (unreadable files are never raised here)."""
     where = location(folder)
-    try:
+    try:               # a link is refused on a disk; asking an object store (which has none) is a request
         if isinstance(where, Path) and (where / "summary.json").is_symlink():
             return {}
         raw = open_backend(where).get("summary.json", safeio.MAX_JSON_BYTES)
@@ -280,7 +281,7 @@ def list_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None 
     malformed run is listed with its problems, never raised; nothing outside ``root`` (default
     ``runs_dir``) is read."""
     where = location(runs_dir, "RUNS_DIR")
-    real_root = None if is_url(where) else Path(os.path.realpath(root if root is not None else where))
+    real_root = open_backend(where, "RUNS_DIR", root=root).root      # None in object storage: no links
     found = [open_run(d, real_root) for d in find_runs(where, max_depth, real_root)]
     found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
     return found

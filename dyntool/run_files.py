@@ -32,8 +32,8 @@ def read_json(backend, key: str, problems: list[str]) -> dict:
 
 def json_object(raw: bytes | None, name: str, problems: list[str]) -> dict:
     """The JSON object in ``raw``, a run file's bytes (``None``: the file is missing); missing, too
-    deeply nested, not JSON or not an object is a problem and reads as ``{}``.  The local reader and
-    the object-store reader (record/remote.py) both parse through here."""
+    deeply nested, not JSON or not an object is a problem and reads as ``{}``.  Every run file read
+    through either storage backend parses through here, the same from a disk and from S3."""
     if raw is None:
         problems.append(f"{name} is missing")
         return {}

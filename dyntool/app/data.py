@@ -1,5 +1,5 @@
 """Cached, marker-bounded reads of runs for the app, through the core reader (:mod:`dyntool.run`,
-:class:`dyntool.record.store.StoreReader`).
+:class:`dyntool.record.reader.RecordReader`).
 
 * Every path comes from :func:`runs_root` + :func:`resolve_inside` (``..``, absolute paths, NUL
   bytes and symlinks out are refused), and every run is opened with ``root=RUNS_DIR``, so no
@@ -27,7 +27,7 @@ from dyntool import safeio
 from dyntool.errors import RunError
 from dyntool.location import URLPath, is_url, join
 from dyntool.record.ranks import open_record
-from dyntool.record.store import RecordError, StoreReader, read_marker
+from dyntool.record.store import RecordError, read_marker
 from dyntool.run import RECORD_DIR, Run, find_runs, list_runs, open_run
 from dyntool.steps import steps_taken
 from dyntool.storage import open_backend
@@ -153,7 +153,7 @@ def _record(path: str) -> Path | None:
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _reader(path: str, mark: int | None):
-    """A StoreReader bounded at ``mark`` committed steps (None: at the marker it finds)."""
+    """A record reader bounded at ``mark`` committed steps (None: at the marker it finds)."""
     if is_url(path):
         return _open_remote(path, mark)
     rec = _record(path)
@@ -174,7 +174,7 @@ def marker(path: str) -> int:
     if rec is None:
         return 0
     try:
-        r = _reader(path, read_marker(rec, runs_root()))
+        r = _reader(path, read_marker(open_backend(rec.parent, root=runs_root()), RECORD_DIR))
     except (RecordError, AppInputError):
         return 0
     return r.steps_written if r is not None else 0

@@ -1,7 +1,9 @@
 """The guarded local store under a run's recording: every key read must resolve inside the run,
 chunk files are read with a size bound from the array's declared geometry, zstd frames and crc32c
 trailers are checked before a codec sees them, and a declared geometry that would allocate too
-much (or far more chunks than files exist) is refused first.  :mod:`.store` builds its reader on it.
+much (or far more chunks than files exist) is refused first.  The local storage backend
+(:meth:`dyntool.storage.LocalBackend.zarr_store`) hands it to the one record reader
+(:class:`dyntool.record.reader.RecordReader`).
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import LocalStore
@@ -74,10 +76,11 @@ class GuardedStore(LocalStore):
     allocates for it.  The reader only ever asks for chunks below the commit marker, so a chunk
     that is absent there was deleted (the writer stores every chunk, ``write_empty_chunks``)."""
 
-    def __init__(self, root: Path, allowed: Path):
+    def __init__(self, root: Path, allowed: Path, specs: dict | None = None):
         super().__init__(root, read_only=True)
         self.allowed = allowed
-        self.specs: dict[str, _ChunkSpec] = {}          # array path in the store -> its chunks
+        # array path in the store -> its chunks: filled in by the reader as it opens each array
+        self.specs: dict[str, _ChunkSpec] = {} if specs is None else specs
 
     def _spec(self, key: str) -> _ChunkSpec | None:
         m = _CHUNK_KEY.search(key)
@@ -232,11 +235,11 @@ def chunk_files(base: Path, root: Path | None, odd: set[str] | None = None) -> t
     return files, outside
 
 
-def check_array(where: str, z: Any, rows: int, base) -> str | None:
+def check_array(where: str, z: Any, rows: int, keys: Callable[[], Iterable[str]]) -> str | None:
     """What is wrong with an array's declared geometry, before anything is allocated for it: its
     dimensions, a decoded chunk over ``MAX_CHUNK_RAW`` bytes, more committed chunks than
-    ``MAX_CHUNKS``, or (for a big declaration) many more chunks than files that exist.  ``base``:
-    the array's folder, or (object storage) a function returning its chunk keys."""
+    ``MAX_CHUNKS``, or (for a big declaration) many more chunks than files that exist.  ``keys``:
+    returns the keys of the files below the array (called only for a big declaration)."""
     shape = tuple(int(n) for n in z.shape)
     grid = z.metadata.chunk_grid
     cs = tuple(int(c) for c in getattr(grid, "chunk_shape", ()) or ())
@@ -256,8 +259,7 @@ def check_array(where: str, z: Any, rows: int, base) -> str | None:
                 f"{MAX_CHUNKS}-chunk limit; not read")
     declared = math.prod(counted) * itemsize
     if nchunks > 1024 or declared > (256 << 20):
-        keys = base() if callable(base) else chunk_files(base, None)[0]
-        have = sum(1 for k in keys if _CHUNK_KEY.search(k))
+        have = sum(1 for k in keys() if _CHUNK_KEY.search(k))
         if have < nchunks / 2:
             return (f"{where}: declares shape {list(shape)} = {nchunks} chunks ({declared} bytes) but only "
                     f"{have} chunk files exist; not read")

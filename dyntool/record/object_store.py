@@ -1,8 +1,8 @@
 """The object-store backend: ``s3://bucket/prefix`` (and ``file:///path``) through `obstore
 <https://developmind.github.io/obstore>`_, as GET / PUT / LIST and a zarr store for a sub-path.
 
-It knows nothing about runs or records (those are :mod:`dyntool.record.remote` and
-:class:`dyntool.storage.ObjectStoreBackend`, the storage backend built on it, above it).  Credentials come from the standard AWS variables only
+It knows nothing about runs or records (those are :class:`dyntool.storage.ObjectStoreBackend`,
+the storage backend built on it, and :mod:`dyntool.record.reader`, which reads a record over it).  Credentials come from the standard AWS variables only
 (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, optional ``AWS_SESSION_TOKEN``,
 ``AWS_REGION``/``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL`` for S3-compatible servers); they are
 never written to a run, a log or an error message.  Missing credentials, an unreachable endpoint

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .reader import RecordReader
 from .store import RecordError
 
 RECORD_DIR = "record.zarr"
@@ -150,10 +151,6 @@ class RankedArray:
         out = self[:]
         return out.astype(dtype) if dtype is not None else out
 
-    def verify(self, full: bool = False, root=None) -> list[str]:
-        return [f"rank {r}: {msg}" if r else msg
-                for r, p in enumerate(self.parts) for msg in p.verify(full, root)]
-
     def __repr__(self) -> str:
         dims = ", ".join(f"{d}={s}" for d, s in zip(self.dims, self.shape))
         return f"RankedArray({self.name}: {dims}; {self.dtype}; {len(self.parts)} ranks)"
@@ -161,13 +158,13 @@ class RankedArray:
 
 class RankedStore:
     """The per-rank recordings of one run read as one (see the module doc).  Duck-types
-    :class:`~dyntool.record.store.StoreReader` (``names``, ``[name]``, ``arrays``, ``static*``,
+    :class:`~dyntool.record.reader.RecordReader` (``names``, ``[name]``, ``arrays``, ``static*``,
     ``verify``, ``steps_written``, ``marker``, ``attrs``, ``group``, ``problems``)."""
 
     def __init__(self, ranks: list, problems: list[str] | None = None):
         self.ranks = ranks
         main = ranks[0]
-        self.path, self.root, self.group, self.attrs = main.path, main.root, main.group, main.attrs
+        self.path, self.group, self.attrs = main.path, main.group, main.attrs
         self.problems = list(problems or [])
         for r, st in enumerate(ranks):
             self.problems += [f"rank {r}: {p}" if r else p for p in st.problems]
@@ -227,12 +224,19 @@ class RankedStore:
         return out
 
 
+def open_group(backend, sub: str, limit: int | None = None) -> RecordReader | None:
+    """The reader of the zarr group at ``sub`` of a storage ``backend`` (:mod:`dyntool.storage`), or
+    None when the backend holds none there (``backend.has_group``)."""
+    return RecordReader(backend, sub, limit) if backend.has_group(sub) else None
+
+
 def open_record(backend, limit: int | None = None):
-    """The run's recording, on either storage backend (:mod:`dyntool.storage`: ``backend.reader``
-    opens one rank's group): a reader of one rank, a :class:`RankedStore` over the ``world_size``
-    per-rank recordings rank 0 announces, or None when the run has no recording.  A rank whose
-    recording is missing or unreadable is a problem, and the view falls back to rank 0 alone."""
-    main = backend.reader(RECORD_DIR, limit)
+    """The run's recording, on either storage backend (:mod:`dyntool.storage`): a
+    :class:`~dyntool.record.reader.RecordReader` of one rank, a :class:`RankedStore` over the
+    ``world_size`` per-rank recordings rank 0 announces, or None when the run has no recording.  A
+    rank whose recording is missing or unreadable is a problem, and the view falls back to rank 0
+    alone."""
+    main = open_group(backend, RECORD_DIR, limit)
     if main is None:
         return None
     world = main.attrs.get("world_size", 1)
@@ -241,7 +245,7 @@ def open_record(backend, limit: int | None = None):
     ranks = [main]
     for r in range(1, world):
         try:
-            st = backend.reader(rank_dir(r), limit)
+            st = open_group(backend, rank_dir(r), limit)
         except RecordError as e:
             why = str(e).split(" (GroupNotFound")[0]
         else:

@@ -38,6 +38,9 @@ class Backend(Protocol):
     ``Path``, or the URL as text, so nothing local is ever made from a URL)."""
 
     where: Path | URLPath
+    root: Path | None
+    """The folder no local read leaves (links resolving outside it are refused); None for an object
+    store, whose keys have no links that could lead elsewhere."""
 
     @property
     def path(self) -> Path | str: ...
@@ -86,12 +89,25 @@ class Backend(Protocol):
     def size(self) -> int:
         """Bytes stored below the location (on a disk: allocated blocks, as ``du`` counts them)."""
 
-    # -- the record --------------------------------------------------------------------------
-    def zarr_store(self, sub: str, mode: str = "r"):
-        """A zarr store for the group at ``sub`` (``mode`` ``"r"`` or ``"w"``)."""
+    # -- the record (what :class:`dyntool.record.reader.RecordReader` asks) -------------------
+    def zarr_store(self, sub: str, mode: str = "r", specs: dict | None = None):
+        """A zarr store for the group at ``sub`` (``mode`` ``"r"`` or ``"w"``).  ``specs``: the
+        reader's array -> chunk geometry, filled in as it opens each array, for a store that bounds
+        its reads by it (the local guarded store; an object is fetched whole by one GET)."""
 
-    def reader(self, sub: str, limit: int | None = None):
-        """The marker-bounded reader of the recording at ``sub``, or None when there is none."""
+    def has_group(self, sub: str) -> bool:
+        """A zarr group is stored at ``sub``, worth opening (a local link is: the reader refuses it
+        when it leads out of the root)."""
+
+    def walk(self, key: str, guarded: bool = True) -> tuple[set[str], set[str], set[str]]:
+        """``(files, links out, odd)`` below ``key``, as keys relative to it: regular files; links
+        resolving outside the root (``guarded``; not followed); entries that are neither file nor
+        folder (a FIFO, a device).  An object store has objects only: the last two are empty."""
+
+    def frame_problem(self, key: str, trailer: int = 0) -> str | None:
+        """What is wrong with the zstd frame (``trailer`` checksum bytes after it) stored at ``key``,
+        told without decoding it; None when nothing is, or when telling would mean downloading it
+        (an object store: a full check decodes every chunk instead)."""
 
     # -- runs and folders of runs ------------------------------------------------------------
     def child(self, name: str) -> "Backend": ...
@@ -103,8 +119,9 @@ class Backend(Protocol):
     def is_run(self) -> bool:
         """The location holds ``meta.json`` or ``config.json``."""
 
-    def contained(self) -> bool:
-        """The location lies inside the root the reader was given (no link leads out of it)."""
+    def contained(self, key: str = "") -> bool:
+        """``key`` (``""``: the location) lies inside the root the reader was given (no link leads
+        out of it)."""
 
     # -- the output guard --------------------------------------------------------------------
     def check_out(self, what: str = "--out") -> Path | str:

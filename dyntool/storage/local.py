@@ -1,7 +1,7 @@
 """The local backend: a run is a folder.  Reads go through :mod:`dyntool.safeio` (regular files
 only, size caps, containment in the folder the reader was given), writes through
 :mod:`dyntool.atomic` (temp file + rename), the record through the guarded zarr store
-(:mod:`dyntool.record.guarded`) and :class:`~dyntool.record.store.StoreReader`."""
+(:mod:`dyntool.record.guarded`), which :class:`~dyntool.record.reader.RecordReader` reads."""
 from __future__ import annotations
 
 import contextlib
@@ -16,8 +16,7 @@ from typing import Iterator
 from .. import safeio
 from ..atomic import replacing
 from ..errors import ConfigError, RunError
-from ..record.guarded import GuardedStore
-from ..record.store import StoreReader
+from ..record.guarded import GuardedStore, chunk_files, zstd_frame_ok
 from .base import RUN_FILES, Outside
 
 
@@ -174,17 +173,23 @@ class LocalBackend:
         return disk_usage(self.where)
 
     # -- the record --------------------------------------------------------------------------
-    def zarr_store(self, sub: str, mode: str = "r"):
+    def zarr_store(self, sub: str, mode: str = "r", specs: dict | None = None):
         if mode == "r":
-            return GuardedStore(self._at(sub), self.root)
+            return GuardedStore(self._at(sub), self.root, specs)
         from zarr.storage import LocalStore
         return LocalStore(self._at(sub))
 
-    def reader(self, sub: str, limit: int | None = None):
+    def has_group(self, sub: str) -> bool:
         rec = self._at(sub)
-        if not (rec.is_dir() or rec.is_symlink()):
-            return None
-        return StoreReader(rec, root=self.root, limit=limit)
+        return rec.is_dir() or rec.is_symlink()        # a link out is opened, and refused, not skipped
+
+    def walk(self, key: str, guarded: bool = True) -> tuple[set[str], set[str], set[str]]:
+        odd: set[str] = set()
+        files, outside = chunk_files(self._at(key), self.root if guarded else None, odd)
+        return files, outside, odd
+
+    def frame_problem(self, key: str, trailer: int = 0) -> str | None:
+        return zstd_frame_ok(self._at(key), trailer=trailer)
 
     # -- runs and folders of runs ------------------------------------------------------------
     def child(self, name: str) -> "LocalBackend":
@@ -203,8 +208,8 @@ class LocalBackend:
     def is_run(self) -> bool:
         return is_run_dir(self.where)
 
-    def contained(self) -> bool:
-        return safeio.inside(self.where, self.root)
+    def contained(self, key: str = "") -> bool:
+        return safeio.inside(self._at(key), self.root)
 
     # -- the output guard --------------------------------------------------------------------
     def check_out(self, what: str = "--out") -> Path:

@@ -5,11 +5,16 @@ An object is written by one PUT, visible whole or not at all, so every ``put`` i
 local rename is.  An object can't be appended to: :class:`ObjectLines` keeps a run's rows in memory
 and re-PUTs the whole object at most every few seconds.  Runs this process creates are remembered
 (:data:`CREATED`) so a command rejected with exit 2 deletes them again, as a local run folder is.
+
+Choosing this backend makes no request and needs no credentials: the object store is reached on
+first use (:attr:`ObjectStoreBackend.remote`), so what only asks what kind of place this is (a
+command's ``--out`` refused for plain files, a watcher's signature) works offline.
 """
 from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import io
 import threading
 import time
@@ -19,7 +24,6 @@ from .. import safeio
 from ..errors import RunError
 from ..location import URLPath, join
 from ..record.object_store import Remote, short
-from ..record.remote import RemoteStoreReader
 from .base import RUN_FILES
 
 CREATED: list["ObjectStoreBackend"] = []   # runs created by this process (deleted again on a rejection)
@@ -55,16 +59,24 @@ class ObjectLines:
 class ObjectStoreBackend:
     """The objects below one URL.  ``create``: a writer's (may make a ``file://`` folder)."""
 
+    root = None                               # keys have no links that could lead out of a root
+
     def __init__(self, where, create: bool = False):
-        self.remote = Remote(str(where), create=create)
-        self.where = URLPath(self.remote.url)
+        self.where = URLPath(str(where))
+        self.creates = create
+
+    @functools.cached_property
+    def remote(self) -> Remote:
+        """The object store, reached on first use (missing credentials, a reader's missing
+        ``file://`` folder: a one-line :class:`RunError` then)."""
+        return Remote(self.where.url, create=self.creates)
 
     def __repr__(self) -> str:
-        return f"ObjectStoreBackend({self.remote.url!r})"
+        return f"ObjectStoreBackend({self.where.url!r})"
 
     @property
     def path(self) -> str:
-        return self.remote.url
+        return self.where.url
 
     # -- objects -----------------------------------------------------------------------------
     def get(self, key: str, cap: int | None = None) -> bytes | None:
@@ -128,20 +140,27 @@ class ObjectStoreBackend:
         return sum(self.remote.list().values())
 
     # -- the record --------------------------------------------------------------------------
-    def zarr_store(self, sub: str, mode: str = "r"):
+    def zarr_store(self, sub: str, mode: str = "r", specs: dict | None = None):
+        # no specs: each chunk is one GET of a whole object, nothing to bound as a local read is
         return self.remote.zarr_store(sub, read_only=mode == "r")
 
-    def reader(self, sub: str, limit: int | None = None):
-        if not self.remote.head(f"{sub}/zarr.json"):     # the reader downloads it itself
-            return None
-        return RemoteStoreReader(self.remote, sub, limit)
+    def has_group(self, sub: str) -> bool:
+        return self.remote.head(f"{sub}/zarr.json")     # one HEAD: the reader GETs it itself
+
+    def walk(self, key: str, guarded: bool = True) -> tuple[set[str], set[str], set[str]]:
+        """One LIST of the objects below ``key`` (no links, no FIFOs in an object store)."""
+        prefix = key.strip("/") + "/"
+        return {k[len(prefix):] for k in self.remote.list(key) if k.startswith(prefix)}, set(), set()
+
+    def frame_problem(self, key: str, trailer: int = 0) -> str | None:
+        return None                           # telling would download every chunk: `check` decodes them
 
     # -- runs and folders of runs ------------------------------------------------------------
     def child(self, name: str) -> "ObjectStoreBackend":
-        return ObjectStoreBackend(join(self.remote.url, name), self.remote.create)
+        return ObjectStoreBackend(join(self.where.url, name), self.creates)
 
     def create(self, name: str) -> "ObjectStoreBackend":
-        run = ObjectStoreBackend(join(self.remote.url, name), create=True)
+        run = ObjectStoreBackend(join(self.where.url, name), create=True)
         if run.remote.head("meta.json"):
             raise RunError(f"run {run.remote.url} already exists; choose another name "
                            "(existing runs are never overwritten)")
@@ -151,7 +170,7 @@ class ObjectStoreBackend:
     def is_run(self) -> bool:
         return any(f in RUN_FILES for f in self.remote.list_dir()[1])
 
-    def contained(self) -> bool:
+    def contained(self, key: str = "") -> bool:
         return True                           # keys have no links that could lead elsewhere
 
     # -- the output guard --------------------------------------------------------------------
@@ -159,12 +178,12 @@ class ObjectStoreBackend:
         """Credentials, endpoint and bucket answer (one LIST of at most one key) before anything
         is created; else one-line :class:`RunError` (exit 2)."""
         import obstore
-        r = Remote(self.remote.url, create=True)
+        r = Remote(self.where.url, create=True)
         try:
             next(iter(obstore.list(r.store, None, chunk_size=1)), None)
         except Exception as e:
-            raise RunError(f"{what} {self.remote.url} can't be reached: {short(e)}") from None
-        return self.remote.url
+            raise RunError(f"{what} {self.where.url} can't be reached: {short(e)}") from None
+        return self.where.url
 
     def mark(self) -> int:
         return len(CREATED)

@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from dyntool import cli
-from dyntool.record.store import RecordError, StoreReader, zstd_frame_ok
+from dyntool.record.guarded import zstd_frame_ok
+from dyntool.record.reader import RecordReader
+from dyntool.record.store import RecordError
 from dyntool.run import list_runs, open_run
+from dyntool.storage import open_backend
 from tests.app import fixtures
 
 STEPS = 40          # 3 chunks of 16 steps per array
@@ -218,7 +221,7 @@ def test_reader_refuses_symlinks_out_of_the_runs_folder(hostile):
     with pytest.raises(RecordError, match="outside"):
         runs["link-chunk"].arrays["attn"][20]
     with pytest.raises(RecordError, match="outside"):
-        StoreReader(root / "link-record" / "record.zarr", root=root)
+        RecordReader(open_backend(root / "link-record", root=root), "record.zarr")
 
 
 def test_app_refuses_symlinks_out_of_the_runs_folder(hostile, monkeypatch):
@@ -272,8 +275,7 @@ def test_live_slices_labelled_with_marker_m_hold_m_rows(tmp_path, monkeypatch):
     for s in range(4):
         store.append(s, {"x": np.full(3, float(s))})
     store.flush()
-    rec = run.path / "record.zarr"
-    m = read_marker(rec, tmp_path)
+    m = read_marker(open_backend(run.path, root=tmp_path), "record.zarr")
     assert m == 4
     monkeypatch.setenv("DYNTOOL_RUNS_DIR", str(tmp_path))
     data = fixtures.load_app_package().data
@@ -282,7 +284,7 @@ def test_live_slices_labelled_with_marker_m_hold_m_rows(tmp_path, monkeypatch):
     store.flush()
     r = data._reader(str(run.path), m)
     assert r.steps_written == m and len(r["x"][:]) == m and len(data.steps.__wrapped__(str(run.path), m)) == m
-    assert StoreReader(rec, limit=m)["step"][:].tolist() == [0, 1, 2, 3]
+    assert RecordReader(open_backend(run.path), "record.zarr", limit=m)["step"][:].tolist() == [0, 1, 2, 3]
     assert data.marker(str(run.path)) == 9
     run.finish()
 

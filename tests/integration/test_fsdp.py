@@ -17,8 +17,9 @@ import pytest
 
 from dyntool.cli import main
 from dyntool.record.ranks import rank_dir
-from dyntool.record.store import StoreReader
+from dyntool.record.reader import RecordReader
 from dyntool.run import open_run
+from dyntool.storage import open_backend
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "tests" / "data" / "tiny_wikitext"
@@ -59,7 +60,7 @@ def test_fsdp_record_equals_single_process(fsdp_run, tmp_path):
     assert run.status == "finished" and not run.problems, run.problems
     assert run.meta["parallel"] == "fsdp" and run.meta["world_size"] == 2
     # two stores, one sequence each: rank 1 recorded the probe's second sequence
-    r1 = StoreReader(fsdp_run / rank_dir(1))
+    r1 = RecordReader(open_backend(fsdp_run), rank_dir(1))
     assert r1.attrs["rank"] == 1 and r1.attrs["seq_offset"] == 1 and r1["attn"].shape[3] == 1
     # the same global batch of 4 in one process (the reference has no rank in it)
     assert main(["train", *ARGS, "--data.batch_size=4", "--max-steps", str(STEPS), "--train.stop_at",
@@ -74,7 +75,7 @@ def test_fsdp_record_equals_single_process(fsdp_run, tmp_path):
         assert np.array_equal(np.isnan(a), np.isnan(b)), name
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6, equal_nan=True, err_msg=name)
     # the merged view really is rank 0 ++ rank 1 along seq, and logit_max the max over ranks
-    r0 = StoreReader(fsdp_run / rank_dir(0))
+    r0 = RecordReader(open_backend(fsdp_run), rank_dir(0))
     np.testing.assert_array_equal(run.arrays["attn"][:, :, :, 1], r1["attn"][:, :, :, 0])
     np.testing.assert_array_equal(run.arrays["attn"][-1, 1, 0, ::-1], np.concatenate(
         [r1["attn"][-1, 1, 0], r0["attn"][-1, 1, 0]]))
@@ -126,7 +127,7 @@ def test_fsdp_kill_9_leaves_every_rank_readable_and_resumes_exactly(fsdp_run, tm
     run = open_run(killed)
     assert run.status == "running" and not run.problems, (run.status, run.problems)
     for r in (0, 1):                                     # each rank's own committed steps
-        st = StoreReader(killed / rank_dir(r))
+        st = RecordReader(open_backend(killed), rank_dir(r))
         assert st.steps_written >= 2 and not st.verify(full=True)
     assert run.steps_written >= 2
     ref = open_run(fsdp_run)

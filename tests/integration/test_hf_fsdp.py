@@ -19,8 +19,9 @@ pytest.importorskip("transformers.distributed", reason="transformers without Dis
 
 from dyntool.integrations.ranked import ShardError, is_sharded, split_probe  # noqa: E402
 from dyntool.record.ranks import rank_dir  # noqa: E402
-from dyntool.record.store import StoreReader  # noqa: E402
+from dyntool.record.reader import RecordReader  # noqa: E402
 from dyntool.run import open_run  # noqa: E402
+from dyntool.storage import open_backend  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = str(Path(__file__).with_name("hf_fsdp_worker.py"))
@@ -49,7 +50,7 @@ def test_hf_callback_under_fsdp_equals_one_process(runs):
     fs, one = open_run(runs / "runs" / "fsdp"), open_run(runs / "runs" / "single")
     assert fs.status == one.status == "finished" and not fs.problems and not one.problems, fs.problems
     assert fs.meta["parallel"] == "fsdp" and fs.meta["world_size"] == 2
-    r1 = StoreReader(runs / "runs" / "fsdp" / rank_dir(1))           # rank 1 wrote the 2nd sequence
+    r1 = RecordReader(open_backend(runs / "runs" / "fsdp"), rank_dir(1))           # rank 1 wrote the 2nd sequence
     assert r1.attrs["rank"] == 1 and r1.attrs["seq_offset"] == 1 and r1["attn"].shape[3] == 1
     assert list(fs.steps) == list(one.steps) == [0, 2, 4, 5]
     assert fs.store.names() == one.store.names() and "attn" in one.store.names()

@@ -213,15 +213,16 @@ def test_deterministic_switch_on_during_training_and_restored(tmp_path, monkeypa
 # -- recording flush timer, disk full ---------------------------------------------------------
 
 def test_flush_timer_commits_the_last_row_without_another_append(tmp_path):
-    from dyntool.record.store import StoreReader
+    from dyntool.record.reader import RecordReader
     from dyntool.record.store_writer import StoreWriter
+    from dyntool.storage import open_backend
     w = StoreWriter(tmp_path / "r.zarr", chunk_steps=100, flush_seconds=0.2)
     w.append(0, {"x": np.ones(3, np.float32)})
     w.append(1, {"x": np.ones(3, np.float32)})
     deadline = time.time() + 20
-    while time.time() < deadline and StoreReader(tmp_path / "r.zarr").steps_written < 2:
+    while time.time() < deadline and RecordReader(open_backend(tmp_path), "r.zarr").steps_written < 2:
         time.sleep(0.05)
-    assert StoreReader(tmp_path / "r.zarr").steps_written == 2       # no flush()/close() called
+    assert RecordReader(open_backend(tmp_path), "r.zarr").steps_written == 2       # no flush()/close() called
     w.close()
 
 

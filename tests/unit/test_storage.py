@@ -142,7 +142,7 @@ def test_zarr_store_round_trip_and_reader(backend):
     from dyntool.record.ranks import RECORD_DIR, open_record
     from dyntool.record.store_writer import StoreWriter
     run = backend.create("rec")
-    assert run.reader(RECORD_DIR) is None and open_record(run) is None
+    assert not run.has_group(RECORD_DIR) and open_record(run) is None
     w = StoreWriter(run.zarr_store(RECORD_DIR, "w"), chunk_steps=2, flush_seconds=0)
     data = np.arange(12, dtype=np.float32).reshape(3, 4)
     for i in range(3):

@@ -8,8 +8,9 @@ import pytest
 from dyntool.errors import ConfigError
 from dyntool.record.policy import RecordConfig, check_budget, estimate_bytes, schedule
 from dyntool.record.pooling import pool_blocks
-from dyntool.record.store import StoreReader
+from dyntool.record.reader import RecordReader
 from dyntool.record.store_writer import StoreWriter, chunk_shape
+from dyntool.storage import open_backend
 
 
 def test_roundtrip_dims_and_marker(tmp_path):
@@ -18,7 +19,7 @@ def test_roundtrip_dims_and_marker(tmp_path):
         w.append(s * 5, {"attn": np.full((1, 2, 1, 3, 3), s, np.float16), "logit_max": np.full((1, 2), s, np.float32)})
     # nothing is visible before a flush except whole chunks already handed over
     w.flush()
-    r = StoreReader(tmp_path / "r.zarr")
+    r = RecordReader(open_backend(tmp_path), "r.zarr")
     assert r.steps_written == 10
     assert r["attn"].dims == ("step", "layer", "head", "seq", "query", "key")
     assert r["attn"].shape == (10, 1, 2, 1, 3, 3)
@@ -55,7 +56,7 @@ def test_reader_never_sees_unwritten_rows(tmp_path):
     def read():
         while not stop.is_set():
             try:
-                r = StoreReader(tmp_path / "r.zarr")
+                r = RecordReader(open_backend(tmp_path), "r.zarr")
                 if r.steps_written:
                     data = r["x"][: r.steps_written]
                     if np.isnan(data).any():
@@ -71,7 +72,7 @@ def test_reader_never_sees_unwritten_rows(tmp_path):
     stop.set()
     t.join()
     assert torn == []
-    assert StoreReader(tmp_path / "r.zarr").steps_written == 60
+    assert RecordReader(open_backend(tmp_path), "r.zarr").steps_written == 60
 
 
 def test_chunks_split_heads_for_big_matrices():
