@@ -96,14 +96,15 @@ def _netcdf_attrs(ds):
 
 def check_destination(out: str | Path, what: str = "--to") -> None:
     """An export never goes inside a run (the one exported or any other)."""
-    from .location import is_url, location
     from .paths import inside_run
+    from .storage import open_backend
     if "\0" in str(out):
         raise ExportError(f"{what}: contains a NUL byte")
-    p = location(out, what)
-    if is_url(p):
+    backend = open_backend(out, what)
+    if not backend.plain_files:
         raise ExportError(f"{what} {out}: exports are written to a local folder (object storage is read, "
                           "never written, by export)")
+    p = backend.where
     try:
         run = inside_run(p.absolute())
     except OSError as e:

@@ -8,8 +8,8 @@ another scheme (``gs://``, ``http://``; ``Path`` would collapse ``//`` and creat
 ``gs:/bucket`` folder), a ``~user`` that does not exist.
 
 A URL is never passed through :mod:`pathlib`: :class:`URLPath` has the part of ``Path``'s API the
-readers use (``name``, ``parent``, ``/``, ``relative_to``) and no ``__fspath__``, so handing one to
-``open()`` or ``Path()`` fails loudly instead of creating a local file from a URL.
+readers use (``name``, ``parent``, ``/``, ``relative_to``, ``resolve``) and no ``__fspath__``, so
+handing one to ``open()`` or ``Path()`` fails loudly instead of creating a local file from a URL.
 """
 from __future__ import annotations
 
@@ -83,6 +83,11 @@ class URLPath:
         if "/" not in tail.strip("/"):
             return URLPath(self.url[:self._root_len] + ("/" if self.url.startswith("file://") else ""))
         return URLPath(self.url[:self._root_len] + tail.rsplit("/", 1)[0])
+
+    def resolve(self) -> "URLPath":
+        """Itself: a URL has no links to resolve (as ``Path.resolve`` gives a local path's real
+        location, so code comparing locations needs no branch)."""
+        return self
 
     def is_relative_to(self, other) -> bool:
         o = str(other).rstrip("/")

@@ -27,8 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import NonFiniteLossError, RunError
-from .location import is_url, location
+from .errors import NonFiniteLossError
 from .record.ranks import RECORD_DIR, rank_dir  # noqa: F401  (RECORD_DIR: defined once, there)
 from .record.store_writer import StoreWriter
 from .storage import Backend, open_backend
@@ -120,18 +119,10 @@ def _json_bytes(obj: Any) -> bytes:
 
 
 def ensure_out_dir(out_dir: str | Path) -> Path | str:
-    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup).
-    An object-store URL is returned as it is: nothing local is ever made from a URL."""
-    out = location(out_dir, "--out")
-    if is_url(out):
-        return str(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
-    if not os.access(out, os.W_OK):
-        raise RunError(f"output directory {out} is not writable")
-    return out
+    """Create ``out_dir`` if needed and check it is writable (call before any expensive setup): its
+    backend's :meth:`~dyntool.storage.Backend.ensure_dir`.  An object-store URL is returned as its
+    text: nothing local is ever made from a URL."""
+    return open_backend(out_dir, "--out", create=True).ensure_dir()
 
 
 class RunWriter:

@@ -16,21 +16,19 @@ import html
 import os
 import re
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool import safeio
 from dyntool.errors import RunError
-from dyntool.location import URLPath, is_url, join
+from dyntool.location import URLPath, location
 from dyntool.record.ranks import open_record
 from dyntool.record.store import RecordError, read_marker
-from dyntool.run import RECORD_DIR, Run, find_runs, list_runs, open_run
+from dyntool.run import RECORD_DIR, Run, find_runs, open_run
 from dyntool.steps import steps_taken
-from dyntool.storage import open_backend
+from dyntool.storage import Outside, open_backend
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 MAX_DEPTH = 3
@@ -70,129 +68,87 @@ def runs_root() -> Path | URLPath:
     raw = os.environ.get(ENV_ROOT)
     if not raw and len(sys.argv) > 1 and sys.argv[0].endswith("main.py"):
         raw = sys.argv[1]
-    if is_url(raw):
-        return URLPath(raw)
-    return Path(raw or "runs").expanduser().resolve()
+    return location(raw or "runs", "RUNS_DIR").resolve()
 
 
 def resolve_inside(root: Path | URLPath, rel: str | Path) -> Path | URLPath:
-    """``root / rel`` resolved; raises :class:`AppInputError` if it escapes ``root`` or is not a path."""
+    """``root / rel`` as its backend reaches it (:meth:`dyntool.storage.Backend.below`); raises
+    :class:`AppInputError` if it escapes ``root`` or is not a path."""
     if "\x00" in str(rel):
         raise AppInputError("a folder name can't contain a NUL byte")
-    if is_url(root):                         # no links in object storage: '..' and absolute names refused
-        parts = [q for q in str(rel).split("/") if q not in ("", ".")]
-        if str(rel).startswith("/") or ".." in parts:
-            raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
-        return URLPath(join(str(root), *parts))
     try:
-        p = (root / rel).resolve()
+        return open_backend(root, "RUNS_DIR").below(rel)
+    except Outside:
+        raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened") from None
     except (OSError, ValueError) as e:
         raise AppInputError(f"'{rel}' is not a usable path ({e})") from None
-    if not safeio.inside(p, root):
-        raise AppInputError(f"'{rel}' is outside the runs directory {root}; only paths inside it can be opened")
-    return p
 
 
 def rel(root: Path | URLPath, path: Path | URLPath | str) -> str:
-    p = (URLPath(path) if is_url(root) else Path(path)) if isinstance(path, str) else path
+    p = location(path) if isinstance(path, str) else path
     return "." if p == root else str(p.relative_to(root))
 
 
 def parent_of(path: str) -> str:
     """The folder holding a run (its study), as text, for a local path or a URL alike."""
-    return str(URLPath(path).parent if is_url(path) else Path(path).parent)
+    return str(location(path).parent)
 
 
 @st.cache_data(ttl=3, show_spinner=False)
 def discover(root: str, sub: str = "") -> list[str]:
     """Runs below ``root/sub`` (study directories included) as paths relative to ``root``, found by
-    :func:`dyntool.run.list_runs` (which skips folders resolving outside ``root``).  Re-listed at most
-    every 3 s."""
-    if is_url(root):
-        base = URLPath(root)
-        start = resolve_inside(base, sub)
-        try:
-            return sorted(rel(base, u) for u in find_runs(start, MAX_DEPTH))
-        except RunError as e:
-            raise AppInputError(str(e)) from None
-    base = Path(root)
+    :func:`dyntool.run.find_runs` (which skips folders resolving outside ``root``), each by its real
+    location.  Re-listed at most every 3 s."""
+    base = location(root, "RUNS_DIR")
     start = resolve_inside(base, sub)
-    if not start.is_dir():
+    if not open_backend(start).is_dir():
         raise AppInputError(f"'{sub or start}' is not a directory inside {base}")
-    runs = list_runs(start, MAX_DEPTH, root=base)
-    return sorted(rel(base, Path(os.path.realpath(r.path))) for r in runs)
+    try:
+        return sorted(rel(base, found.resolve()) for found in find_runs(start, MAX_DEPTH, root=base))
+    except RunError as e:
+        raise AppInputError(str(e)) from None
 
 
 # ---------------------------------------------------------------------------------------
 # run handles
 # ---------------------------------------------------------------------------------------
 
+def backend(path: str):
+    """The storage backend of ``path`` (a run or a study folder); no file resolving outside
+    RUNS_DIR is read through it."""
+    return open_backend(path, root=runs_root())
+
+
 def signature(path: str) -> tuple:
-    """Cheap change detector: (mtime, size) of meta.json, metrics.jsonl and the record's zarr.json
-    (stat only: nothing is read here).  In object storage, where a stat is a request: the clock, so
-    a remote run is re-read at most every 3 s."""
-    if is_url(path):
-        return (int(time.time() // 3),)
-    p = Path(path)
-    out = []
-    for f in (p / "meta.json", p / "metrics.jsonl", p / RECORD_DIR / "zarr.json"):
-        try:
-            s = f.stat()
-            out.append((s.st_mtime_ns, s.st_size))
-        except OSError:
-            out.append(None)
-    return tuple(out)
-
-
-def _record(path: str) -> Path | None:
-    if is_url(path):
-        return None
-    rec = Path(path) / RECORD_DIR
-    return rec if rec.exists() or rec.is_symlink() else None
+    """Cheap change detector of meta.json, metrics.jsonl and the record's zarr.json: their
+    backend's signature (a stat each on a disk, nothing read; in object storage, where a stat is a
+    request, the clock, so a remote run is re-read at most every few seconds)."""
+    return backend(path).signature(("meta.json", "metrics.jsonl", f"{RECORD_DIR}/zarr.json"))
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
 def _reader(path: str, mark: int | None):
-    """A record reader bounded at ``mark`` committed steps (None: at the marker it finds)."""
-    if is_url(path):
-        return _open_remote(path, mark)
-    rec = _record(path)
-    if rec is None:
-        return None
-    try:                                                # every rank's, merged
-        return open_record(open_backend(rec.parent, root=runs_root()), limit=mark)
-    except RecordError as e:
+    """A record reader bounded at ``mark`` committed steps (None: at the marker it finds): every
+    rank's, merged; None when the run has no recording."""
+    try:
+        return open_record(backend(path), limit=mark)
+    except RunError as e:
         raise AppInputError(f"the recording can't be read: {e}") from None
 
 
 def marker(path: str) -> int:
     """Committed steps the app may read: the core's commit marker, bounded by the data it finds
-    (a marker past the data is a problem of the run, and nothing past the data is read)."""
-    if is_url(path):                      # one read of the group metadata, at most every 3 s
-        return _remote_marker(path, signature(path))
-    rec = _record(path)
-    if rec is None:
-        return 0
-    try:
-        r = _reader(path, read_marker(open_backend(rec.parent, root=runs_root()), RECORD_DIR))
-    except (RecordError, AppInputError):
-        return 0
-    return r.steps_written if r is not None else 0
-
-
-def _open_remote(path: str, mark: int | None):
-    try:
-        return open_record(open_backend(path), limit=mark)
-    except (RecordError, RunError) as e:
-        raise AppInputError(f"the recording can't be read: {e}") from None
+    (a marker past the data is a problem of the run, and nothing past the data is read); read
+    again only when the run's :func:`signature` changes."""
+    return _marker(path, signature(path))
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
-def _remote_marker(path: str, sig: tuple) -> int:
-    """The marker a remote run has now (opened afresh, not the cached reader: a live run grows)."""
+def _marker(path: str, sig: tuple) -> int:
+    """The marker a run has now (the group metadata only), then the reader bounded at it."""
     try:
-        r = _open_remote(path, None)
-    except AppInputError:
+        r = _reader(path, read_marker(backend(path), RECORD_DIR))
+    except (RunError, AppInputError):
         return 0
     return r.steps_written if r is not None else 0
 
@@ -391,7 +347,7 @@ def is_live(run: Run) -> bool:
 
 def clear_caches() -> None:
     for f in (discover, summary, metrics, array_info, steps, matrix, pooled, head_series, vectors,
-              head_outputs, static, _remote_marker):
+              head_outputs, static, _marker):
         f.clear()
     _open_run.clear()
     _reader.clear()

@@ -81,16 +81,14 @@ def streamlit_argv(runs_dir, port: int | None, address: str) -> list[str]:
 
 
 def _runs_dir(text: str):
-    from ..location import is_url, location
-    where = location(text, "RUNS_DIR")
-    if is_url(where):                       # answers a LIST (one line on a wrong bucket, no network)
-        from ..run import find_runs
-        find_runs(where, max_depth=0)
-        return where
-    runs_dir = where.expanduser().resolve()
-    if not runs_dir.is_dir():
+    from ..location import location
+    from ..run import find_runs
+    from ..storage import open_backend
+    runs_dir = location(text, "RUNS_DIR").resolve()
+    if not open_backend(runs_dir, "RUNS_DIR").is_dir():
         raise RunError(f"runs directory {runs_dir} does not exist (record runs first, e.g. "
                        f"`dyntool sim toy --out {text}`)")
+    find_runs(runs_dir, max_depth=0)        # object storage answers a LIST: one line on a wrong bucket
     return runs_dir
 
 

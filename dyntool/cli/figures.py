@@ -8,7 +8,6 @@ expanded into the runs below it.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from ..errors import ConfigError, RunError
 
@@ -18,18 +17,20 @@ DPI_RANGE = (30, 1200)          # beyond 1200 dpi a page-sized figure needs giga
 
 def collect_runs(inputs: list[str]) -> list:
     """Runs named by ``inputs`` (run dirs, study dirs, runs folders), each at most once, in order."""
-    from ..location import is_url, location
-    from ..run import is_run, list_runs, open_run
+    from ..location import location
+    from ..run import list_runs, open_run
+    from ..storage import open_backend
     out, seen = [], set()
     for item in inputs:
         p = location(item, "RUN_OR_STUDY")
-        if not is_url(p) and not p.exists():
+        backend = open_backend(p, "RUN_OR_STUDY")
+        if not (backend.is_dir() or backend.exists()):      # a file goes on, to be refused below
             raise RunError(f"{p} does not exist")
-        found = [open_run(p)] if is_run(p) else list_runs(p)
+        found = [open_run(p)] if backend.is_run() else list_runs(p)
         if not found:
             raise RunError(f"{p} holds no runs")
         for r in found:
-            key = r.path if is_url(r.path) else Path(r.path).resolve()
+            key = r.path.resolve()                  # one key per run, however it was named
             if key not in seen:
                 seen.add(key)
                 out.append(r)
@@ -49,8 +50,8 @@ def _dpi(text: str) -> int:
 
 def cmd_figures(args) -> int:
     from ..figures import FIGURES, export_all, load
-    from ..location import is_url
     from ..figures.writer import parse_formats
+    from ..storage import open_backend
     from ..figures.registry import FigureError
     load()
     if args.list:
@@ -60,7 +61,7 @@ def cmd_figures(args) -> int:
         return 0
     if not args.out:
         raise FigureError("--out DIR is required (where the figures are written)")
-    if is_url(args.out):
+    if not open_backend(args.out, "--out").plain_files:
         raise FigureError(f"--out {args.out}: figures are written to a local folder "
                           "(runs in object storage are read, never written, by figures)")
     formats = parse_formats(args.format)

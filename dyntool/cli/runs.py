@@ -129,10 +129,12 @@ def _info_study(path) -> int:
 
 def cmd_info(args) -> int:
     from ..record.sites import site_lines
-    from ..location import is_url, location
-    from ..run import is_run, open_run
+    from ..location import location
+    from ..run import open_run
+    from ..storage import open_backend
     p = location(args.run, "RUN_OR_STUDY")
-    if (is_url(p) or p.is_dir()) and not is_run(p):
+    backend = open_backend(p, "RUN_OR_STUDY")
+    if backend.is_dir() and not backend.is_run():
         return _info_study(p)
     r = open_run(p)
     m = r.meta
@@ -193,12 +195,14 @@ def cmd_check(args) -> int:
     """Decode every committed chunk of each run (checksums checked where the record has them);
     exit 1 when any run has a problem, or when there is no run to check."""
     from ..errors import RunError
-    from ..location import is_url, location
-    from ..run import is_run, list_runs, open_run
+    from ..location import location
+    from ..run import list_runs, open_run
+    from ..storage import open_backend
     p = location(args.run, "RUN_OR_FOLDER")
-    if not is_url(p) and not p.is_dir():
+    backend = open_backend(p, "RUN_OR_FOLDER")
+    if not backend.is_dir():
         raise RunError(f"no run or folder at {p}")
-    runs = [open_run(p)] if is_run(p) else list_runs(p)
+    runs = [open_run(p)] if backend.is_run() else list_runs(p)
     if not runs:
         print(f"{p}: no runs here (nothing checked)")
         return 1

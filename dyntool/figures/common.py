@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 
 from .. import stats
-from ..location import URLPath, is_url
+from ..location import URLPath
 from ..run import study_summary
+from ..storage import open_backend
 from .registry import FigureSkip
 
 LOG8 = math.log(8)
@@ -30,20 +31,16 @@ def where(run) -> Path | URLPath:
 
 
 @lru_cache(maxsize=64)
-def _read_summary(folder: str, mtime: float) -> dict:
+def _read_summary(folder: str, signature: tuple) -> dict:
     return study_summary(folder)            # cached per file version: figures ask once per run
 
 
 def summary_of(run) -> dict:
     """The ``summary.json`` of the study directory holding ``run`` ({} if none or unreadable), read
-    by :func:`dyntool.run.study_summary` for a local folder and object storage alike."""
+    by :func:`dyntool.run.study_summary` for a local folder and object storage alike, again only
+    when its backend's signature of it changes."""
     folder = where(run).parent
-    if is_url(folder):
-        return study_summary(folder)
-    try:
-        return _read_summary(str(folder), (folder / "summary.json").stat().st_mtime)
-    except OSError:
-        return {}
+    return _read_summary(str(folder), open_backend(folder).signature(("summary.json",)))
 
 
 def by_parent(runs: list) -> dict[Path, list]:

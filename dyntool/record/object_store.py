@@ -15,7 +15,7 @@ import os
 from urllib.parse import urlparse
 
 from ..errors import RunError
-from ..location import URLPath, is_url, join  # noqa: F401  (is_url, join: re-exported)
+from ..location import URLPath, join
 
 
 def _need():

@@ -123,6 +123,35 @@ class Backend(Protocol):
         """``key`` (``""``: the location) lies inside the root the reader was given (no link leads
         out of it)."""
 
+    def below(self, rel: str) -> Path | URLPath:
+        """The location ``rel`` names below this one, as a reader reaches it (a folder of runs the
+        app is asked for): on a disk joined and resolved, links followed; in object storage joined,
+        an absolute name or ``..`` refused (keys have no parent links).  :class:`Outside` when it
+        leaves the location; ``OSError``/``ValueError`` when it is no usable path."""
+
+    def is_dir(self) -> bool:
+        """The location can hold runs without a request to tell: an existing local directory;
+        always for an object store, whose prefixes are not stored (whether anything is below one
+        is a LIST: :meth:`exists`)."""
+
+    def signature(self, keys) -> tuple:
+        """A cheap token that changes when any of ``keys`` may have: on a disk each file's
+        ``(mtime_ns, size)`` (a stat each, nothing read; None for a missing one); in object
+        storage, where a stat is a request, the clock in steps of ``POLL_SECONDS``, so a watcher
+        re-reads at most that often."""
+
+    # -- where commands write ----------------------------------------------------------------
+    @property
+    def plain_files(self) -> bool:
+        """Tools that write ordinary files through the OS (matplotlib, netCDF, TensorBoard) can
+        write here: a local folder; not an object store, which takes whole objects by PUT."""
+
+    def ensure_dir(self) -> Path | str:
+        """Ready to hold new runs, before any expensive setup: a local folder is made (parents too)
+        and must be writable, else a one-line :class:`~dyntool.errors.RunError`; an object store
+        needs nothing made (a prefix exists once an object is stored below it).  Returns
+        :attr:`path`."""
+
     # -- the output guard --------------------------------------------------------------------
     def check_out(self, what: str = "--out") -> Path | str:
         """Runs can be written here; else a one-line error, before anything is created."""
@@ -135,3 +164,4 @@ class Backend(Protocol):
 
 
 RUN_FILES = ("meta.json", "config.json")       # a folder holding either is a run
+POLL_SECONDS = 3          # how often a watcher of object storage re-reads (see Backend.signature)

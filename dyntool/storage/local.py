@@ -211,6 +211,41 @@ class LocalBackend:
     def contained(self, key: str = "") -> bool:
         return safeio.inside(self._at(key), self.root)
 
+    def below(self, rel: str) -> Path:
+        p = (self.where / rel).resolve()
+        if not safeio.inside(p, self.root):
+            raise Outside(f"{rel} resolves outside {self.root}")
+        return p
+
+    def is_dir(self) -> bool:
+        try:
+            return self.where.is_dir()
+        except (OSError, ValueError):
+            return False
+
+    def signature(self, keys) -> tuple:
+        out = []
+        for key in keys:
+            try:
+                s = self._at(key).stat()
+                out.append((s.st_mtime_ns, s.st_size))
+            except OSError:
+                out.append(None)
+        return tuple(out)
+
+    # -- where commands write ----------------------------------------------------------------
+    plain_files = True
+
+    def ensure_dir(self) -> Path:
+        out = self.where
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"output directory {out} can't be created: {e.strerror or e}") from None
+        if not os.access(out, os.W_OK):
+            raise RunError(f"output directory {out} is not writable")
+        return out
+
     # -- the output guard --------------------------------------------------------------------
     def check_out(self, what: str = "--out") -> Path:
         """The folder can be created (or exists), is writable and is not inside a run.  Creates

@@ -24,7 +24,7 @@ from .. import safeio
 from ..errors import RunError
 from ..location import URLPath, join
 from ..record.object_store import Remote, short
-from .base import RUN_FILES
+from .base import POLL_SECONDS, RUN_FILES, Outside
 
 CREATED: list["ObjectStoreBackend"] = []   # runs created by this process (deleted again on a rejection)
 
@@ -172,6 +172,24 @@ class ObjectStoreBackend:
 
     def contained(self, key: str = "") -> bool:
         return True                           # keys have no links that could lead elsewhere
+
+    def below(self, rel: str) -> URLPath:
+        parts = [q for q in str(rel).split("/") if q not in ("", ".")]
+        if str(rel).startswith("/") or ".." in parts:
+            raise Outside(f"{rel} is outside {self.where.url}")
+        return URLPath(join(self.where.url, *parts))
+
+    def is_dir(self) -> bool:
+        return True                           # a prefix is not stored: only a LIST could tell
+
+    def signature(self, keys) -> tuple:
+        return (int(time.time() // POLL_SECONDS),)
+
+    # -- where commands write ----------------------------------------------------------------
+    plain_files = False
+
+    def ensure_dir(self) -> str:
+        return self.path                      # nothing to make: a file:// folder comes with its first run
 
     # -- the output guard --------------------------------------------------------------------
     def check_out(self, what: str = "--out") -> str:

@@ -14,7 +14,7 @@ import torch
 
 from .. import safeio
 from ..errors import ConfigError, RunError
-from ..location import is_url, location
+from ..location import location
 from ..run_files import read_json
 from ..storage import open_backend
 from .config import TrainConfig
@@ -218,7 +218,7 @@ def _run_meta(cfg: TrainConfig, model, corpus, dist, sharded: bool, ckpt: dict |
             "data_path": str(corpus.path), "data_source": corpus.source, "record_grad_scale": 1.0 / cfg.optim.accum,
             **(extra_meta or {})}
     if ckpt is not None:
-        meta["resumed_from"] = {"run": resume if is_url(resume) else str(Path(resume).resolve()),
+        meta["resumed_from"] = {"run": str(location(resume).resolve()),
                                 "step": int(ckpt["step"])}
     return meta
 

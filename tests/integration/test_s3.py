@@ -177,10 +177,10 @@ def test_app_reads_a_live_remote_run_up_to_its_growing_marker(s3):
     for step in range(2):
         st.append(step, _values(step))
     st.flush()
-    assert data._remote_marker(f"{url}/r", ("t0",)) == 2
+    assert data._marker(f"{url}/r", ("t0",)) == 2
     for step in range(2, 5):
         st.append(step, _values(step))
     st.flush()
-    assert data._remote_marker(f"{url}/r", ("t1",)) == 5            # a new 3 s window: the new marker
+    assert data._marker(f"{url}/r", ("t1",)) == 5            # a new 3 s window: the new marker
     assert data.reader(f"{url}/r", 5).steps_written == 5
     run.finish()

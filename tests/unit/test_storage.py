@@ -192,3 +192,54 @@ def test_local_reads_never_follow_a_link_out_of_the_root(tmp_path):
     with pytest.raises(Outside):
         b.get("meta.json")
     assert open_backend(run, root=tmp_path).get("meta.json") == b"{}"
+
+
+def test_what_only_one_kind_of_place_has_is_asked_of_the_backend(backend, monkeypatch):
+    """The capabilities consumers ask instead of telling a folder from a URL themselves."""
+    import types
+
+    from dyntool.storage import objects
+    local = isinstance(backend, LocalBackend)
+    assert backend.is_dir()                                   # a prefix: always, without a LIST
+    assert backend.plain_files == local                       # matplotlib/netCDF write local files only
+    want = (backend.where / "study" / "run").resolve()         # a URL resolves to itself
+    assert backend.below("study/run") == want and backend.below("./study//run") == want
+    for escape in ("../x", "/etc", "study/../../x"):
+        with pytest.raises(Outside):
+            backend.below(escape)
+    backend.put("meta.json", b"{}")
+    keys = ["meta.json", "missing.json"]
+    if local:                                                 # a stat each: changes with the file
+        sig = backend.signature(keys)
+        backend.put("meta.json", b'{"a": 1}')
+        assert sig[1] is None and backend.signature(keys) != sig
+    else:                                                     # the clock: one re-read per window at most
+        clock = types.SimpleNamespace(time=lambda: 7.0)
+        monkeypatch.setattr(objects, "time", clock)
+        sig = backend.signature(keys)
+        backend.put("meta.json", b'{"a": 1}')
+        assert backend.signature(keys) == sig
+        clock.time = lambda: 7.0 + objects.POLL_SECONDS
+        assert backend.signature(keys) != sig
+    assert backend.ensure_dir() == backend.path
+
+
+def test_choosing_the_object_store_backend_makes_no_request(monkeypatch):
+    """open_backend only picks a class: no credentials are needed until the first request."""
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    pytest.importorskip("obstore")
+    b = open_backend("s3://some-bucket/runs/r1")
+    assert not b.plain_files and b.is_dir() and b.root is None and b.path == "s3://some-bucket/runs/r1"
+    assert b.ensure_dir() == "s3://some-bucket/runs/r1"
+    with pytest.raises(RunError, match="no AWS credentials"):
+        b.is_run()
+
+
+def test_local_is_dir_and_ensure_dir(tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert not open_backend(tmp_path / "file").is_dir() and not open_backend(tmp_path / "nothing").is_dir()
+    made = open_backend(tmp_path / "a" / "b").ensure_dir()
+    assert made == tmp_path / "a" / "b" and made.is_dir()
+    with pytest.raises(RunError, match="can't be created"):
+        open_backend(tmp_path / "file" / "sub").ensure_dir()

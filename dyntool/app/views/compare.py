@@ -2,13 +2,10 @@
 mean ± std bands across seeds; any logged metric, or recorded max|logit| / attention entropy."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import streamlit as st
 
-from dyntool.location import is_url
 from dyntool.run import study_summary
 from dyntool.stats import mean_std
 from dyntool.app import analysis, data, downloads, plots, ui
@@ -53,10 +50,9 @@ def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
     """H_min from a study's summary.json (inside RUNS_DIR) for entropy/loss curves."""
     if metric not in ("loss", "entropy", "val_loss"):
         return None
-    root = ui.root()
     for p in paths:
         folder = data.parent_of(p)
-        if not is_url(folder) and not Path(folder).resolve().is_relative_to(root):
+        if not data.backend(folder).contained():      # a study folder above RUNS_DIR is not read
             continue
         h = study_summary(folder).get("h_min")
         if isinstance(h, (int, float)) and not isinstance(h, bool):
