@@ -1,9 +1,11 @@
 """The storage backend interface: what a run, its record and the output guard need from the place
 a run lives, whether that is a local folder or an object-store prefix.
 
-Everything above this layer (:mod:`dyntool.record.ranks`'s ``open_record``, :mod:`dyntool.run`,
-:mod:`dyntool.run_writer`, :mod:`dyntool.paths`, the trainer's checkpoints) speaks to a
-:class:`Backend`; only :mod:`.local` and :mod:`.objects` know what a folder or an object store is,
+Everything above this layer (:mod:`dyntool.run`, :mod:`dyntool.run_writer`, :mod:`dyntool.paths`,
+the trainer's checkpoints, the CLI and the app) speaks to a :class:`Backend`, and so does the record
+below it, handed one (:func:`dyntool.record.ranks.open_record`,
+:class:`dyntool.record.reader.RecordReader`, which never import it); only :mod:`.local` and
+:mod:`.objects` know what a folder or an object store is,
 and :func:`dyntool.storage.open_backend` picks one of them, once, from
 :func:`dyntool.location.location`.  A change to where runs live touches those two modules only.
 

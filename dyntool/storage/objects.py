@@ -128,8 +128,8 @@ class ObjectStoreBackend:
         return bool(dirs or files) or (bool(key) and self.remote.head(key))
 
     def delete(self, key: str = "") -> None:
+        keys = list(self.remote.list(key))    # the remote first: it names the missing extra
         import obstore
-        keys = list(self.remote.list(key))
         if keys:
             try:
                 obstore.delete(self.remote.store, keys)
@@ -195,8 +195,8 @@ class ObjectStoreBackend:
     def check_out(self, what: str = "--out") -> str:
         """Credentials, endpoint and bucket answer (one LIST of at most one key) before anything
         is created; else one-line :class:`RunError` (exit 2)."""
+        r = Remote(self.where.url, create=True)   # first: without obstore it names the extra to install
         import obstore
-        r = Remote(self.where.url, create=True)
         try:
             next(iter(obstore.list(r.store, None, chunk_size=1)), None)
         except Exception as e:
