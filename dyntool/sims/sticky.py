@@ -24,12 +24,12 @@ from threadpoolctl import threadpool_limits
 
 from ..config import to_dict
 from ..errors import RunError
-from ..location import is_url
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record import metric_names as mn
 from ..recorder import Recorder
 from ..run_writer import RunWriter, write_json_atomic, ensure_out_dir
+from ..storage import open_backend
 from ..steps import STATE_ROWS
 from . import single_head as engine
 from .diagnostics import step_record_threaded
@@ -352,7 +352,7 @@ def write_summary(plan: _Plan, data: _Data, result, log: _Logging, study: Path) 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
               quiet: bool = False) -> Path:
-    if is_url(out_dir):
+    if not open_backend(out_dir, "--out").plain_files:      # the study folder holds plain files (summary, figures)
         raise RunError(f"--out {out_dir}: a sticky-markov study is written to a local folder "
                        "(single runs, `sim toy`, `sim bijection` and `train`, can go to object storage)")
     cfg.check_memory()                                       # before any folder is made
