@@ -135,7 +135,7 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
     # a block's temporaries are compute-dtype whatever the inputs' itemsize (sizing them by a bf16
     # input's 2 bytes made blocks twice the budget); per row it also holds its q and U rows cast
     # (U divided), and a per-row bias's row cast when it is not in the compute dtype; the keys and
-    # values it reads are cast once per block (at most all of them)
+    # values are cast once for the call (the budget holds them whole: a block could read them all)
     kv_mib = 0.0 if k.dtype == v.dtype == dt else (k.numel() + v.numel()) * dt.itemsize / 2**20
     row_bytes = B * nh * (q.shape[-1] + u.shape[-1]) * dt.itemsize
     if bias is not None and bias.dtype != dt and bias.dim() >= 2 and bias.shape[-2] > 1:
@@ -145,7 +145,7 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         raise ValueError(f"record.max_block_mib={max_block_mib} is too small for one query row "
                          f"({B}×{nh}×{Tk} scores)")
     gq, gu = (grouped(t, n_kv, nh) for t in (q, u))                   # (B, n_kv, g, T, d)
-    gk, gv = k.unsqueeze(2), v.unsqueeze(2)                           # (B, n_kv, 1, Tk, d)
+    gk, gv = k.to(dt).unsqueeze(2), v.to(dt).unsqueeze(2)             # (B, n_kv, 1, Tk, d), cast once
     gal, gbias, guni = grouped(allowed, n_kv, nh), grouped(bias, n_kv, nh), grouped(uniform, n_kv, nh)
     if gbias is not None and gbias.dim() < 5:
         gbias = gbias.reshape((1,) * (5 - gbias.dim()) + tuple(gbias.shape))
@@ -164,8 +164,8 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
             bb = (gbias[..., a0:a1, :kend] if gbias.shape[-2] > 1 else gbias[..., :kend]).to(dt)
         # this block's inputs in the compute dtype (no copy when they are in it already)
         ub = gu[..., a0:a1, :].to(dt) / grad_scale                          # (B, n_kv, g, rows, d_v)
-        vb = gv[..., :kend, :].to(dt)                                       # (B, n_kv, 1, kend, d_v)
-        logits, s = score_parts(gq[..., a0:a1, :].to(dt), gk[..., :kend, :].to(dt), scale, softcap, bb)
+        vb = gv[..., :kend, :]                                              # (B, n_kv, 1, kend, d_v)
+        logits, s = score_parts(gq[..., a0:a1, :].to(dt), gk[..., :kend, :], scale, softcap, bb)
         seen = al
         if uni is not None:                        # uniform rows: every key, equal scores (a block
             al = al | uni                          # without one is unchanged: uni is all False)
