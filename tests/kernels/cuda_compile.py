@@ -24,9 +24,9 @@ def signature(fn, floats: str, dtype: str) -> tuple[dict, dict]:
     sig, const = {}, {}
     for p in fn.params:
         n = p.name
-        if p.is_constexpr:
+        if p.is_constexpr:                 # a new switch must be named in SWITCHES, not guessed
             sig[n] = "constexpr"
-            const[n] = "ieee" if n == "PRECISION" and dtype == "fp32" else SWITCHES.get(n, "tf32")
+            const[n] = ("ieee" if dtype == "fp32" else "tf32") if n == "PRECISION" else SWITCHES[n]
         elif n in ("scale", "softcap"):
             sig[n] = floats
         elif n.isupper() and n not in INTS:
