@@ -12,6 +12,9 @@
 #   wind-tunnel  dyntool sim bijection --preset paper --device cuda, stopped at WT_MIN minutes
 #   auto         tests, then the parts bench/gpu_parts.py says no committed bench/gpu_*.json has measured
 #   bench/gpu_session.sh auto                  # or name parts: bench/gpu_session.sh tests timing
+#   bench/gpu_session.sh tests timing bg:presets bg:wind-tunnel   # bg: runs a part beside the next ones
+# A part named bg:NAME starts in the background and the script waits for it at the end; the runs'
+# parts share the GPU that way (their times are then not measurements).  Never put timing beside one.
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
 # for a 600 s call), and the results are packed into $OUT/results.tgz after each part and on exit,
 # also when a limit or a signal ends it.  A session then writes bench/gpu_<date>.json (gpu_parts.py
@@ -21,14 +24,20 @@
 # e.g. -n 8: pytest-xdist is in the device image), FU_S / RC_S / TP_S (the timing part's three limits,
 # default 60 / 240 / 120), RC_ARGS (more gpu_recorder_cost arguments, default --no-eager), ARMS
 # (gpu_check's, default mhsa), RUN_S (a run's limit in presets / span / ls-logits, default 450),
-# WT_MIN (the wind tunnel's minutes, default 7), PROFILE=1 (kernel table of the cheap tier).
+# WT_MIN (the wind tunnel's minutes, default 7), PROFILE=1 (kernel table of the cheap tier), TESTS (the
+# test paths, default tests/gpu), TIMING (the timing part's steps, default "fused recorder throughput"),
+# SPAN_SEEDS (e.g. "0 1 2": one span study per seed, all at once, instead of one study of seeds 0-2)
+# and SPAN_ARGS (more study arguments, e.g. --max-steps 1000).
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
 DEADLINE=${DEADLINE:-560}
 WIKITEXT=${WIKITEXT:-$PWD/.gpudata/wikitext-2}
 export PYTHONUNBUFFERED=1 DYNTOOL_WIKITEXT="$WIKITEXT"
-pack() { tar czf "$OUT/results.tgz" -C "$W" --exclude='*.zarr' --exclude='*.pt' . 2>/dev/null; }
+pack() {                                     # to a temporary name first: background parts pack too
+  tar czf "$OUT/.results.$BASHPID.tgz" -C "$W" --exclude='*.zarr' --exclude='*.pt' . 2>/dev/null
+  mv -f "$OUT/.results.$BASHPID.tgz" "$OUT/results.tgz"
+}
 trap pack EXIT
 trap 'pack; exit 143' TERM INT
 left() {                                     # a part's limit: its default, or what the deadline leaves
@@ -51,7 +60,7 @@ NO_REC=""                     # set when recording on CUDA fails its test: the r
 part_tests() {
   # -o addopts= : one line per test (pyproject's -q would hide which ones a time limit cut off)
   timeout -k 10 "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
-    ${TEST_ARGS:-} tests/gpu > $W/pytest_gpu.log 2>&1
+    ${TEST_ARGS:-} ${TESTS:-tests/gpu} > $W/pytest_gpu.log 2>&1
   local rc=$?
   grep -E "FAILED|ERROR|passed|failed" $W/pytest_gpu.log | tail -n 20
   [ $rc = 0 ] || NO_REC="--record.enabled=false"
@@ -68,25 +77,33 @@ step() {                                     # step NAME LIMIT CMD...: run, then
 }
 
 part_timing() {
-  step fused_attention "$(left ${FU_S:-60})" python3 bench/gpu_fused_attention.py --json $W/fused_attention.json
-  step recorder_cost "$(left ${RC_S:-240})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 \
-    --data "$WIKITEXT" ${RC_ARGS:---no-eager} ${PROFILE:+--profile} --json $W/recorder_cost.json
-  # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
-  step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput --steps 160 \
-    --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json
+  local t
+  for t in ${TIMING:-fused recorder throughput}; do
+    case $t in
+      fused) step fused_attention "$(left ${FU_S:-60})" python3 bench/gpu_fused_attention.py \
+               --json $W/fused_attention.json ;;
+      recorder) step recorder_cost "$(left ${RC_S:-240})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 \
+               --data "$WIKITEXT" ${RC_ARGS:---no-eager} ${PROFILE:+--profile} --json $W/recorder_cost.json ;;
+      # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
+      throughput) step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput \
+               --steps 160 --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json ;;
+      *) echo "TIMING: unknown step $t (fused, recorder, throughput)" >&2 ;;
+    esac
+  done
 }
 
 R=$W/runs; mkdir -p $R
+alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done; return 1; }
 common() { echo "--out $R --quiet --data.path=$WIKITEXT $NO_REC"; }
 
 part_presets() {                             # two at once: tokens/s from these runs are not measurements
-  local limit; limit=$(left ${RUN_S:-450})
+  local limit pids=() last=$SECONDS; limit=$(left ${RUN_S:-450})
   for c in ls qknorm; do
     timeout -k 10 "$limit" python3 -m dyntool train --config wikitext_$c --preset gpu --name $c $(common) \
       > "$R/$c.log" 2>&1 &
+    pids+=($!)
   done
-  local last=$SECONDS
-  while [ -n "$(jobs -r)" ]; do
+  while alive "${pids[@]}"; do
     sleep 3
     (( SECONDS - last < 30 )) && continue
     last=$SECONDS
@@ -97,7 +114,17 @@ part_presets() {                             # two at once: tokens/s from these 
 }
 
 part_span() {
-  step study_span "$(left ${RUN_S:-450})" python3 -m dyntool study span --preset gpu --name span $(common)
+  local s pids=()
+  if [ -z "${SPAN_SEEDS:-}" ]; then
+    step study_span "$(left ${RUN_S:-450})" python3 -m dyntool study span --preset gpu --name span ${SPAN_ARGS:-} $(common)
+    return
+  fi
+  for s in $SPAN_SEEDS; do                   # one study per seed, all at once: each holds both arms of its seed
+    step study_span_s$s "$(left ${RUN_S:-450})" python3 -m dyntool study span --preset gpu --seeds $s \
+      --name span-s$s ${SPAN_ARGS:-} $(common) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"                         # its own: not a background part started before it
 }
 
 part_ls-logits() {
@@ -114,11 +141,16 @@ parts=("$@")
 [ "${parts[*]}" = auto ] && read -r -a parts <<< "$(python3 bench/gpu_parts.py)"
 echo "parts: ${parts[*]}"
 for part in "${parts[@]}"; do
-  case "$part" in
+  name=${part#bg:}
+  case "$name" in
     tests|timing|presets|span|ls-logits|wind-tunnel)
-      echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"; "part_$part" ;;
-    *) echo "usage: bench/gpu_session.sh auto | [tests] [timing] [presets] [span] [ls-logits] [wind-tunnel]" >&2
+      echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"
+      if [ "$name" = "$part" ]; then "part_$name"; else "part_$name" & fi ;;
+    *) echo "usage: bench/gpu_session.sh auto | [tests] [timing] [[bg:]presets] [[bg:]span] [[bg:]ls-logits]" \
+            "[[bg:]wind-tunnel]" >&2
        exit 2 ;;
   esac
 done
+wait                                         # the background parts
+pack
 ls -la "$OUT"
