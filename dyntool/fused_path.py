@@ -109,6 +109,17 @@ def sites_for(adapter, paths: dict, on_call, kernel: str = "fused") -> dict:
             for s, m in zip(adapter.sites(), mods) if paths[s] == "fused"}
 
 
+def autocast_inputs(q, k, v):
+    """q, k, v in the autocast dtype where autocast is on, as SDPA takes them (it is on autocast's
+    lower-precision list; the kernel is not).  Why: CUDA autocast runs LayerNorm in float32, so
+    qknorm's normalised q, k arrive in float32 beside a bfloat16 v, which the kernel cannot mix."""
+    dev = q.device.type
+    if not torch.is_autocast_enabled(dev):
+        return q, k, v
+    dt = torch.get_autocast_dtype(dev)
+    return q.to(dt), k.to(dt), v.to(dt)
+
+
 class _Fused:
     """What every fused site does per forward: skip evaluation forwards, hand the kernel a token,
     keep (partials, token) through ``on_call``, and remember the output it made (``last``: the
@@ -129,6 +140,7 @@ class _Fused:
         if self.failed or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return None                        # an evaluation forward: the model's own attention
         from .kernels import op
+        q, k, v = autocast_inputs(q, k, v)
         if torch.compiler.is_compiling():
             return self._run_compiled(op, q, k, v, has_sinks, kw)
         token = None

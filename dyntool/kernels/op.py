@@ -228,6 +228,8 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         raise ValueError("fused attention: the Triton interpreter has no bfloat16 (use float32/float16 on the CPU)")
     if q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise ValueError(f"fused attention: {q.dtype} inputs (float32, float16, bfloat16 only)")
+    if not q.dtype == k.dtype == v.dtype:               # the kernel's tl.dot takes one dtype
+        raise ValueError(f"fused attention: q, k, v in one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"fused attention: {name} needs a contiguous last dimension")

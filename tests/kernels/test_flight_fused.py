@@ -158,3 +158,54 @@ def test_compiled_step_refusals():
     torch._dynamo.reset()
     with pytest.raises(FlightError, match="two forwards of one site"):
         flight.result()
+
+
+class Float32Out(torch.nn.Module):
+    """A LayerNorm whose output stays float32 under autocast, as CUDA autocast runs it (CPU
+    autocast keeps the input dtype, so the CPU alone would never show the mix)."""
+
+    def __init__(self, ln):
+        super().__init__()
+        self.ln = ln
+
+    def forward(self, x):
+        with torch.autocast("cpu", enabled=False):
+            return self.ln(x.float())
+
+
+def test_qknorm_under_autocast_takes_the_autocast_dtype():
+    """qknorm's float32 q, k beside a half v under autocast (the GPU's qknorm preset failed on it in
+    the kernel's tl.dot): the site casts them to the autocast dtype as SDPA does, so the fused step,
+    eager and compiled, gives the model's own half-precision attention's loss and gradients; the
+    kernel itself refuses mixed dtypes in one line."""
+    from dyntool.kernels import op
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, V, (3, T), generator=g), torch.randint(0, V, (3, T), generator=g)
+    got = {}
+    for mode in ("own", "fused", "compiled"):
+        m = gpt("qknorm")
+        for blk in m.h:
+            blk.attn.q_norm, blk.attn.k_norm = Float32Out(blk.attn.q_norm), Float32Out(blk.attn.k_norm)
+        flight = FlightRecorder(m, kernel="eager" if mode == "own" else "fused")
+        if mode == "compiled":
+            flight.prepare(3, T)
+        net = torch.compile(m, fullgraph=True, backend="aot_eager") if mode == "compiled" else m
+        with flight:
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = net(x, y)[1]
+            loss.backward()
+        got[mode] = (loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}, flight.result())
+    torch._dynamo.reset()
+    flat = lambda g: torch.cat([g[n].flatten().double() for n in sorted(g)])     # noqa: E731
+    own_loss, own_grads, own_stats = got["own"]
+    for mode in ("fused", "compiled"):
+        loss, grads, stats = got[mode]
+        assert rel(loss, own_loss) <= 1e-3, mode                   # half precision on both sides
+        assert rel(flat(grads), flat(own_grads)) <= 2e-2, mode
+        assert rel(stats["logit_max"], own_stats["logit_max"]) <= 1e-2, mode
+    for n in got["fused"][1]:                                      # compiled = eager, bit for bit
+        assert torch.equal(got["fused"][1][n], got["compiled"][1][n]), n
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(ValueError, match="^fused attention: q, k, v in one dtype, got torch.float32, "
+                                         "torch.float32, torch.float16$"):
+        op.attention(q, q, q.half())
