@@ -1,6 +1,7 @@
 """What recording costs on a GPU, at GPT-2 small's shape and a long context (one CUDA device).
 
     python bench/gpu_recorder_cost.py [--T 2048,8192] [--batch 4] [--reps 7] [--steps 5] [--profile] [--only-full] [--no-eager]
+                                      [--full-T 2048] [--no-full]
                                       [--json FILE]     # part A first; the JSON is written after each part
     python bench/gpu_recorder_cost.py --smoke           # CPU: part A's code path, tiny, under TRITON_INTERPRET=1
 
@@ -13,7 +14,7 @@ A. (first) Interleaved rounds (bench_tiers' ``interleave``: arms rotate, one war
    first T also ``off_eager``, ``cheap_fused_eager`` and ``cheap_eager`` (the eager reduction at
    ``record.max_block_mib`` = 64).  Every recorded arm reads its statistics each step (the host sync
    the trainer pays at a logging step).  Each arm's time ends with ``torch.cuda.synchronize()``.
-B. (second) The full tier on a probe: a ``dyntool train`` run at the same shape (WikiText-2's vocabulary,
+B. (second) The full tier on a probe: a ``dyntool train`` run at the same shape and ``--full-T`` (WikiText-2's vocabulary,
    eager, the cheap tier on every step), recording ``record.heads`` on a 1-sequence probe every
    10th step, streamed in blocks of ``record.max_block_mib``: the recorded steps' time against the
    median of the others, in the same run.
@@ -141,7 +142,10 @@ def bench_full(T: int, heads: str, data: str | None, device: str = "cuda") -> di
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--T", default="2048,8192", help="comma-separated lengths of part A; part B at the first")
+    p.add_argument("--T", default="2048,8192", help="comma-separated lengths of part A")
+    p.add_argument("--full-T", type=int, default=2048,
+                   help="part B's length (the full tier of a 12-layer model at T = 8192 needs ~315 GiB)")
+    p.add_argument("--no-full", action="store_true", help="part A only")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=5)
@@ -173,7 +177,16 @@ def main(argv=None) -> int:
                                              eager_arms=i == 0 and not a.no_eager)
             print(json.dumps(res[f"cheap_T{T}"], indent=1), flush=True)
             save()
-    res["full"] = bench_full(lengths[0], a.heads, a.data)
+    if a.no_full:
+        return 0
+    from dyntool.errors import ConfigError
+    try:
+        res["full"] = bench_full(a.full_T, a.heads, a.data)
+    except ConfigError as e:                     # e.g. the run's memory check: said, part A kept
+        res["full"] = {"skipped": str(e)}
+        print(f"gpu_recorder_cost: part B skipped: {e}", file=sys.stderr)
+        save()
+        return 1
     print(json.dumps(res["full"], indent=1), flush=True)
     save()
     return 0

@@ -58,8 +58,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=c
 NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
 
 part_tests() {
-  # -o addopts= : one line per test (pyproject's -q would hide which ones a time limit cut off)
-  timeout -k 10 "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
+  # -o addopts= : one line per test (pyproject's -q would hide which ones a time limit cut off); the limit
+  # sends SIGINT, so pytest still prints the failures' details it has (a SIGTERM lost them on 11-27)
+  timeout -s INT -k 20 "$(left ${TS_S:-90})" python3 -m pytest -p no:cacheprovider -o addopts= -v --durations=10 \
     ${TEST_ARGS:-} ${TESTS:-tests/gpu} > $W/pytest_gpu.log 2>&1
   local rc=$?
   grep -E "FAILED|ERROR|passed|failed" $W/pytest_gpu.log | tail -n 20

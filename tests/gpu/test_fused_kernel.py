@@ -1,8 +1,8 @@
 """The fused attention (dyntool.kernels) compiled on a CUDA device (skipped without one; the CPU
 proves it under the interpreter in tests/kernels).  Run on an H100 on 2026-11-27: bench/gpu_2026-11-27.json.
 
-- float32: every case of tests/kernels against float64 (``tl.dot`` in IEEE fp32): outputs and gradients
-  ≤ 5e-5 relative (FP32_GRAD_TOL says why not the interpreter's 1e-5), statistics ≤ 1e-5;
+- float32: every case of tests/kernels against float64 (``tl.dot`` in IEEE fp32): outputs, gradients and
+  statistics within 4× torch's own float32 error on the same inputs, at least 1e-5 (FP32_FACTOR says why);
 - bfloat16: out, dq, dk, dv within 2× torch's own bf16 error on the same inputs (SDPA where it
   takes the case, the eager formula in bf16 where it does not: soft-cap, sinks), statistics ≤ 1e-2;
 - a ``torch.compile(fullgraph=True)`` forward + backward with statistics equals the eager call;
@@ -27,11 +27,13 @@ if torch.cuda.is_available():
     from dyntool.kernels import stats as kstats
 
 DEV = "cuda"
-# fp32 on the H100 (FMA, another summation order than numpy's under the interpreter, which holds 1e-5):
-# the first GPU session measured 1.3e-5 on d128_exact_blocks, all of it in near-one-hot rows whose
-# exact dQ/dK is ~0, where dP − D_i cancels (FlashAttention's backward has the same cancellation).
-# A wrong mask or formula errs by 1e-3 or more.
-FP32_GRAD_TOL = 5e-5
+# fp32 bound: FP32_FACTOR × torch's own float32 error on the same inputs (the eager formula by autograd
+# and the full tier, on the CPU), never below FP32_FLOOR (what the interpreter holds).  Why relative:
+# d128_exact_blocks is ill-conditioned, near-one-hot rows whose exact dQ/dK is ~0, where dP − D_i
+# cancels (FlashAttention's backward has the same cancellation); there torch's own float32 errs
+# 1.3e-5 on dq/dk and 1.0e-5 on ‖∂L/∂S‖, the H100 kernel 1.33e-5 on a gradient, and a fixed 1e-5
+# failed it (2026-11-27, H100 and H200).  A wrong mask or formula errs by 1e-3 or more.
+FP32_FACTOR, FP32_FLOOR = 4.0, 1e-5
 
 
 def rel(x, r):
@@ -67,10 +69,14 @@ def test_float32_on_gpu_equals_float64(name):
     got, stats = run(q, k, v, do, kw, slopes, sinks)
     a = args_of(q, k, v, kw, slopes, sinks)
     want = ref.grads(q, k, v, do, *a)[:4]
-    for what, x, r in zip(("out", "dq", "dk", "dv"), got, want):
-        assert rel(x, r) <= FP32_GRAD_TOL, what
+    torch32 = ref.grads(q, k, v, do, *a, dtype=torch.float32)[:4]
+    for what, x, t, r in zip(("out", "dq", "dk", "dv"), got, torch32, want):
+        bound = max(FP32_FLOOR, FP32_FACTOR * rel(t, r))
+        assert rel(x, r) <= bound, (what, rel(x, r), bound)
+    stats32 = ref.statistics(q, k, v, do, *a, dtype=torch.float32)
     for n, r in ref.statistics(q, k, v, do, *a).items():
-        assert rel(stats[n], r) <= 1e-5, n
+        bound = max(FP32_FLOOR, FP32_FACTOR * rel(stats32[n], r))
+        assert rel(stats[n], r) <= bound, (n, rel(stats[n], r), bound)
 
 
 @pytest.mark.parametrize("name", list(CASES))

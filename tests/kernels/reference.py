@@ -42,20 +42,20 @@ def forward(q, k, v, allowed, scale, softcap=None, bias=None, sinks=None):
     return a @ expand_kv(v, H)
 
 
-def grads(q, k, v, do, allowed, scale, softcap=None, bias=None, sinks=None):
-    """(out, dq, dk, dv, dsink) in float64 by autograd."""
-    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    sk = None if sinks is None else sinks.detach().double().requires_grad_()
-    out = forward(*leaves, allowed, scale, softcap, bias, sk)
-    out.backward(do.double())
+def grads(q, k, v, do, allowed, scale, softcap=None, bias=None, sinks=None, dtype=torch.float64):
+    """(out, dq, dk, dv, dsink) in float64 by autograd (``dtype``: another precision's own error)."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    sk = None if sinks is None else sinks.detach().to(dtype).requires_grad_()
+    out = forward(*leaves, allowed, scale, softcap, None if bias is None else bias.to(dtype), sk)
+    out.backward(do.to(dtype))
     return out.detach(), *(t.grad for t in leaves), (None if sk is None else sk.grad)
 
 
-def statistics(q, k, v, do, allowed, scale, softcap=None, bias=None, sinks=None):
-    """The cheap tier's statistics from the float64 full tier: {name: (H,)}."""
+def statistics(q, k, v, do, allowed, scale, softcap=None, bias=None, sinks=None, dtype=torch.float64):
+    """The cheap tier's statistics from the float64 full tier: {name: (H,)} (``dtype``: as for grads)."""
     H = q.shape[1]
-    hf = lambda t: t.double().transpose(0, 1)            # noqa: E731  (H, B, ...) heads first
+    hf = lambda t: t.to(dtype).transpose(0, 1)           # noqa: E731  (H, B, ...) heads first
     qs = head_quantities(hf(q), hf(expand_kv(k, H)), hf(expand_kv(v, H)), hf(do), allowed.transpose(0, 1),
-                         scale, bias=None if bias is None else bias.transpose(0, 1), softcap=softcap,
-                         sinks=None if sinks is None else sinks.double().reshape(H, 1, 1, 1))
+                         scale, bias=None if bias is None else bias.to(dtype).transpose(0, 1), softcap=softcap,
+                         sinks=None if sinks is None else sinks.to(dtype).reshape(H, 1, 1, 1))
     return {n: x[0] for n, x in full_tier_reduction({n: x.unsqueeze(0) for n, x in qs.items()}).items()}
