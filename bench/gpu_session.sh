@@ -27,7 +27,9 @@
 # WT_MIN (the wind tunnel's minutes, default 7), PROFILE=1 (kernel table of the cheap tier), TESTS (the
 # test paths, default tests/gpu), TIMING (the timing part's steps, default "fused recorder throughput"),
 # SPAN_SEEDS (e.g. "0 1 2": one span study per seed, all at once, instead of one study of seeds 0-2)
-# and SPAN_ARGS (more study arguments, e.g. --max-steps 1000).
+# and SPAN_ARGS (more study arguments, e.g. --max-steps 1000), LS_PRESETS (e.g. "gpu512 gpu1024
+# gpu2048": one ls-logits study per length, at once; default gpu, the whole sweep in one) and LS_ARGS
+# (e.g. "--arms mhsa,ls --max-steps 1500").
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
@@ -128,9 +130,14 @@ part_span() {
   wait "${pids[@]}"                         # its own: not a background part started before it
 }
 
-part_ls-logits() {
-  step study_ls_logits "$(left ${RUN_S:-450})" python3 -m dyntool study ls-logits --preset gpu --n-seeds 1 \
-    --name ls_logits --record.enabled=true --record.every=0 --record.cheap_every=1 $(common)
+part_ls-logits() {                           # LS_PRESETS="gpu512 gpu1024 gpu2048": one study per T, at once
+  local p pids=()
+  for p in ${LS_PRESETS:-gpu}; do
+    step study_ls_logits_$p "$(left ${RUN_S:-450})" python3 -m dyntool study ls-logits --preset $p --n-seeds 1 \
+      --name ls_logits_$p --record.enabled=true --record.every=0 --record.cheap_every=1 ${LS_ARGS:-} $(common) &
+    pids+=($!)
+  done
+  wait "${pids[@]}"
 }
 
 part_wind-tunnel() {

@@ -4,7 +4,7 @@
                   [--name NAME] [--resume RUN] [--section.key=value ...]
     torchrun --nproc_per_node=2 -m dyntool train --config ...        # DDP, rank 0 writes the run
     torchrun --nproc_per_node=2 -m dyntool train --parallel=fsdp ... # FSDP2, every rank records its shard
-    dyntool study span|ls-logits [--seeds LIST | --n-seeds N] [--max-steps N] [--preset NAME] [--out DIR]
+    dyntool study span|ls-logits [--seeds LIST | --n-seeds N] [--max-steps N] [--arms LIST] [--preset NAME] [--out DIR]
 """
 from __future__ import annotations
 
@@ -97,6 +97,8 @@ def register(sub, simsub) -> None:
     add_n_seeds(s)
     config_option(s, STUDY, "max_steps", "--max-steps", metavar="N",
                   help="optimizer steps of every run, >= 1 (default: the preset's)")
+    config_option(s, STUDY, "arms", metavar="A[,A...]",
+                  help="ls-logits: run only these arms (of mhsa, mhsa-eager-fp32 (gpu), ls, qknorm; default all)")
     s.add_argument("--preset", default="small", metavar="NAME",
                    help="preset of the packaged config files (default small; ls-logits: cpu = small, gpu)")
     common_output_options(s, os.path.join("runs", "studies"), what="study")

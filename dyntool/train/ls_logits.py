@@ -107,6 +107,7 @@ def configs(study, preset, overrides) -> dict:
     ``--seeds``/``--max-steps``."""
     from .runner import load_config
     presets, arms = presets_for(preset)
+    arms = study.pick(arms)
     user = parse_overrides(overrides)
     fixed = {"train.max_steps": study.max_steps} if study.max_steps else {}
     return {(p, seed, arm): load_config(CONFIG, p, [], values=merge(merge(user, nest(vals)),
@@ -117,6 +118,7 @@ def configs(study, preset, overrides) -> dict:
 def study_ls_logits(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
     cfgs = configs(study, preset, overrides)
     presets, arms = presets_for(preset)
+    arms = study.pick(arms)
     d = new_study_dir(out, "ls-logits", name)
     runs = {}
     for (p, seed, arm), cfg in cfgs.items():

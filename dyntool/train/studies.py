@@ -31,9 +31,10 @@ STUDY_DEFAULTS = {"train.checkpoint": False}
 
 @dataclass
 class StudyConfig:
-    """What every study takes from the command line (``--seeds``, ``--n-seeds``, ``--max-steps``)."""
+    """What every study takes from the command line (``--seeds``, ``--n-seeds``, ``--max-steps``, ``--arms``)."""
     seeds: list[Seed] = field(default_factory=lambda: [0, 1, 2])
     max_steps: Optional[PosInt] = None      # train.max_steps of every run (None: the preset's)
+    arms: Optional[list[str]] = None        # a subset of the study's arms, in its order (None: all)
 
     def validate(self, prefix: str = "") -> None:
         from ..errors import ConfigError
@@ -41,6 +42,18 @@ class StudyConfig:
             raise ConfigError(prefix + "seeds", "needs at least one seed")
         if len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(prefix + "seeds", f"repeats a seed: {self.seeds}")
+        if self.arms is not None and (not self.arms or len(set(self.arms)) != len(self.arms)):
+            raise ConfigError(prefix + "arms", f"needs distinct arms, got {self.arms}")
+
+    def pick(self, arms: dict) -> dict:
+        """The study's ``arms`` ({name: anything}) that ``--arms`` keeps, in the study's order."""
+        if self.arms is None:
+            return arms
+        unknown = [a for a in self.arms if a not in arms]
+        if unknown:
+            from ..errors import ConfigError
+            raise ConfigError("arms", f"{', '.join(unknown)} is not an arm of this study (its arms: {', '.join(arms)})")
+        return {a: v for a, v in arms.items() if a in self.arms}
 
 
 def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyConfig, preset, overrides,
@@ -71,6 +84,9 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
+    if study.arms is not None:
+        from ..errors import ConfigError
+        raise ConfigError("arms", "the span study's Δ needs both of its arms (baseline, span); --arms is for ls-logits")
     arms = {"baseline": "wikitext_span.toml", "span": "wikitext_span.toml"}
     cfgs = _configs(arms, {"baseline": {"model.attention": "mhsa"}}, study, preset, overrides)
     d = new_study_dir(out, "span", name)
@@ -124,7 +140,8 @@ def run_study(which: str, out: str, study: StudyConfig | None = None, preset: st
         summary = fn(out, study, preset, overrides or [], quiet, name, tuple(tags or ()))
     except KeyboardInterrupt as e:
         from .study_runs import continue_study
-        e.next_step = continue_study(e, which, study.seeds, study.max_steps, preset, overrides or [], out)
+        e.next_step = continue_study(e, which, study.seeds, study.max_steps, preset, overrides or [], out,
+                                     study.arms)
         raise
     path = Path(summary["dir"]) / "summary.json"
     path.write_text(json.dumps(summary, indent=2, default=str))

@@ -25,7 +25,7 @@ def train_arm(study_dir: Path, name: str, cfg, quiet, tags):
 
 
 def continue_study(e: KeyboardInterrupt, which: str, seeds: list[int], max_steps, preset, overrides,
-                   out: str) -> str:
+                   out: str, arms: list[str] | None = None) -> str:
     """What an interrupted study prints: where it stopped and the command that runs the seeds it
     did not finish (a study has no checkpoints to resume: the seed that was running starts again,
     into a new study folder; the finished runs stay where they are)."""
@@ -36,6 +36,7 @@ def continue_study(e: KeyboardInterrupt, which: str, seeds: list[int], max_steps
     rest = seeds[seeds.index(seed):]
     cmd = ["dyntool", "study", which, "--seeds", ",".join(map(str, rest))]
     cmd += ["--max-steps", str(max_steps)] if max_steps else []
+    cmd += ["--arms", ",".join(arms)] if arms else []
     cmd += ["--preset", preset] if preset else []
     cmd += ["--out", out, *overrides]
     done = len(seeds) - len(rest)

@@ -42,6 +42,38 @@ def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
     assert c.model.attention == "ls" and cfgs["cpu", 0, "mhsa"].model.attention == "mhsa"
 
 
+def test_arms_picks_ls_logits_arms_and_is_refused_in_one_line_elsewhere(tmp_path, capsys):
+    """--arms keeps a subset of ls-logits' arms in the study's order (a GPU session runs one T and two
+    arms per process); an unknown or repeated arm, or --arms on the span study (its Δ needs both),
+    is one line and exit 2, before any folder is made."""
+    from dyntool.train.ls_logits import configs
+    from dyntool.train.studies import StudyConfig
+    cfgs = configs(StudyConfig(seeds=[0], arms=["ls", "mhsa"]), "gpu2048", ["--device=cpu"])
+    assert list(cfgs) == [("gpu2048", 0, "mhsa"), ("gpu2048", 0, "ls")]
+    assert cfgs["gpu2048", 0, "ls"].model.attention == "ls" and cfgs["gpu2048", 0, "ls"].data.block_size == 2048
+    for argv, msg in ((["ls-logits", "--arms", "mhsa,flash"], "arms: flash is not an arm of this study "
+                                                              "(its arms: mhsa, ls, qknorm)"),
+                      (["ls-logits", "--arms", "ls,ls"], "arms: needs distinct arms, got ['ls', 'ls']"),
+                      (["span", "--arms", "span"], "arms: the span study's Δ needs both of its arms")):
+        assert main(["study", *argv, "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and msg in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_ls_logits_arms_reach_the_continue_command(tmp_path, monkeypatch, capsys):
+    from dyntool.train import runner
+
+    def stop(cfg, *a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runner, "run_training", stop)
+    rc = main(["study", "ls-logits", "--seeds", "0", "--arms", "qknorm", "--max-steps", "2", "--out", str(tmp_path),
+               "--name", "l", "--quiet", *TINY_ARGS])
+    assert rc == 130
+    err = capsys.readouterr().err
+    assert "continue the remaining seeds with: dyntool study ls-logits --seeds 0 --max-steps 2 --arms qknorm " in err
+
+
 def test_ctrl_c_in_a_study_names_the_command_that_continues_it(tmp_path, monkeypatch, capsys):
     from dyntool.train import runner
     real, seen = runner.run_training, []
