@@ -29,7 +29,7 @@
 # SPAN_SEEDS (e.g. "0 1 2": one span study per seed, all at once, instead of one study of seeds 0-2)
 # and SPAN_ARGS (more study arguments, e.g. --max-steps 1000), LS_PRESETS (e.g. "gpu512 gpu1024
 # gpu2048": one ls-logits study per length, at once; default gpu, the whole sweep in one) and LS_ARGS
-# (e.g. "--arms mhsa,ls --max-steps 1500").
+# (e.g. "--arms mhsa,ls --max-steps 1500"), PRESETS (the presets part's configs, default "ls qknorm").
 set -u
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
@@ -100,8 +100,8 @@ alive() { local p; for p in "$@"; do kill -0 "$p" 2>/dev/null && return 0; done;
 common() { echo "--out $R --quiet --data.path=$WIKITEXT $NO_REC"; }
 
 part_presets() {                             # two at once: tokens/s from these runs are not measurements
-  local limit pids=() last=$SECONDS; limit=$(left ${RUN_S:-450})
-  for c in ls qknorm; do
+  local c limit pids=() last=$SECONDS; limit=$(left ${RUN_S:-450})
+  for c in ${PRESETS:-ls qknorm}; do
     timeout -k 10 "$limit" python3 -m dyntool train --config wikitext_$c --preset gpu --name $c $(common) \
       > "$R/$c.log" 2>&1 &
     pids+=($!)
@@ -113,7 +113,7 @@ part_presets() {                             # two at once: tokens/s from these 
     { date +%T; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
       for f in $R/*/metrics.jsonl; do echo "$f $(tail -n 1 "$f" | cut -c1-90)"; done; } 2>&1 | tee -a $W/progress.log
   done
-  tail -n 3 $R/ls.log $R/qknorm.log; pack
+  for c in ${PRESETS:-ls qknorm}; do tail -n 3 "$R/$c.log"; done; pack
 }
 
 part_span() {
