@@ -145,14 +145,15 @@ def main(argv=None) -> int:
     p.add_argument("--T", default="2048,8192", help="comma-separated lengths of part A")
     p.add_argument("--full-T", type=int, default=2048,
                    help="part B's length (the full tier of a 12-layer model at T = 8192 needs ~315 GiB)")
-    p.add_argument("--no-full", action="store_true", help="part A only")
+    only = p.add_mutually_exclusive_group()
+    only.add_argument("--no-full", action="store_true", help="part A only")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--heads", default="L0H0,L11H0", help="record.heads of part B")
     p.add_argument("--data", default=None, help="WikiText-2 folder for part B (default: as dyntool train)")
     p.add_argument("--profile", action="store_true", help="print the CUDA kernels of two cheap-tier steps")
-    p.add_argument("--only-full", action="store_true", help="part B only")
+    only.add_argument("--only-full", action="store_true", help="part B only")
     p.add_argument("--no-eager", action="store_true",
                    help="part A's compiled arms only (the eager cheap tier alone takes ~90 s of an H100 at T = 2048)")
     p.add_argument("--json", default=None)

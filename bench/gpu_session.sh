@@ -14,7 +14,8 @@
 #   bench/gpu_session.sh auto                  # or name parts: bench/gpu_session.sh tests timing
 #   bench/gpu_session.sh tests timing bg:presets bg:wind-tunnel   # bg: runs a part beside the next ones
 # A part named bg:NAME starts in the background and the script waits for it at the end; the runs'
-# parts share the GPU that way (their times are then not measurements).  Never put timing beside one.
+# parts share the GPU that way (their times are then not measurements).  timing is never bg: (it is
+# timed alone).  bg:tests: a failing test then does not turn recording off for the runs beside it.
 # Every part's time limit is cut to what is left of DEADLINE (seconds after the start, default 560,
 # for a 600 s call), and the results are packed into $OUT/results.tgz after each part and on exit,
 # also when a limit or a signal ends it.  A session then writes bench/gpu_<date>.json (gpu_parts.py
@@ -31,6 +32,24 @@
 # gpu2048": one ls-logits study per length, at once; default gpu, the whole sweep in one) and LS_ARGS
 # (e.g. "--arms mhsa,ls --max-steps 1500"), PRESETS (the presets part's configs, default "ls qknorm").
 set -u
+usage() {
+  echo "usage: bench/gpu_session.sh auto | [[bg:]tests] [timing] [[bg:]presets] [[bg:]span] [[bg:]ls-logits]" \
+       "[[bg:]wind-tunnel]${1:+  ($1)}" >&2
+  exit 2
+}
+parts=("$@")                                 # every name checked before anything starts
+[ "${parts[*]}" = auto ] && read -r -a parts <<< "$(python3 bench/gpu_parts.py)"
+[ ${#parts[@]} -gt 0 ] || usage "no part named"
+for part in "${parts[@]}"; do
+  case "$part" in
+    tests|timing|presets|span|ls-logits|wind-tunnel|bg:tests|bg:presets|bg:span|bg:ls-logits|bg:wind-tunnel) ;;
+    bg:timing) usage "timing is timed alone: never bg:" ;;
+    *) usage "unknown part $part" ;;
+  esac
+done
+for t in ${TIMING:-fused recorder throughput}; do
+  case $t in fused|recorder|throughput) ;; *) usage "TIMING: unknown step $t (fused, recorder, throughput)" ;; esac
+done
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
 DEADLINE=${DEADLINE:-560}
@@ -90,7 +109,6 @@ part_timing() {
       # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
       throughput) step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput \
                --steps 160 --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json ;;
-      *) echo "TIMING: unknown step $t (fused, recorder, throughput)" >&2 ;;
     esac
   done
 }
@@ -127,7 +145,7 @@ part_span() {
       --name span-s$s ${SPAN_ARGS:-} $(common) &
     pids+=($!)
   done
-  wait "${pids[@]}"                         # its own: not a background part started before it
+  [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"   # its own: not a background part started before it
 }
 
 part_ls-logits() {                           # LS_PRESETS="gpu512 gpu1024 gpu2048": one study per T, at once
@@ -137,7 +155,7 @@ part_ls-logits() {                           # LS_PRESETS="gpu512 gpu1024 gpu204
       --name ls_logits_$p --record.enabled=true --record.every=0 --record.cheap_every=1 ${LS_ARGS:-} $(common) &
     pids+=($!)
   done
-  wait "${pids[@]}"
+  [ ${#pids[@]} -eq 0 ] || wait "${pids[@]}"
 }
 
 part_wind-tunnel() {
@@ -145,19 +163,11 @@ part_wind-tunnel() {
     --device cuda --time_limit_min=${WT_MIN:-7} --name wind_tunnel --out $R --quiet
 }
 
-parts=("$@")
-[ "${parts[*]}" = auto ] && read -r -a parts <<< "$(python3 bench/gpu_parts.py)"
 echo "parts: ${parts[*]}"
 for part in "${parts[@]}"; do
   name=${part#bg:}
-  case "$name" in
-    tests|timing|presets|span|ls-logits|wind-tunnel)
-      echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"
-      if [ "$name" = "$part" ]; then "part_$name"; else "part_$name" & fi ;;
-    *) echo "usage: bench/gpu_session.sh auto | [tests] [timing] [[bg:]presets] [[bg:]span] [[bg:]ls-logits]" \
-            "[[bg:]wind-tunnel]" >&2
-       exit 2 ;;
-  esac
+  echo "== $part $(date +%T) (${SECONDS}s of ${DEADLINE}s)"
+  if [ "$name" = "$part" ]; then "part_$name"; else "part_$name" & fi
 done
 wait                                         # the background parts
 pack

@@ -3,6 +3,7 @@ attention and its statistics; they equal the eager path's on the float64 copy of
 and batch (an independent computation) to ≤ 1e-5 relative, and so do the model's gradients."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -160,6 +161,22 @@ def test_compiled_step_refusals():
         flight.result()
 
 
+@contextlib.contextmanager
+def input_dtypes(seen: list):
+    """Append the (q, k, v) dtypes of every fused-kernel call inside the block to ``seen``."""
+    from dyntool.kernels import op
+    real = op.attention
+
+    def spy(q, k, v, **kw):
+        seen.append((q.dtype, k.dtype, v.dtype))
+        return real(q, k, v, **kw)
+    op.attention = spy
+    try:
+        yield seen
+    finally:
+        op.attention = real
+
+
 class Float32Out(torch.nn.Module):
     """A LayerNorm whose output stays float32 under autocast, as CUDA autocast runs it (CPU
     autocast keeps the input dtype, so the CPU alone would never show the mix)."""
@@ -181,7 +198,7 @@ def test_qknorm_under_autocast_takes_the_autocast_dtype():
     from dyntool.kernels import op
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, V, (3, T), generator=g), torch.randint(0, V, (3, T), generator=g)
-    got = {}
+    got, seen = {}, {}
     for mode in ("own", "fused", "compiled"):
         m = gpt("qknorm")
         for blk in m.h:
@@ -190,12 +207,14 @@ def test_qknorm_under_autocast_takes_the_autocast_dtype():
         if mode == "compiled":
             flight.prepare(3, T)
         net = torch.compile(m, fullgraph=True, backend="aot_eager") if mode == "compiled" else m
-        with flight:
+        with flight, input_dtypes(seen.setdefault(mode, [])):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = net(x, y)[1]
             loss.backward()
+        assert set(flight.paths().values()) == ({"fused"} if mode != "own" else {"eager: record.kernel=eager"})
         got[mode] = (loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}, flight.result())
     torch._dynamo.reset()
+    assert seen["own"] == [] and seen["fused"] == seen["compiled"] == [(torch.float16,) * 3] * 2
     flat = lambda g: torch.cat([g[n].flatten().double() for n in sorted(g)])     # noqa: E731
     own_loss, own_grads, own_stats = got["own"]
     for mode in ("fused", "compiled"):

@@ -57,3 +57,28 @@ def test_hf_unverified_model_type_refused():
     m = make_model("qwen3", "sdpa").float()
     with pytest.raises(FlightError, match="model type qwen3 is not verified"):
         FlightRecorder(m, kernel="fused")
+
+
+def test_hf_llama_under_autocast_takes_the_autocast_dtype():
+    """Under autocast Llama's rotary embedding leaves q, k in float32 beside a half v: the fused site
+    casts them to the autocast dtype as SDPA does, and the step's loss and gradients stay those of
+    the model's own half-precision attention."""
+    from tests.kernels.test_flight_fused import input_dtypes
+    m = make_model("llama", "sdpa").float()
+    inputs = make_inputs("llama")
+    got, seen = {}, []
+    for kernel in ("eager", "fused"):
+        flight = FlightRecorder(m, kernel=kernel)
+        with flight, input_dtypes(seen if kernel == "fused" else []):
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = m(**inputs).loss
+            loss.backward()
+        if kernel == "fused":
+            assert set(flight.paths().values()) == {"fused"}
+        grads = torch.cat([p.grad.flatten().double() for _, p in sorted(m.named_parameters()) if p.grad is not None])
+        m.zero_grad()
+        got[kernel] = (loss.detach(), grads, flight.result())
+    assert seen and set(seen) == {(torch.float16,) * 3}
+    (le, ge, se), (lf, gf, sf) = got["eager"], got["fused"]
+    assert rel(lf, le) <= 1e-3 and rel(gf, ge) <= 2e-2
+    assert rel(sf["logit_max"], se["logit_max"]) <= 1e-2
