@@ -2,6 +2,7 @@
 
     python bench/gpu_fused_attention.py [--T 2048,4096,8192] [--B 4] [--rounds 5] [--json FILE]
     python bench/gpu_fused_attention.py --smoke     # CPU: tiny shapes under TRITON_INTERPRET=1
+    DYNTOOL_KERNEL_TILES=128,64,8,3 python bench/gpu_fused_attention.py --sections accuracy,speed   # other tiles
 
 Sections (PASS / FAIL / INFO lines; exit 1 on a FAIL):
 
@@ -143,7 +144,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--smoke", action="store_true", help="CPU: tiny shapes under the Triton interpreter")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--sections", default="accuracy,compile,speed",
+                    help="comma-separated (the tuning sweep, bench/gpu_kernel_tune.py, skips compile)")
     args = ap.parse_args(argv)
+    sections = set(args.sections.split(","))
+    if not sections or not sections <= {"accuracy", "compile", "speed"}:
+        ap.error(f"--sections: of accuracy, compile, speed; got {args.sections!r}")
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"     # before dyntool.kernels defines its kernels
     import torch
@@ -154,11 +160,16 @@ def main(argv=None) -> int:
     device = torch.device("cpu" if args.smoke else "cuda")
     hw = (torch.cuda.get_device_name(0) + f"; torch {torch.__version__}; CUDA {torch.version.cuda}"
           if device.type == "cuda" else f"CPU smoke run (interpreter); torch {torch.__version__}")
+    hw += f"; tiles (BLOCK_M, BLOCK_N) {op.blocks(64)[:2]}" + (f", {op.TUNING_ENV}={os.environ[op.TUNING_ENV]}"
+                                                               if op.TUNED else "")
     print(hw)
     Ts = [40] if args.smoke else [int(t) for t in args.T.split(",")]
-    accuracy(torch, op, device, 40 if args.smoke else 1024, args.smoke)
-    compile_check(torch, op, device, args.smoke)
-    speed(torch, op, device, Ts, 1 if args.smoke else args.B, 1 if args.smoke else args.rounds, args.smoke)
+    if "accuracy" in sections:
+        accuracy(torch, op, device, 40 if args.smoke else 1024, args.smoke)
+    if "compile" in sections:
+        compile_check(torch, op, device, args.smoke)
+    if "speed" in sections:
+        speed(torch, op, device, Ts, 1 if args.smoke else args.B, 1 if args.smoke else args.rounds, args.smoke)
     if args.json:
         Path(args.json).write_text(json.dumps({"hardware": hw, "results": RESULTS}, indent=1))
     return 1 if any(r["status"] == "FAIL" for r in RESULTS) else 0

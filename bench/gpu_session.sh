@@ -26,7 +26,8 @@
 # default 60 / 240 / 120), RC_ARGS (more gpu_recorder_cost arguments, default --no-eager), ARMS
 # (gpu_check's, default mhsa), RUN_S (a run's limit in presets / span / ls-logits, default 450),
 # WT_MIN (the wind tunnel's minutes, default 7), PROFILE=1 (kernel table of the cheap tier), TESTS (the
-# test paths, default tests/gpu), TIMING (the timing part's steps, default "fused recorder throughput"),
+# test paths, default tests/gpu), TIMING (the timing part's steps, default "fused recorder throughput";
+# "tune": bench/gpu_kernel_tune.py, the kernel's settings against flash SDPA, limit TU_S, default 240),
 # SPAN_SEEDS (e.g. "0 1 2": one span study per seed, all at once, instead of one study of seeds 0-2)
 # and SPAN_ARGS (more study arguments, e.g. --max-steps 1000), LS_PRESETS (e.g. "gpu512 gpu1024
 # gpu2048": one ls-logits study per length, at once; default gpu, the whole sweep in one) and LS_ARGS
@@ -48,7 +49,7 @@ for part in "${parts[@]}"; do
   esac
 done
 for t in ${TIMING:-fused recorder throughput}; do
-  case $t in fused|recorder|throughput) ;; *) usage "TIMING: unknown step $t (fused, recorder, throughput)" ;; esac
+  case $t in fused|recorder|throughput|tune) ;; *) usage "TIMING: unknown step $t (fused, recorder, throughput, tune)" ;; esac
 done
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
 W=$(mktemp -d /tmp/gpu_work.XXXX)            # fresh on every call: run names never collide
@@ -107,6 +108,8 @@ part_timing() {
       recorder) step recorder_cost "$(left ${RC_S:-240})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 \
                --data "$WIKITEXT" ${RC_ARGS:---no-eager} ${PROFILE:+--profile} --json $W/recorder_cost.json ;;
       # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
+      # the kernel's tiles / warps / stages, each setting against flash SDPA (not in the default TIMING)
+      tune) step kernel_tune "$(left ${TU_S:-240})" python3 bench/gpu_kernel_tune.py --json $W/kernel_tune.json ;;
       throughput) step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput \
                --steps 160 --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json ;;
     esac

@@ -13,6 +13,7 @@ Key padding: per-batch visible key range [lo, hi) and/or a (B, Tk) key mask (int
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
@@ -23,14 +24,39 @@ from . import forward as fw
 
 
 def interpreted() -> bool:
-    import os
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+TUNING_ENV = "DYNTOOL_KERNEL_TILES"
+
+
+def tuning(spec: str | None) -> tuple[int, int, int | None, int | None] | None:
+    """``"BLOCK_M,BLOCK_N[,WARPS[,STAGES]]"`` → a tuple (None: the defaults).  For the tuning bench
+    (bench/gpu_kernel_tune.py), read once at import: a compiled step must not read the environment,
+    and every call must agree on the tiles (the statistics' partials are laid out per tile)."""
+    if not spec:
+        return None
+    try:
+        vals = [int(x) for x in spec.split(",")]
+    except ValueError:
+        vals = []
+    pow2 = lambda x: x >= 1 and x & (x - 1) == 0                    # noqa: E731
+    if not 2 <= len(vals) <= 4 or not all(pow2(x) for x in vals[:3]) or min(vals[:2]) < 16 or min(vals) < 1:
+        raise ValueError(f"{TUNING_ENV}={spec!r}: BLOCK_M,BLOCK_N[,WARPS[,STAGES]], tiles powers of 2 >= 16, "
+                         "warps a power of 2, stages >= 1")
+    return (*vals, *[None] * (4 - len(vals)))
+
+
+TUNED = tuning(os.environ.get(TUNING_ENV))
 
 
 def blocks(D: int) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, D_PAD): 16 under the interpreter (tl.dot's smallest tile, fastest
-    there); 64 × 64 on a GPU (registers for the fp32 accumulators and the statistics)."""
+    there); 64 × 64 on a GPU (registers for the fp32 accumulators and the statistics); or the
+    tiles of ``DYNTOOL_KERNEL_TILES``."""
     d_pad = max(16, triton.next_power_of_2(D))
+    if TUNED:
+        return TUNED[0], TUNED[1], d_pad
     return (16, 16, d_pad) if interpreted() else (64, 64, d_pad)
 
 
@@ -68,6 +94,10 @@ def _launch(kernel, grid, *args, **kw):
             return
     else:   # untuned first guess (no GPU measured yet): more warps for the 128-wide accumulators
         kw["num_warps"] = 4 if kw["D_PAD"] <= 64 else 8
+        if TUNED and TUNED[2]:
+            kw["num_warps"] = TUNED[2]
+        if TUNED and TUNED[3]:
+            kw["num_stages"] = TUNED[3]
     wrap_triton(kernel)[grid](*args, **kw)
 
 
