@@ -65,12 +65,13 @@ def main(argv=None) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU, interpreter, two settings: the code path only")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    from dyntool.errors import ConfigError
     from dyntool.kernels.op import tuning
     specs = (a.configs or (SMOKE_CONFIGS if a.smoke else CONFIGS)).split()
     for s in specs:
         try:
             tuning(s)
-        except ValueError as e:
+        except ConfigError as e:
             ap.error(str(e))
     if not a.smoke:
         import torch

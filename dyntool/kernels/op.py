@@ -42,8 +42,9 @@ def tuning(spec: str | None) -> tuple[int, int, int | None, int | None] | None:
         vals = []
     pow2 = lambda x: x >= 1 and x & (x - 1) == 0                    # noqa: E731
     if not 2 <= len(vals) <= 4 or not all(pow2(x) for x in vals[:3]) or min(vals[:2]) < 16 or min(vals) < 1:
-        raise ValueError(f"{TUNING_ENV}={spec!r}: BLOCK_M,BLOCK_N[,WARPS[,STAGES]], tiles powers of 2 >= 16, "
-                         "warps a power of 2, stages >= 1")
+        from ..errors import ConfigError             # a user's setting: one line, exit 2
+        raise ConfigError(TUNING_ENV, f"{spec!r} is not BLOCK_M,BLOCK_N[,WARPS[,STAGES]] (tiles powers of 2 "
+                                      ">= 16, warps a power of 2, stages >= 1)")
     return (*vals, *[None] * (4 - len(vals)))
 
 

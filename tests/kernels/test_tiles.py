@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dyntool.errors import ConfigError
 from dyntool.kernels.op import TUNING_ENV, tuning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +35,7 @@ def test_tuning_spec():
     assert tuning(None) is None and tuning("") is None
     assert tuning("128,64,8,3") == (128, 64, 8, 3) and tuning("64,32") == (64, 32, None, None)
     for bad in ("64", "48,64", "8,16", "64,64,3", "a,b", "64,64,4,0", "64,64,4,2,1"):
-        with pytest.raises(ValueError, match=f"^{TUNING_ENV}="):
+        with pytest.raises(ConfigError, match=f"^config error: {TUNING_ENV}: '{bad}' is not BLOCK_M,BLOCK_N"):
             tuning(bad)
 
 
@@ -46,4 +47,4 @@ def test_tuning_sweep_runs_a_setting_in_its_own_process():
     r = gpu_kernel_tune.run_one("32,16", "40", 1, smoke=True, timeout=300)
     assert r["ok"] and r["accuracy_fail"] == [] and set(r["speed"]) == {"T40"}, r
     bad = gpu_kernel_tune.run_one("32,16,4,0", "40", 1, smoke=True, timeout=300)
-    assert not bad["ok"] and "DYNTOOL_KERNEL_TILES='32,16,4,0'" in bad["error"]
+    assert not bad["ok"] and "config error: DYNTOOL_KERNEL_TILES: '32,16,4,0' is not" in bad["error"]
