@@ -107,9 +107,9 @@ part_timing() {
                --json $W/fused_attention.json ;;
       recorder) step recorder_cost "$(left ${RC_S:-240})" python3 bench/gpu_recorder_cost.py --reps 5 --steps 4 \
                --data "$WIKITEXT" ${RC_ARGS:---no-eager} ${PROFILE:+--profile} --json $W/recorder_cost.json ;;
-      # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
       # the kernel's tiles / warps / stages, each setting against flash SDPA (not in the default TIMING)
       tune) step kernel_tune "$(left ${TU_S:-240})" python3 bench/gpu_kernel_tune.py --json $W/kernel_tune.json ;;
+      # 160 steps: three recorded steps (50, 100, 150) after the 20 of warm-up, not one
       throughput) step gpu_check_throughput "$(left ${TP_S:-120})" python3 bench/gpu_check.py --only throughput \
                --steps 160 --arms ${ARMS:-mhsa} --json $W/gpu_check_throughput.json ;;
     esac
