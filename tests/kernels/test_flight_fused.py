@@ -42,6 +42,11 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
+def flat(grads: dict) -> torch.Tensor:
+    """All parameters' gradients as one float64 vector, in name order."""
+    return torch.cat([grads[n].flatten().double() for n in sorted(grads)])
+
+
 @pytest.mark.parametrize("attention,kw", [("mhsa", {}), ("ls", dict(n_local=1, n_global=1, window=6)),
                                           ("qknorm", {})])
 def test_fused_step_equals_eager(attention, kw):
@@ -57,7 +62,6 @@ def test_fused_step_equals_eager(attention, kw):
         if n in eager:
             assert rel(fused[n], eager[n]) <= 1e-5, (n, rel(fused[n], eager[n]))
     # all parameters as one vector (k_norm.bias's true gradient is 0: a row-constant score shift)
-    flat = lambda g: torch.cat([g[n].flatten().double() for n in sorted(g)])     # noqa: E731
     assert rel(flat(g_fused), flat(g_eager)) <= 1e-5
 
 
@@ -215,7 +219,6 @@ def test_qknorm_under_autocast_takes_the_autocast_dtype():
         got[mode] = (loss.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}, flight.result())
     torch._dynamo.reset()
     assert seen["own"] == [] and seen["fused"] == seen["compiled"] == [(torch.float16,) * 3] * 2
-    flat = lambda g: torch.cat([g[n].flatten().double() for n in sorted(g)])     # noqa: E731
     own_loss, own_grads, own_stats = got["own"]
     for mode in ("fused", "compiled"):
         loss, grads, stats = got[mode]

@@ -20,13 +20,17 @@ def rel(a, b):
     return float((a - b).norm() / b.norm().clamp_min(1e-300))
 
 
-def step(model, inputs, kernel):
+def step(model, inputs, kernel, amp: torch.dtype | None = None):
+    """One recorded step (its forward under CPU autocast to ``amp`` when given): the recorder, its
+    statistics, all gradients as one float64 vector, the loss."""
     flight = FlightRecorder(model, kernel=kernel)
     with flight:
-        model(**inputs).loss.backward()
+        with torch.autocast("cpu", dtype=amp, enabled=amp is not None):
+            loss = model(**inputs).loss
+        loss.backward()
     grads = torch.cat([p.grad.flatten().double() for _, p in sorted(model.named_parameters()) if p.grad is not None])
     model.zero_grad()
-    return flight, flight.result(), grads
+    return flight, flight.result(), grads, loss.detach()
 
 
 @pytest.mark.parametrize("kind,impl,left", [("gpt2", "sdpa", False), ("llama", "sdpa", True),
@@ -41,10 +45,10 @@ def test_hf_fused_equals_eager(kind, impl, left):
             mask = torch.ones_like(inputs["attention_mask"])
             mask[1, :2] = 0
             inputs = dict(inputs, attention_mask=mask, labels=inputs["input_ids"].masked_fill(mask == 0, -100))
-        flight, fused, g32 = step(m32, inputs, "fused")
+        flight, fused, g32, _ = step(m32, inputs, "fused")
         assert set(flight.paths().values()) == {"fused"}
         assert m32.config._attn_implementation == impl            # restored on exit
-        _, eager, g64 = step(m64, inputs, "eager")
+        _, eager, g64, _ = step(m64, inputs, "eager")
     assert float(eager["logit_max"].max()) > 20.0
     assert set(fused) == set(eager)
     for n in STATS:
@@ -68,16 +72,11 @@ def test_hf_llama_under_autocast_takes_the_autocast_dtype():
     inputs = make_inputs("llama")
     got, seen = {}, []
     for kernel in ("eager", "fused"):
-        flight = FlightRecorder(m, kernel=kernel)
-        with flight, input_dtypes(seen if kernel == "fused" else []):
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = m(**inputs).loss
-            loss.backward()
+        with input_dtypes(seen if kernel == "fused" else []):
+            flight, stats, grads, loss = step(m, inputs, kernel, amp=torch.float16)
         if kernel == "fused":
             assert set(flight.paths().values()) == {"fused"}
-        grads = torch.cat([p.grad.flatten().double() for _, p in sorted(m.named_parameters()) if p.grad is not None])
-        m.zero_grad()
-        got[kernel] = (loss.detach(), grads, flight.result())
+        got[kernel] = (loss, grads, stats)
     assert seen and set(seen) == {(torch.float16,) * 3}
     (le, ge, se), (lf, gf, sf) = got["eager"], got["fused"]
     assert rel(lf, le) <= 1e-3 and rel(gf, ge) <= 2e-2
