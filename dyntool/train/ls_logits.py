@@ -117,14 +117,14 @@ def configs(study, preset, overrides) -> dict:
 
 def study_ls_logits(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
     cfgs = configs(study, preset, overrides)
-    presets, arms = presets_for(preset)
-    arms = study.pick(arms)
+    presets = list(dict.fromkeys(p for p, _, _ in cfgs))
+    arms = list(dict.fromkeys(a for _, _, a in cfgs))          # those --arms kept, in the study's order
     d = new_study_dir(out, "ls-logits", name)
     runs = {}
     for (p, seed, arm), cfg in cfgs.items():
         run = train_arm(d, f"{arm}-{p}-s{seed}", cfg, quiet, ["study-ls-logits", *tags])
         runs[run.id] = summarise_run(run, arm, cfg.data.block_size, seed)
     summary = {"study": "ls-logits", "dir": str(d), "preset": preset, "presets": presets,
-               "arms": list(arms), "overrides": list(overrides), "max_steps": study.max_steps, "runs": runs}
+               "arms": arms, "overrides": list(overrides), "max_steps": study.max_steps, "runs": runs}
     print_summary(summary)
     return summary
