@@ -3,10 +3,12 @@ missing.  Each package is hidden (``sys.modules[name] = None`` makes ``import na
 run whether or not the extra is installed here."""
 from __future__ import annotations
 
+import math
 import sys
 
 import numpy as np
 import pytest
+import torch
 
 from dyntool.cli import main
 from dyntool.errors import DyntoolError
@@ -135,3 +137,41 @@ def test_an_error_inside_an_installed_package_is_not_blamed_on_the_extra(monkeyp
     with pytest.raises(MissingExtra) as e:
         need("brokenpkg_for_extras")
     assert "importing brokenpkg_for_extras failed" in str(e.value) and "pip install" not in str(e.value)
+
+
+
+@pytest.fixture
+def no_triton(monkeypatch):
+    """A core install: Triton absent, dyntool.kernels' Triton modules never imported."""
+    import dyntool.kernels as kernels
+    hide(monkeypatch, "triton")
+    for sub in ("stats", "backward", "forward", "op", "tiles"):
+        monkeypatch.delitem(sys.modules, f"dyntool.kernels.{sub}", raising=False)
+        monkeypatch.delattr(kernels, sub, raising=False)
+
+
+def test_cheap_tier_records_without_triton(no_triton, tmp_path, capsys):
+    """Was: on a core install every cheap-tier recording (the README's ``sim icl-markov``, ``train
+    --record.cheap_every=1``) stopped with ``internal error: ModuleNotFoundError: No module named
+    'triton'``: the eager path imported the fused kernel's reduction."""
+    from dyntool.flight import FlightRecorder
+    from dyntool.kernels import unavailable
+    from dyntool.record import metric_names as mn
+    from dyntool.train.config import ModelConfig
+    from dyntool.train.gpt import GPT
+    from tests.integration.test_train import rows, train
+    assert unavailable("cpu") == "triton is not installed; pip install 'dyntool[kernels]'"
+    torch.manual_seed(0)
+    m = GPT(ModelConfig(n_layer=1, n_head=2, n_embd=16), 20, 8)
+    x = torch.randint(0, 20, (2, 8))
+    flight = FlightRecorder(m)
+    with flight:
+        m(x, x)[1].backward()
+    ent = flight.result()["attn_entropy"]
+    assert ent.shape == (1, 2) and bool(((ent > 0) & (ent <= math.log(8))).all())
+    quick = ("--max-steps", "1", "--record.cheap_every=1", "--train.final_eval=off", "--train.eval_every=0")
+    rc, path = train(tmp_path, *quick)
+    assert rc == 0 and mn.head("attn_entropy", 0, 0) in rows(path)[0]
+    rc, path = train(tmp_path, *quick, "--record.kernel=fused", name="fused")
+    assert rc == 2 and not path.exists()
+    assert "pip install 'dyntool[kernels]'" in one_line(capsys)
