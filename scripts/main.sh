@@ -24,7 +24,9 @@ fi
 "$PY" -m dyntool sim sticky-markov "${name[@]}" "$@"
 # the study just written: the newest folder with a summary.json
 made=$(ls -td runs/sticky-markov/*/summary.json 2>/dev/null | head -n 1 | xargs -r dirname)
-dt="dyntool"; command -v dyntool >/dev/null 2>&1 || dt="$PY -m dyntool"
+# `dyntool` only if the one on PATH is this interpreter's (another install's would read other code)
+bindir=$("$PY" -c 'import sysconfig; print(sysconfig.get_path("scripts"))')
+dt="$PY -m dyntool"; [ "$(command -v dyntool 2>/dev/null)" = "$bindir/dyntool" ] && dt="dyntool"
 echo
 echo "main: done. Look at what it made:"
 echo "  $dt ls runs/sticky-markov                 # table of its runs"
