@@ -155,7 +155,7 @@ def register(sub, simsub) -> None:
     p.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS, metavar="RUNS_DIR",
                    help=f"directory holding runs, or s3://bucket/prefix, file:///path (read-only) "
                         f"(default: {DEFAULT_RUNS}); the app reads nothing outside it")
-    p.add_argument("--port", type=int, default=None, help="port (default: Streamlit's, 8501)")
+    p.add_argument("--port", type=int, default=None, help="port (default: the first free one from 8501)")
     p.add_argument("--headless", action="store_true",
                    help="don't open a browser (the server never waits at Streamlit's first-run prompt either way)")
     p.add_argument("--address", default="localhost",
