@@ -65,8 +65,9 @@ def _dominant_class(attn_final: np.ndarray, labels: list[int]) -> np.ndarray:
 
 
 def _label_points(ax, pts: np.ndarray, names: list[str], color=None) -> None:
-    """Label 2-D points, pushed away from the centroid; points that (nearly) coincide share a label."""
-    c = pts.mean(0)
+    """Label 2-D points; points that (nearly) coincide share a label.  Each label sits beside its
+    point, on the side away from the nearest other point (else from the centroid), on a pale box so
+    a trajectory crossing it leaves it readable."""
     close = 0.06 * (float(np.ptp(pts, axis=0).max()) or 1.0)
     done = set()
     for k in range(len(pts)):
@@ -74,11 +75,16 @@ def _label_points(ax, pts: np.ndarray, names: list[str], color=None) -> None:
             continue
         group = [m for m in range(len(pts)) if m not in done and np.linalg.norm(pts[m] - pts[k]) < close]
         done.update(group)
-        d = pts[k] - c
+        others = [m for m in range(len(pts)) if m not in group]
+        ref = pts[min(others, key=lambda m: np.linalg.norm(pts[m] - pts[k]))] if others else pts.mean(0)
+        d = pts[k] - ref
         d = d / (np.linalg.norm(d) or 1.0)
+        right = d[0] >= 0                     # beside the point: the equal-aspect panel has room sideways
         ax.annotate(",".join(names[m] for m in group), pts[k], textcoords="offset points",
-                    xytext=(7 * d[0] - 3, 7 * d[1] - 3), fontsize=7,
-                    color=color[k] if color is not None else "black")
+                    xytext=(6 if right else -6, 0), fontsize=7, zorder=5,
+                    ha="left" if right else "right", va="center",
+                    color=color[k] if color is not None else "black",
+                    bbox=dict(boxstyle="round,pad=0.1", fc="white", ec="none", alpha=0.75))
 
 
 def _ticks(ax, labels):
@@ -178,6 +184,7 @@ def _f2_values(ax, vals: np.ndarray, dom: list[int]) -> None:
     _label_points(ax, vals[-1], [f"v{j}" for j in range(T)],
                   [style.CLASS_COLORS[int(dom[j]) % len(style.CLASS_COLORS)] for j in range(T)])
     ax.set_title("value trajectories v_j(t)")
+    ax.margins(0.2, 0.15)            # room inside the axes for the labels beside the outermost points
     ax.set_aspect("equal", adjustable="datalim")
     style.panel_label(ax, "c")
 
@@ -198,8 +205,10 @@ def _f2_loss(ax, data: dict) -> None:
         tw.set_ylabel("attention entropy [nats]", color=style.OKABE_ITO["orange"])
         tw.spines["right"].set_visible(True)
         tw.set_ylim(bottom=0)
-        ax.plot([], [], color=style.OKABE_ITO["orange"], ls="--", label="attention entropy")
-    ax.legend(loc="lower left")
+        ax.plot([], [], color=style.OKABE_ITO["orange"], ls="--", label="entropy")    # its axis says whose
+    # above the panel: inside, a legend as wide as this narrow panel always covers a curve
+    ax.legend(loc="lower right", bbox_to_anchor=(1.0, 1.0), ncol=2, fontsize=6, handlelength=1.6,
+              columnspacing=0.8, borderaxespad=0.2)
     style.panel_label(ax, "d")
 
 
