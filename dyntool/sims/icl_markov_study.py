@@ -47,6 +47,8 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
     priors = [cfg.prior] + ([CONTROL] if cfg.control and cfg.prior != CONTROL else [])
     _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
+    from ..train.ddp import resolve_device
+    resolve_device(cfg.device)                                     # as is a device this machine lacks
     study.mkdir()
     write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
     per: dict[str, dict[int, dict]] = {p: {} for p in priors}

@@ -31,6 +31,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(name)
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        from ..errors import ConfigError
+        raise ConfigError("device", "mps requested but not available on this machine; use --device=cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             from ..errors import ConfigError

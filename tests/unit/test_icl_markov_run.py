@@ -112,8 +112,10 @@ def test_ci_study_record_passes_check(tmp_path, capsys):
     (["--k", "1"], "k"),
     (["--record.cheap_every=0"], "record.cheap_every"),
     (["--record.disk_budget_gb=1e-6"], "record.disk_budget_gb"),
+    (["--device=mps"], "mps requested but not available"),     # was: internal error, a study folder left
 ])
-def test_bad_input_is_a_one_line_error(tmp_path, capsys, args, what):
+def test_bad_input_is_a_one_line_error(tmp_path, capsys, monkeypatch, args, what):
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)       # a Mac's too
     rc = main(["sim", "icl-markov", "--preset", "ci", "--out", str(tmp_path), "--name", "bad", *args])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("dyntool: error:") and what in err and "Traceback" not in err
