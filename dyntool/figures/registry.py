@@ -46,12 +46,23 @@ class FigureSpec:
         return self.pick(sel) if (self.pick is not None and sel) else sel
 
     def supports(self, runs: list) -> tuple[bool, str]:
-        sel = self.select(runs)
-        if len(sel) < self.min_runs:
+        of_kind = [r for r in runs if r.kind in self.kind_needed]
+        n = "a run" if self.min_runs == 1 else f"{self.min_runs} runs"
+        if len(of_kind) < self.min_runs:
             kinds = " or ".join(repr(k) for k in self.kind_needed)
             have = sorted({r.kind for r in runs})
-            n = "a run" if self.min_runs == 1 else f"{self.min_runs} runs"
             return False, f"needs {n} of kind {kinds} (given: {', '.join(have) if have else 'no runs'})"
+        sel = self.select(runs)
+        if len(sel) < self.min_runs:        # the kind is right, but pick found nothing it can draw
+            why = f"needs {n} with {self.needs or 'what it draws'}"
+            if self.check is not None:
+                try:
+                    ok, said = self.check(sel)
+                    why = said if not ok and said else why
+                except FigureSkip as e:
+                    why = str(e)
+            broken = [f"{r.id}: {r.problems[0]}" for r in of_kind if r.problems]
+            return False, why + (f" (a given run has problems: {broken[0]})" if broken else "")
         if self.check is not None:
             try:
                 return self.check(sel)

@@ -167,6 +167,25 @@ def test_missing_inputs_are_skipped_with_a_reason(tmp_path):
         render_bytes(FIGURES["f2_toy"], runs, "png")
 
 
+
+def test_a_run_of_the_right_kind_that_cannot_be_drawn_says_why(tmp_path):
+    """Was: 'needs a run of kind ... or 'capture' (given: capture)': pick's drop read as a kind."""
+    w = RunWriter.create(tmp_path, "capture", {}, name="c")
+    st = w.open_store()
+    for s in range(2):
+        st.append(s, {"attn": np.full((1, 1, 1, 3, 3), 1 / 3, np.float32)})
+        w.log(s, loss=1.0)
+    w.finish()
+    spec = FIGURES["recorded_attn"]
+    assert spec.supports(list_runs(tmp_path)) == (True, "")
+    (tmp_path / "c" / "record.zarr" / "attn" / "zarr.json").write_text("garbage")
+    ok, why = spec.supports(list_runs(tmp_path))
+    assert not ok and "of kind" not in why
+    assert why.startswith("needs a run that recorded 'attn'") and "problems: c: array attn:" in why
+    ok, why = FIGURES["recorded_compat"].supports(list_runs(tmp_path))     # never recorded
+    assert not ok and why.startswith("needs a run that recorded 'compat'")
+
+
 def test_one_failing_figure_does_not_stop_the_others(sticky, tmp_path, monkeypatch, capsys):
     import dataclasses
 
