@@ -226,18 +226,21 @@ def open_remote_run(url) -> Run:
     return open_run(URLPath(str(url)))
 
 
-def study_summary(folder) -> dict:
+def study_summary(folder, problems: list[str] | None = None) -> dict:
     """The ``summary.json`` a study writes beside its runs (local or object storage), {} when there
-    is none, it is a link, or it is not a JSON object (unreadable files are never raised here)."""
+    is none, it is a link, or it is not a JSON object: unreadable files are never raised here, but
+    said in ``problems`` when given (a folder without one has no problem: not every folder is a study)."""
+    problems = [] if problems is None else problems
     where = location(folder)
     try:               # a link is refused on a disk; asking an object store (which has none) is a request
         if isinstance(where, Path) and (where / "summary.json").is_symlink():
+            problems.append("summary.json is a link; ignored")
             return {}
         raw = open_backend(where).get("summary.json", safeio.MAX_JSON_BYTES)
-    except (OSError, ValueError):
+    except (OSError, ValueError) as e:
+        problems.append(f"summary.json can't be read ({e})")
         return {}
-    out = json_object(raw, "summary.json", [])
-    return out if isinstance(out, dict) else {}
+    return {} if raw is None else json_object(raw, "summary.json", problems)
 
 
 def _stale(p: Path, seconds: float = 600) -> bool:

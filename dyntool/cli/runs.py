@@ -109,9 +109,12 @@ def _info_study(path) -> int:
     print(f"study    {path}  ({len(runs)} runs, {_human(size)} on disk)")
     print(f"kinds    {', '.join(f'{k} ×{n}' for k, n in kinds.items())}")
     print(f"status   {', '.join(f'{s} ×{n}' for s, n in statuses.items())}")
-    print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
-    s = study_summary(path)
+    said: list[str] = []
+    s = study_summary(path, said)
+    for q in said:
+        print(f"problem  {q}")
     if s:
+        print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
         items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
         lines = textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
                               subsequent_indent="         ", break_long_words=False)
@@ -196,7 +199,7 @@ def cmd_check(args) -> int:
     exit 1 when any run has a problem, or when there is no run to check."""
     from ..errors import RunError
     from ..location import location
-    from ..run import list_runs, open_run
+    from ..run import list_runs, open_run, study_summary
     from ..storage import open_backend
     p = location(args.run, "RUN_OR_FOLDER")
     backend = open_backend(p, "RUN_OR_FOLDER")
@@ -206,7 +209,11 @@ def cmd_check(args) -> int:
     if not runs:
         print(f"{p}: no runs here (nothing checked)")
         return 1
-    bad = 0
+    bad, said = 0, []
+    if not backend.is_run():                   # a study's own file: its table, figures and app read it
+        study_summary(p, said)
+        for q in said:
+            print(f"{p}: {q}")
     for r in runs:
         problems = r.check(full=True)
         if problems:
@@ -223,7 +230,7 @@ def cmd_check(args) -> int:
             print(f"  note: {note}")
     if len(runs) > 1:
         print(f"{len(runs) - bad} of {len(runs)} run(s) ok")
-    return 1 if bad else 0
+    return 1 if bad or said else 0
 
 
 def _precision_note(run) -> str | None:

@@ -39,3 +39,29 @@ def test_a_short_study_is_shown_whole(base, capsys):
     out = capsys.readouterr().out
     assert "more runs" not in out and "more lines" not in out
     assert "seed0-em" in out and "seed0-sgd" in out
+
+
+def test_a_corrupt_summary_is_said_by_info_and_fails_check(base, tmp_path, capsys):
+    """Was: ignored silently (info said nothing, check: '2 of 2 run(s) ok', exit 0)."""
+    study = tmp_path / "study"
+    shutil.copytree(base, study)
+    assert cli.main(["check", str(study)]) == 0
+    capsys.readouterr()
+    (study / "summary.json").write_text('{"arms": {"sgd"')                    # cut mid-write
+    assert cli.main(["info", str(study)]) == 0
+    out = capsys.readouterr().out
+    assert "problem  summary.json is corrupted" in out and "see " not in out
+    assert cli.main(["check", str(study)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{study}: summary.json is corrupted") and out[-1] == "2 of 2 run(s) ok"
+
+
+def test_a_plain_folder_of_runs_points_at_no_summary(base, tmp_path, capsys):
+    """Was: 'see FOLDER/summary.json' for a folder that has none."""
+    folder = tmp_path / "runs"
+    shutil.copytree(base, folder)
+    (folder / "summary.json").unlink()
+    assert cli.main(["info", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "summary.json" not in out and "problem" not in out
+    assert cli.main(["check", str(folder)]) == 0
