@@ -145,7 +145,7 @@ def select_steps(step_values: np.ndarray, spec: str, strict: bool = True) -> np.
         except ValueError:
             raise ExportError(f"bad --at-steps item {part!r}: use N, A:B or last, comma-separated") from None
     if strict and not keep.any():
-        raise ExportError(f"--steps {spec} selects no recorded step ({_describe(step_values)})")
+        raise ExportError(f"--at-steps {spec} selects no recorded step ({_describe(step_values)})")
     return np.nonzero(keep)[0]
 
 

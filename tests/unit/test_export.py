@@ -158,6 +158,7 @@ def test_selected_arrays_only(run, tmp_path):
     (["--format", "npz", "--arrays", "attn,nope"], "unknown array(s) nope"),
     (["--format", "npz", "--at-steps", "7"], "step 7 was not recorded"),
     (["--format", "npz", "--at-steps", "a:b"], "bad --at-steps item"),
+    (["--format", "npz", "--at-steps", "5:2"], "--at-steps 5:2 selects no recorded step"),   # was: --steps
 ])
 def test_bad_input_one_line_exit_2_nothing_left(run, tmp_path, capsys, args, msg):
     out = tmp_path / "new" / "x"
