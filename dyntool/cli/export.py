@@ -15,6 +15,12 @@ def cmd_export(args) -> int:
     for dest, flag in ((args.to, "--to"), (args.to_tensorboard, "--to-tensorboard")):
         if dest is not None:
             check_destination(dest, flag)
+    if args.to_tensorboard:     # a second event file in one folder: TensorBoard shows every scalar twice
+        from pathlib import Path
+        old = sorted(Path(args.to_tensorboard).glob("events.out.tfevents*"))
+        if old:
+            raise ExportError(f"--to-tensorboard {args.to_tensorboard} already holds an event file ({old[0].name}); "
+                              "TensorBoard would show its scalars twice: give a new or empty folder")
     run = open_run(args.run)
     if args.to_tensorboard or args.to_wandb:
         check_readable(run, [], metrics=True)           # scalars: the metrics must be readable

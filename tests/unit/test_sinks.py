@@ -59,6 +59,19 @@ def test_tensorboard_export_holds_the_scalars(run, tmp_path):
             np.testing.assert_allclose([v for _, v in got], ent[:, l, h].mean(axis=(1, 2)), rtol=1e-6)
 
 
+def test_tensorboard_export_refuses_a_folder_with_an_event_file(run, tmp_path, capsys):
+    """Was: a second event file beside the first, so TensorBoard showed every scalar twice."""
+    pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'dyntool[tensorboard]')")
+    tb = tmp_path / "tb"
+    assert main(["export", str(run.path), "--to-tensorboard", str(tb)]) == 0
+    capsys.readouterr()
+    before = sorted(tb.iterdir())
+    assert main(["export", str(run.path), "--to-tensorboard", str(tb)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "already holds an event file" in err
+    assert sorted(tb.iterdir()) == before and len(before) == 1
+
+
 def test_tensorboard_live_callback(tmp_path):
     pytest.importorskip("tensorboard", reason="tensorboard not installed (pip install 'dyntool[tensorboard]')")
     from dyntool.sinks import TensorBoardSink
