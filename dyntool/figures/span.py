@@ -95,7 +95,7 @@ def _check(runs):
         group="span", pick=_span_runs, check=_check)
 def span_val_loss(runs, **opts):
     data, curves = _val_loss_data(runs)
-    return _val_loss_draw(data, curves), data, _val_loss_caption(data)
+    return _val_loss_draw(data, curves), data, _val_loss_caption(data, any(curves.values()))
 
 
 def _val_loss_data(runs) -> tuple[pd.DataFrame, dict]:
@@ -146,7 +146,13 @@ def _val_loss_draw(df: pd.DataFrame, curves: dict):
         style.band(ax, s, mu, sd, col, label=f"{lab} (n = {len(cs)})")
     ax.set_xlabel(f"{style.STEP} [steps]")
     ax.set_ylabel("validation loss [nats]")
-    ax.legend(loc="upper right", fontsize=6)
+    if any(curves.values()):
+        ax.legend(loc="upper right", fontsize=6)
+    else:                       # only final evaluations: panel (b) holds them
+        ax.text(0.5, 0.5, "no validation curve recorded\n(train.eval_every = 0)", transform=ax.transAxes,
+                ha="center", va="center", fontsize=7, color=style.REF_COLOR)
+        ax.set_xticks([])
+        ax.set_yticks([])
     style.panel_label(ax, "a")
     _rel_panel(bx, *_rel_stats(df))
     return fig
@@ -169,11 +175,13 @@ def _rel_panel(bx, rel: pd.DataFrame, order: list, stats: pd.DataFrame) -> None:
     style.panel_label(bx, "b")
 
 
-def _val_loss_caption(df: pd.DataFrame) -> str:
+def _val_loss_caption(df: pd.DataFrame, has_curves: bool = True) -> str:
     stats = _rel_stats(df)[2]
     best = stats["mean"].idxmin()
-    return ("Span-recon (a reconstruction of the span-variant backward) on WikiText-2. (a) Validation loss "
-            "per step, mean ± std over seeds. (b) Relative change of the final validation loss against the "
-            "baseline run of the same seed, (L_span − L_base)/L_base in %, mean ± sample std over "
-            f"seeds; dots are seeds; negative is better. Best: {best} "
+    a = ("Validation loss per step, mean ± std over seeds." if has_curves else
+         "Empty: the runs evaluated only at the end (train.eval_every = 0).")
+    return (f"Span-recon (a reconstruction of the span-variant backward) on WikiText-2. (a) {a} "
+            "(b) Relative change of the final validation loss against the baseline run of the same seed, "
+            "(L_span − L_base)/L_base in %, mean ± sample std over seeds; "
+            f"dots are seeds; negative is better. Best: {best} "
             f"{stats.loc[best, 'mean']:+.3g} ± {stats.loc[best, 'std']:.2g} % (n = {int(stats.loc[best, 'n'])}).")

@@ -186,6 +186,23 @@ def test_a_run_of_the_right_kind_that_cannot_be_drawn_says_why(tmp_path):
     assert not ok and why.startswith("needs a run that recorded 'compat'")
 
 
+
+def test_span_figure_without_periodic_validation_says_so(tmp_path, recwarn):
+    """Was: an empty panel (a), matplotlib's 'No artists with labels' warning on stderr and a caption
+    describing curves that were not there (a study run with train.eval_every = 0)."""
+    study = fx.make_span_study(tmp_path, seeds=(0, 1), steps=20)
+    for m in study.glob("*/metrics.jsonl"):
+        rows = [json.loads(x) for x in m.read_text().splitlines()]
+        m.write_text("".join(json.dumps({k: v for k, v in r.items() if not k.startswith("val_")}) + "\n"
+                             for r in rows))
+    spec = FIGURES["span_val_loss"]
+    fig, data, caption = spec.draw(spec.select(list_runs(study)))
+    assert "(a) Empty: the runs evaluated only at the end" in caption
+    assert "no validation curve recorded" in [t.get_text().split("\n")[0] for t in fig.axes[0].texts]
+    assert len(data) == 6 and data["rel_change_pct"].notna().sum() == 4       # (b) from the final evaluations
+    assert not [w for w in recwarn if "legend" in str(w.message)]
+
+
 def test_one_failing_figure_does_not_stop_the_others(sticky, tmp_path, monkeypatch, capsys):
     import dataclasses
 
