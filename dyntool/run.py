@@ -133,7 +133,7 @@ class Run:
     def metrics(self):
         import pandas as pd
         if self._metrics is None:
-            self._metrics = pd.DataFrame(read_metrics(self.backend, self._problems))
+            self._metrics = pd.DataFrame(read_metrics(self.backend, self._problems, finished=self.status == "finished"))
         return self._metrics
 
     @property

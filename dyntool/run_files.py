@@ -88,11 +88,11 @@ def _row_ok(row: Any) -> bool:
     return True
 
 
-def read_metrics(backend, problems: list[str], key: str = "metrics.jsonl") -> list[dict]:
+def read_metrics(backend, problems: list[str], key: str = "metrics.jsonl", finished: bool = False) -> list[dict]:
     """Rows of a run's metrics.jsonl (:func:`metric_rows`), on either backend; a file that can't
     be read is a problem and gives no rows."""
     try:
-        return metric_rows(backend.lines(key), problems)
+        return metric_rows(backend.lines(key), problems, finished)
     except Outside as e:
         problems.append(str(e))
     except safeio.BadFile as e:
@@ -102,12 +102,13 @@ def read_metrics(backend, problems: list[str], key: str = "metrics.jsonl") -> li
     return []
 
 
-def metric_rows(lines, problems: list[str]) -> list[dict]:
+def metric_rows(lines, problems: list[str], finished: bool = False) -> list[dict]:
     """Rows of metrics.jsonl from its lines (``safeio.lines_of``; ``None`` = a line over the length
     cap): JSON objects with an integer ``step`` in [0, 2**53); other lines are skipped and reported
-    (a partial last line, left by a kill mid-write, is skipped quietly).  Local and object-store
-    runs both parse through here."""
-    rows, bad = [], []
+    (a partial last line, left by a kill mid-write, is skipped quietly, unless the run ``finished``:
+    its writer ended every row, so the file was cut since).  Local and object-store runs both parse
+    through here."""
+    rows, bad, cut = [], [], None
     for i, line in enumerate(lines):
         if line is None:                           # longer than a metrics row can be
             bad.append(i)
@@ -119,6 +120,8 @@ def metric_rows(lines, problems: list[str]) -> list[dict]:
         except safeio.BadFile:
             if line.endswith(b"\n"):              # else a partial last line (killed mid-write)
                 bad.append(i)
+            else:
+                cut = i
             continue
         if not _row_ok(row):
             bad.append(i)
@@ -127,6 +130,9 @@ def metric_rows(lines, problems: list[str]) -> list[dict]:
     if bad:
         problems.append(f"metrics.jsonl has {len(bad)} malformed line(s) (not JSON, not an object, or "
                         f"no integer step in [0, 2**53)), first at line {bad[0] + 1}; skipped")
+    if finished and cut is not None:
+        problems.append(f"metrics.jsonl ends in a partial line (line {cut + 1}) although the run finished: "
+                        "the file was cut after it was written; that row is skipped")
     return rows
 
 

@@ -65,6 +65,9 @@ KINDS = {
     "metrics_line_list": (lambda r: _metrics_insert(r, "[1, 2, 3]"), "malformed line", "attn"),
     "metrics_line_number": (lambda r: _metrics_insert(r, "42"), "malformed line", "attn"),
     "metrics_step_two": (lambda r: _metrics_insert(r, '{"step": "two", "loss": 1.0}'), "malformed line", "attn"),
+    # was: skipped quietly as a kill's torn line, though a finished run's writer ended every row
+    "metrics_cut_after_finish": (lambda r: (r / "metrics.jsonl").write_bytes((r / "metrics.jsonl").read_bytes()[:-9]),
+                                 "partial line", "attn"),
     "meta_is_a_list": (lambda r: _meta(r, [1, 2]), "not an object", "attn"),
     "meta_wrong_types": (_meta_types, "meta.json: tags", "attn"),
 }
