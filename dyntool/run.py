@@ -185,6 +185,8 @@ def _need_dir(p: Path | URLPath, missing: str) -> None:
     which has no folders to test (a prefix exists when something is stored under it)."""
     if isinstance(p, Path):
         try:
+            if p.exists() and not p.is_dir():
+                raise RunError(f"{p} is a file, not a folder")
             if not p.is_dir():
                 raise RunError(missing)
         except ValueError:                  # e.g. a NUL byte in the path

@@ -86,6 +86,8 @@ def _runs_dir(text: str):
     from ..storage import open_backend
     runs_dir = location(text, "RUNS_DIR").resolve()
     if not open_backend(runs_dir, "RUNS_DIR").is_dir():
+        if isinstance(runs_dir, Path) and runs_dir.exists():
+            raise RunError(f"{text} is a file, not a folder")
         raise RunError(f"runs directory {runs_dir} does not exist (record runs first, e.g. "
                        f"`dyntool sim toy --out {text}`)")
     find_runs(runs_dir, max_depth=0)        # object storage answers a LIST: one line on a wrong bucket

@@ -204,7 +204,7 @@ def cmd_check(args) -> int:
     p = location(args.run, "RUN_OR_FOLDER")
     backend = open_backend(p, "RUN_OR_FOLDER")
     if not backend.is_dir():
-        raise RunError(f"no run or folder at {p}")
+        raise RunError(f"{p} is a file, not a folder" if backend.exists() else f"no run or folder at {p}")
     runs = [open_run(p)] if backend.is_run() else list_runs(p)
     if not runs:
         print(f"{p}: no runs here (nothing checked)")

@@ -101,3 +101,15 @@ def test_steps_mean_optimizer_steps_taken(tmp_path, capsys, monkeypatch):
     for run, n in (("st/seed0-sgd", 4), ("tr", 5)):
         p = str(tmp_path / run)
         assert app_data.summary.__wrapped__(p, ())["steps"] == n
+
+
+@pytest.mark.parametrize("cmd", [["ls"], ["info"], ["check"], ["figures", "--out", "figs"],
+                                 ["export", "--to", "out", "--format", "csv"], ["app", "--headless"]])
+def test_a_file_given_as_a_folder_is_called_a_file(tmp_path, capsys, monkeypatch, cmd):
+    """Was: 'runs directory … does not exist' (ls, figures, app) or 'no run or folder at' (check)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("not a run")
+    assert cli.main([cmd[0], "notes.txt", *cmd[1:]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "dyntool: error: notes.txt is a file, not a folder"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
