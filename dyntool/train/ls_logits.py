@@ -94,7 +94,7 @@ def print_summary(summary: dict) -> None:
           f"per head: first → last (peak @ step)")
     for rid, r in summary["runs"].items():
         print(f"{rid:<26} {r['status']:<9} T={r['T']} d_h={r['head_dim']} steps={r['steps']} "
-              f"val_loss={r['last_val_loss'] if r['last_val_loss'] is None else round(r['last_val_loss'], 3)}")
+              f"val_loss={'-' if r['last_val_loss'] is None else round(r['last_val_loss'], 3)}")
         for h in r["heads"]:
             print(f"    L{h['layer']}H{h['head']} {h['type']:<6} {h['first']:8.2f} → {h['last']:8.2f} "
                   f"(peak {h['peak']:8.2f} @ {h['peak_step']})")

@@ -122,8 +122,12 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
         f = lambda x, w, p=4: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"   # noqa: E731
         print(f"{r['seed']:>4}  {f(r['baseline']['final_val_loss'], 12)}  {f(r['span']['final_val_loss'], 10)}  "
               f"{f(r['rel_change_pct'], 9, 3)}  {f(r['rel_change_best_pct'], 8, 3)}")
-    print(f"relative validation-loss change: {m:+.3f} ± {sd:.3f} % (final), {mb:+.3f} ± {sdb:.3f} % (best); "
-          f"paper: -0.56 %")
+    pct = lambda x, e: "-" if x is None or x != x else f"{x:+.3f} ± {e:.3f} %"     # noqa: E731  (NaN: no seed has it)
+    if all(r["rel_change_pct"] is None for r in rows):      # e.g. --train.final_eval=off: nothing to compare
+        print("relative validation-loss change: - (no run evaluated on the validation split; "
+              "train.final_eval or train.eval_every turns it on); paper: -0.56 %")
+    else:
+        print(f"relative validation-loss change: {pct(m, sd)} (final), {pct(mb, sdb)} (best); paper: -0.56 %")
     bounded = [r[a]["final_eval_tokens"]["valid"] for r in rows for a in arms if r[a]["final_eval"] == "bounded"]
     if bounded:                        # short runs: say that "final" is an estimate on part of the split
         print(f"final = bounded final evaluation (first {max(bounded):,} validation tokens; these runs trained "

@@ -32,6 +32,15 @@ def test_span_study_runs_the_listed_seeds(tmp_path, monkeypatch):
         assert run.meta["tags"] == ["study-span", "mine"] and int(run.metrics["step"].max()) == 2   # row 2: the last state
 
 
+
+def test_a_span_study_without_validation_says_so(tmp_path, capsys):
+    """Was: 'relative validation-loss change: +nan ± nan %'."""
+    assert main(["study", "span", "--seeds", "0", "--max-steps", "1", "--out", str(tmp_path), "--name", "s",
+                 "--quiet", *TINY_ARGS, "--train.eval_every=0"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out and "relative validation-loss change: - (no run evaluated on the validation split" in out
+
+
 def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
     from dyntool.train.ls_logits import configs
     from dyntool.train.studies import StudyConfig
