@@ -114,7 +114,8 @@ def register(sub, simsub) -> None:
                   help="EM-like arm: W_V learning rate = lr × X (default 10)")
     config_option(p, StickyConfig, "sweep", metavar="X[,X...]",
                   help="extra EM-like runs at these value-LR multipliers, e.g. 1,2,5,10,20 (default none)")
-    config_option(p, StickyConfig, "crop", "--crop", help="recorded crop: the last N positions (default 200)")
+    config_option(p, StickyConfig, "crop", "--crop",
+                  help="recorded crop: the last N positions (default 200; all of them when N >= T - 1)")
     # the old flag, its own argument so that using it can say so (an argparse alias can't)
     p.add_argument("--window", dest="old_window", type=int, default=None, metavar="N",
                    help="old name of --crop (deprecated)")
