@@ -242,6 +242,10 @@ class RankRun:
                                  flush_seconds, attrs)
         return self.store
 
+    def update_meta(self, **fields) -> None:
+        """Nothing: meta.json is rank 0's file (every rank computes the same ``attention_paths``
+        and ``compiled_steps``; rank 0 writes them)."""
+
     def close(self) -> None:
         if self.store is not None:
             self.store.close()

@@ -78,10 +78,11 @@ class ShardedRecordingCallback(RecordingCallback):
             d = full_cfg.data
             x, y = fixed_batch(trainer.corpus.split(d.probe_split), rc.seqs, d.block_size,
                                d.probe_offset, trainer.device)
-            if rank == 0:      # the app labels every sequence of the merged view
-                vocab = trainer.corpus.vocab
-                self.rec.store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
-                                                                    for row in x.tolist()]})
+            vocab = trainer.corpus.vocab
+            words = [[vocab[int(t)] for t in row] for row in x.tolist()]
+            # rank 0 labels every sequence of the merged view; a rank's own store, its own rows
+            self.rec.store.group.attrs.update({"probe_tokens": words if rank == 0 else
+                                               words[rank * per:(rank + 1) * per]})
             self.probe = (x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
 
     @property

@@ -62,6 +62,8 @@ def test_fsdp_record_equals_single_process(fsdp_run, tmp_path):
     # two stores, one sequence each: rank 1 recorded the probe's second sequence
     r1 = RecordReader(open_backend(fsdp_run), rank_dir(1))
     assert r1.attrs["rank"] == 1 and r1.attrs["seq_offset"] == 1 and r1["attn"].shape[3] == 1
+    words = RecordReader(open_backend(fsdp_run), rank_dir(0)).attrs["probe_tokens"]      # the merged view's
+    assert len(words) == 2 and r1.attrs["probe_tokens"] == words[1:]      # was: sequence 0's words
     # the same global batch of 4 in one process (the reference has no rank in it)
     assert main(["train", *ARGS, "--data.batch_size=4", "--max-steps", str(STEPS), "--train.stop_at",
                  str(EQUAL_STEPS), "--out", str(tmp_path), "--name", "single"]) == 0
@@ -143,6 +145,18 @@ def test_fsdp_kill_9_leaves_every_rank_readable_and_resumes_exactly(fsdp_run, tm
     assert [[r.get(k) for k in keys] for r in _rows(tmp_path / "rest")] == [[r.get(k) for k in keys] for r in tail]
     k = rest.steps_written
     np.testing.assert_array_equal(rest.arrays["attn"][:], ref.arrays["attn"][-k:])
+
+
+def test_fsdp_records_the_cheap_tier(tmp_path):
+    """Was: rank 1 stopped at the start with 'RankRun' object has no attribute 'update_meta'."""
+    finish(torchrun(*ARGS, "--data.batch_size=2", "--parallel=fsdp", "--max-steps", "2", "--record.every=0",
+                    "--record.cheap_every=1", "--train.eval_every=0", "--out", str(tmp_path), "--name", "c"))
+    run = open_run(tmp_path / "c")
+    assert run.status == "finished" and not run.problems, run.problems
+    paths = run.meta["attention_paths"]                 # rank 0's meta says which path each site took
+    assert sorted(paths) == ["L0", "L1"] and all(v.startswith("eager") for v in paths.values())
+    rows = _rows(tmp_path / "c")
+    assert [r["step"] for r in rows if "score_grad_norm/L1H1" in r] == [0, 1]
 
 
 def test_fsdp_probe_must_split_evenly(tmp_path, monkeypatch, capsys):
