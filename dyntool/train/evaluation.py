@@ -1,8 +1,9 @@
 """Validation during training: the loss over a split, and the evaluation of the current state.
 
 :func:`evaluate` is the one loop every evaluation uses (periodic, final, the benches): eval mode
-(dropout off; train mode restored after) under ``inference_mode``, non-overlapping windows (exact
-when uncapped), the loss summed on the device and read once at the end (no sync per batch).
+(dropout off; train mode restored after) under ``inference_mode`` (``no_grad`` for FSDP),
+non-overlapping windows (exact when uncapped), the loss summed on the device and read once at the
+end (no sync per batch).
 :func:`evaluate_state` is the periodic validation of the model after ``trainer.step`` steps
 (step numbers count optimizer steps taken, docs/FORMAT.md): it updates the best so far and the
 evaluation time and tokens, and calls the callbacks' ``on_eval``.
@@ -36,8 +37,12 @@ def evaluate(trainer, split: str = "valid", max_batches: int | None = None, batc
     was_training = model.training
     model.eval()
     total, n = None, 0
+    # FSDP2 allocates its unsharded parameters on the first all-gather: under inference_mode they
+    # would be inference tensors that the next training step cannot write (a resumed run evaluates
+    # before it trains), so a sharded model evaluates under no_grad
+    off = torch.no_grad() if getattr(trainer, "fsdp", False) else torch.inference_mode()
     try:
-        with torch.inference_mode():
+        with off:
             for x, y in batches:
                 with trainer.autocast():
                     _, loss = model(x, y)

@@ -159,6 +159,17 @@ def test_fsdp_records_the_cheap_tier(tmp_path):
     assert [r["step"] for r in rows if "score_grad_norm/L1H1" in r] == [0, 1]
 
 
+def test_fsdp_resumes_where_it_evaluates_first(tmp_path):
+    """Was: 'Inplace update to inference tensor outside InferenceMode' on every rank: a run resumed
+    at an evaluation step all-gathered its parameters first under inference_mode."""
+    finish(torchrun(*ARGS, "--data.batch_size=2", "--parallel=fsdp", "--max-steps", "6", "--train.stop_at=4",
+                    "--out", str(tmp_path), "--name", "a"))
+    finish(torchrun("--resume", str(tmp_path / "a"), "--out", str(tmp_path), "--name", "b", "--quiet"))
+    rest = open_run(tmp_path / "b")
+    assert rest.status == "finished" and rest.meta["resumed_from"]["step"] == 4 and not rest.problems
+    assert [r["step"] for r in _rows(tmp_path / "b") if "val_loss" in r][0] == 4      # evaluated before training
+
+
 def test_fsdp_probe_must_split_evenly(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
