@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import re
 from urllib.parse import urlparse
 
 from ..errors import RunError
@@ -24,8 +25,16 @@ def _need():
 
 
 def short(e: BaseException) -> str:
-    """An obstore error as one line (its first), without anything but the message."""
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    """An obstore error as one line: the S3 error's code and message first when the server sent
+    them (an XML body: ``NoSuchBucket``, ``InvalidAccessKeyId``, ...), then the error's first line
+    without that body and the request's timing."""
+    text = str(e).strip()
+    first = (text.splitlines() or [type(e).__name__])[0]
+    first = re.sub(r" in [\d.]+[mµn]?s\b", "", first.split(": <?xml")[0])
+    code, msg = (re.search(rf"<{tag}>([^<]*)</{tag}>", text) for tag in ("Code", "Message"))
+    if code:
+        first = f"{code.group(1)}{': ' + msg.group(1) if msg else ''} ({first})"
+    return first[:300]
 
 
 def object_store(url: str, create: bool = False):

@@ -243,3 +243,19 @@ def test_local_is_dir_and_ensure_dir(tmp_path):
     assert made == tmp_path / "a" / "b" and made.is_dir()
     with pytest.raises(RunError, match="can't be created"):
         open_backend(tmp_path / "file" / "sub").ensure_dir()
+
+
+def test_an_s3_error_says_its_code_and_message_first():
+    """Was: '... 404 Not Found: <?xml version="1.0" encoding="utf-8"?>', the reason cut off."""
+    from dyntool.record.object_store import short
+    body = ('<?xml version="1.0" encoding="utf-8"?>\n<Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
+            'Access Key Id you provided does not exist in our records.</Message><AWSAccessKeyId>AKIASECRET'
+            '</AWSAccessKeyId></Error>')
+    e = Exception("Generic S3 error: Error performing list request: Error performing GET http://h/b?list-type=2 "
+                  f"in 171.2ms - Server returned non-2xx status code: 403 Forbidden: {body}\n\nDebug source:\n{body}")
+    assert short(e) == ("InvalidAccessKeyId: The AWS Access Key Id you provided does not exist in our records. "
+                        "(Generic S3 error: Error performing list request: Error performing GET http://h/b?list-type=2 "
+                        "- Server returned non-2xx status code: 403 Forbidden)")
+    assert "AKIASECRET" not in short(e)
+    assert short(Exception("connection refused\ndetails")) == "connection refused"
+    assert short(ValueError("")) == "ValueError"
