@@ -61,11 +61,37 @@ def critical_section():
     _Signals.depth += 1
     try:
         yield
+    except Exception as e:
+        signum = _held_while_distributed() if _Signals.depth == 1 else None
+        if signum is None:
+            raise
+        _Signals.pending = None
+        raise Interrupted(f"signal {signum} (this rank's step ended in {type(e).__name__})") from None
     finally:
         _Signals.depth -= 1
     if _Signals.depth == 0 and _Signals.pending is not None:
         signum, _Signals.pending = _Signals.pending, None
         raise Interrupted(f"signal {signum}")
+
+
+STOP_WAIT_S = 1.0
+
+
+def _held_while_distributed() -> int | None:
+    """The signal held when a step of a multi-process run fails, if one comes.  torchrun sends
+    every rank the signal; a rank that stops at its step boundary breaks the collective another
+    rank is in (gloo/NCCL: connection reset), whose own signal may land a moment later, so it
+    is waited for briefly: the run then reads as interrupted, not failed.  A single process never
+    waits (its failure is its own)."""
+    import time
+
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return None
+    end = time.monotonic() + STOP_WAIT_S
+    while _Signals.pending is None and time.monotonic() < end:
+        time.sleep(0.02)                    # the Python handler runs here (it only records: depth > 0)
+    return _Signals.pending
 
 
 def _now() -> str:

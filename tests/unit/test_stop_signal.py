@@ -1,0 +1,61 @@
+"""``critical_section``: a signal held over a training step, and a step of a multi-process run that
+fails while a stop is held or arriving (a peer rank that stopped first broke its collective) ends
+the run as interrupted, not failed.  torch.distributed is faked as a 2-process group."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from dyntool import run_writer
+from dyntool.run_writer import Interrupted, critical_section
+
+
+@pytest.fixture
+def handler():
+    old = signal.signal(signal.SIGTERM, run_writer._on_signal)
+    yield
+    signal.signal(signal.SIGTERM, old)
+    run_writer._Signals.pending = None
+
+
+def world(monkeypatch, n: int):
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: n > 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: n)
+
+
+def test_a_signal_in_a_step_is_held_to_its_end(handler):
+    done = []
+    with pytest.raises(Interrupted, match="signal 15"):
+        with critical_section():
+            os.kill(os.getpid(), signal.SIGTERM)
+            done.append("the rest of the step")
+    assert done == ["the rest of the step"]
+
+
+def test_a_collective_broken_by_a_peer_that_stopped_is_an_interruption(handler, monkeypatch):
+    world(monkeypatch, 2)
+    # this rank's own SIGTERM lands 0.1 s after its all-reduce failed
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(Interrupted, match=r"signal 15 \(this rank's step ended in RuntimeError\)"):
+        with critical_section():
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
+    assert run_writer._Signals.pending is None and run_writer._Signals.depth == 0
+
+
+def test_a_failure_without_a_stop_stays_a_failure(handler, monkeypatch):
+    world(monkeypatch, 2)
+    monkeypatch.setattr(run_writer, "STOP_WAIT_S", 0.05)
+    with pytest.raises(RuntimeError, match="Connection reset"):
+        with critical_section():
+            raise RuntimeError("Connection reset by peer")
+    world(monkeypatch, 1)                   # one process never waits: its failure is its own
+    run_writer._Signals.pending = signal.SIGTERM
+    with pytest.raises(ValueError):
+        with critical_section():
+            raise ValueError("non-finite loss")
+    assert run_writer._Signals.depth == 0
