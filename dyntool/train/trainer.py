@@ -317,7 +317,8 @@ class Trainer:
         if self.best is not None:
             final.update(best_val_loss=self.best["val_loss"], best_val_ppl=self.best["val_ppl"],
                          best_val_step=self.best["step"])
-        if self.dist.world > 1:                             # proof that the replicas agree
+        if self.dist.world > 1 and not self.fsdp:           # proof that DDP's replicas agree (FSDP's
+            # ranks hold shards: param_sha256 is already the gathered whole, rank 0's)
             digests = [None] * self.dist.world
             torch.distributed.all_gather_object(digests, final["param_sha256"])
             final["param_sha256_ranks"] = digests

@@ -59,6 +59,7 @@ def test_fsdp_record_equals_single_process(fsdp_run, tmp_path):
     run = open_run(fsdp_run)
     assert run.status == "finished" and not run.problems, run.problems
     assert run.meta["parallel"] == "fsdp" and run.meta["world_size"] == 2
+    assert "param_sha256_ranks" not in run.meta["final"]     # was rank 1's sha256 of nothing: shards, no replicas
     # two stores, one sequence each: rank 1 recorded the probe's second sequence
     r1 = RecordReader(open_backend(fsdp_run), rank_dir(1))
     assert r1.attrs["rank"] == 1 and r1.attrs["seq_offset"] == 1 and r1["attn"].shape[3] == 1
