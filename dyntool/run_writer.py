@@ -75,23 +75,45 @@ def critical_section():
 
 
 STOP_WAIT_S = 1.0
+FAILED_KEY = "dyntool/step_failed/"     # + rank: in the process group's store
 
 
 def _held_while_distributed() -> int | None:
-    """The signal held when a step of a multi-process run fails, if one comes.  torchrun sends
-    every rank the signal; a rank that stops at its step boundary breaks the collective another
-    rank is in (gloo/NCCL: connection reset), whose own signal may land a moment later, so it
-    is waited for briefly: the run then reads as interrupted, not failed.  A single process never
-    waits (its failure is its own)."""
+    """The signal held when a step of a multi-process run fails, if the failure came from a stop.
+    torchrun sends every rank the signal; a rank that stops at its step boundary breaks the
+    collective another rank is in (gloo: connection reset), whose own signal may land a moment
+    later, so it is waited for briefly: the run then reads as interrupted.  But torchrun also
+    signals every rank when one rank *fails*: so a rank whose step fails with no signal held says
+    so in the group's store first, and a signal does not count once another rank has said it.
+    A single process never waits (its failure is its own)."""
     import time
 
     import torch.distributed as dist
     if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
         return None
-    end = time.monotonic() + STOP_WAIT_S
-    while _Signals.pending is None and time.monotonic() < end:
-        time.sleep(0.02)                    # the Python handler runs here (it only records: depth > 0)
+    rank, world, store = dist.get_rank(), dist.get_world_size(), _group_store()
+    if store is None:
+        return None
+    try:
+        if _Signals.pending is None:            # nothing asked this rank to stop (yet)
+            store.set(FAILED_KEY + str(rank), "1")
+        end = time.monotonic() + STOP_WAIT_S
+        while _Signals.pending is None and time.monotonic() < end:
+            time.sleep(0.02)                    # the Python handler runs here (it only records: depth > 0)
+        if any(store.check([FAILED_KEY + str(r)]) for r in range(world) if r != rank):
+            return None                         # another rank failed first: this is its failure
+    except Exception:                           # the store is gone with its host: the failure stands
+        return None
     return _Signals.pending
+
+
+def _group_store():
+    """The default process group's key-value store (torchrun's rendezvous store), or None."""
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+        return _get_default_store()
+    except Exception:
+        return None
 
 
 def _now() -> str:

@@ -2,9 +2,11 @@
 rank 0 writes the run."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from dyntool.run import list_runs
@@ -33,3 +35,34 @@ def test_two_process_ddp_cpu(tmp_path):
     assert list(run.arrays["step"][:]) == [0, 2, 4, 5]
     assert len(run.metrics) == 7 and "val_ppl" in run.metrics        # rows 0..5 + row 6, the last state
     assert sorted(p.name for p in out.iterdir()) == ["ddp"]
+
+
+def test_a_rank_that_fails_fails_the_run(tmp_path):
+    """torchrun then signals the other rank, whose collective broke: that is no stop request, so
+    the run reads 'failed' (not 'interrupted' with a resume command that would fail again)."""
+    script = tmp_path / "fail_rank1.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        from dyntool.train.trainer import Trainer
+        step = Trainer._one_step
+        def failing(self, *a, **k):
+            if self.step == 3 and os.environ["RANK"] == "1":
+                raise ValueError("rank 1 broke")
+            return step(self, *a, **k)
+        Trainer._one_step = failing
+        from dyntool.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """))
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "train", "--config", str(REPO / "dyntool" / "presets" / "wikitext_mhsa.toml"), "--preset", "small",
+           "--max-steps", "50", "--out", str(out), "--name", "f", "--quiet", f"--data.path={TINY}",
+           "--data.batch_size=2", "--data.block_size=16", "--model.n_layer=1", "--model.n_head=2",
+           "--model.n_embd=16", "--record.every=0", "--train.eval_every=0", "--device=cpu", "--parallel=ddp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode != 0 and "rank 1 broke" in p.stderr, p.stderr[-3000:]
+    meta = json.loads((out / "f" / "meta.json").read_text())
+    assert meta["status"] == "failed", meta
+    assert "continue with" not in p.stderr

@@ -1,6 +1,7 @@
 """``critical_section``: a signal held over a training step, and a step of a multi-process run that
 fails while a stop is held or arriving (a peer rank that stopped first broke its collective) ends
-the run as interrupted, not failed.  torch.distributed is faked as a 2-process group."""
+the run as interrupted, not failed, unless another rank failed first (torchrun then signals every
+rank too).  torch.distributed is faked as a 2-process group of rank 0 with a dict for its store."""
 from __future__ import annotations
 
 import os
@@ -22,10 +23,25 @@ def handler():
     run_writer._Signals.pending = None
 
 
-def world(monkeypatch, n: int):
+class Store:
+    def __init__(self):
+        self.keys = {}
+
+    def set(self, key, value):
+        self.keys[key] = value
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+
+def world(monkeypatch, n: int, store=None) -> Store:
+    store = Store() if store is None else store
     monkeypatch.setattr(dist, "is_available", lambda: True)
     monkeypatch.setattr(dist, "is_initialized", lambda: n > 1)
     monkeypatch.setattr(dist, "get_world_size", lambda: n)
+    monkeypatch.setattr(dist, "get_rank", lambda: 0)
+    monkeypatch.setattr(run_writer, "_group_store", lambda: store)
+    return store
 
 
 def test_a_signal_in_a_step_is_held_to_its_end(handler):
@@ -38,13 +54,25 @@ def test_a_signal_in_a_step_is_held_to_its_end(handler):
 
 
 def test_a_collective_broken_by_a_peer_that_stopped_is_an_interruption(handler, monkeypatch):
-    world(monkeypatch, 2)
+    store = world(monkeypatch, 2)
     # this rank's own SIGTERM lands 0.1 s after its all-reduce failed
     threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
     with pytest.raises(Interrupted, match=r"signal 15 \(this rank's step ended in RuntimeError\)"):
         with critical_section():
             raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     assert run_writer._Signals.pending is None and run_writer._Signals.depth == 0
+    assert store.keys == {run_writer.FAILED_KEY + "0": "1"}     # said before its signal came
+
+
+def test_a_peer_that_failed_first_keeps_the_run_failed(handler, monkeypatch):
+    """torchrun signals every rank when one fails: that signal is no stop request."""
+    store = world(monkeypatch, 2)
+    store.set(run_writer.FAILED_KEY + "1", "1")                  # rank 1's own step raised first
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        with critical_section():
+            raise RuntimeError("Connection closed by peer")
+    assert run_writer._Signals.depth == 0
 
 
 def test_a_failure_without_a_stop_stays_a_failure(handler, monkeypatch):
