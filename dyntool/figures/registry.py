@@ -54,8 +54,8 @@ class FigureSpec:
             return False, f"needs {n} of kind {kinds} (given: {', '.join(have) if have else 'no runs'})"
         sel = self.select(runs)
         if len(sel) < self.min_runs:        # the kind is right, but pick found nothing it can draw
-            why = f"needs {n} with {self.needs or 'what it draws'}"
-            if self.check is not None:
+            why = f"needs {self.needs}" if self.needs else f"needs {n} it can draw"
+            if self.check is not None and sel:      # checks read runs[0]: never given none
                 try:
                     ok, said = self.check(sel)
                     why = said if not ok and said else why

@@ -376,3 +376,19 @@ def test_a_trainer_summary_row_is_not_divergence(root):
     with open(run.path / "metrics.jsonl", "a") as f:     # a real non-finite loss (written as null)
         f.write('{"step": 99, "loss": null}\n')
     assert diverged(open_run(root / "user-model")) == 99
+
+
+def test_a_figure_whose_pick_finds_nothing_skips_without_running_its_check(tmp_path):
+    """Was: value_lr_sweep's check read runs[0] of an empty pick (a study of sweep runs only whose
+    summary.json lacks the sweep): IndexError, and `dyntool figures` stopped as an internal error."""
+    study = tmp_path / "sweep-only"
+    study.mkdir()
+    w = RunWriter.create(study, "sticky-markov", {"seed": 0, "arm": "sweep", "value_lr_mult": 2.0},
+                         name="seed0-sweep-v2")
+    w.log(0, loss=2.0)
+    w.finish()
+    runs = list_runs(study)
+    spec = FIGURES["value_lr_sweep"]
+    assert runs and spec.select(runs) == []
+    ok, why = spec.supports(runs)
+    assert not ok and why == f"needs {spec.needs}"
