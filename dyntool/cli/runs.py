@@ -196,7 +196,8 @@ def cmd_info(args) -> int:
 
 def cmd_check(args) -> int:
     """Decode every committed chunk of each run (checksums checked where the record has them);
-    exit 1 when any run has a problem, or when there is no run to check."""
+    exit 1 when any run has a problem, when the folder's own summary.json (a study's) can't be
+    read, or when there is no run to check."""
     from ..errors import RunError
     from ..location import location
     from ..run import list_runs, open_run, study_summary
