@@ -148,27 +148,24 @@ def test_fsdp_kill_9_leaves_every_rank_readable_and_resumes_exactly(fsdp_run, tm
     np.testing.assert_array_equal(rest.arrays["attn"][:], ref.arrays["attn"][-k:])
 
 
-def test_fsdp_records_the_cheap_tier(tmp_path):
-    """Was: rank 1 stopped at the start with 'RankRun' object has no attribute 'update_meta'."""
-    finish(torchrun(*ARGS, "--data.batch_size=2", "--parallel=fsdp", "--max-steps", "2", "--record.every=0",
-                    "--record.cheap_every=1", "--train.eval_every=0", "--out", str(tmp_path), "--name", "c"))
-    run = open_run(tmp_path / "c")
+def test_fsdp_cheap_tier_and_a_resume_that_evaluates_first(tmp_path):
+    """Two FSDP bugs, one pair of runs.  Was: rank 1 stopped at the start with ''RankRun' object has
+    no attribute 'update_meta'' (the cheap tier); and a run resumed at an evaluation step stopped on
+    every rank with 'Inplace update to inference tensor outside InferenceMode' (its first all-gather
+    ran under inference_mode)."""
+    finish(torchrun(*ARGS, "--data.batch_size=2", "--parallel=fsdp", "--max-steps", "6", "--train.stop_at=4",
+                    "--record.cheap_every=1", "--out", str(tmp_path), "--name", "a"))
+    run = open_run(tmp_path / "a")
     assert run.status == "finished" and not run.problems, run.problems
     paths = run.meta["attention_paths"]                 # rank 0's meta says which path each site took
     assert sorted(paths) == ["L0", "L1"] and all(v.startswith("eager") for v in paths.values())
-    rows = _rows(tmp_path / "c")
-    assert [r["step"] for r in rows if "score_grad_norm/L1H1" in r] == [0, 1]
-
-
-def test_fsdp_resumes_where_it_evaluates_first(tmp_path):
-    """Was: 'Inplace update to inference tensor outside InferenceMode' on every rank: a run resumed
-    at an evaluation step all-gathered its parameters first under inference_mode."""
-    finish(torchrun(*ARGS, "--data.batch_size=2", "--parallel=fsdp", "--max-steps", "6", "--train.stop_at=4",
-                    "--out", str(tmp_path), "--name", "a"))
+    assert [r["step"] for r in _rows(tmp_path / "a") if "score_grad_norm/L1H1" in r] == [0, 1, 2, 3]
     finish(torchrun("--resume", str(tmp_path / "a"), "--out", str(tmp_path), "--name", "b", "--quiet"))
     rest = open_run(tmp_path / "b")
     assert rest.status == "finished" and rest.meta["resumed_from"]["step"] == 4 and not rest.problems
-    assert [r["step"] for r in _rows(tmp_path / "b") if "val_loss" in r][0] == 4      # evaluated before training
+    rows = _rows(tmp_path / "b")
+    assert [r["step"] for r in rows if "val_loss" in r][0] == 4          # evaluated before it trained
+    assert [r["step"] for r in rows if "score_grad_norm/L1H1" in r] == [4, 5]
 
 
 def test_fsdp_probe_must_split_evenly(tmp_path, monkeypatch, capsys):
