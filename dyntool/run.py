@@ -133,7 +133,8 @@ class Run:
     def metrics(self):
         import pandas as pd
         if self._metrics is None:
-            self._metrics = pd.DataFrame(read_metrics(self.backend, self._problems, finished=self.status == "finished"))
+            rows = read_metrics(self.backend, self._problems, finished=self.status == "finished")
+            self._metrics = pd.DataFrame(rows)
         return self._metrics
 
     @property
