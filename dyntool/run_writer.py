@@ -108,10 +108,14 @@ def _held_while_distributed() -> int | None:
 
 
 def _group_store():
-    """The default process group's key-value store (torchrun's rendezvous store), or None."""
+    """A client of the launcher's key-value store (torchrun's, at MASTER_ADDR:MASTER_PORT, which
+    outlives the ranks), or None (another launcher, or the store is gone)."""
+    import datetime
+
+    import torch.distributed as dist
     try:
-        from torch.distributed.distributed_c10d import _get_default_store
-        return _get_default_store()
+        return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                             timeout=datetime.timedelta(seconds=5))
     except Exception:
         return None
 
