@@ -74,6 +74,13 @@ def cmd_figures(args) -> int:
     for r in runs:
         for prob in r.problems:
             print(f"warning: {r.path}: {prob}", file=sys.stderr)
+    from ..figures.common import where
+    from ..run import study_summary
+    for study in dict.fromkeys(where(r).parent for r in runs):   # the study figures read its summary
+        said: list[str] = []
+        study_summary(study, said)
+        for prob in said:
+            print(f"warning: {study}: {prob}; figures that read it are skipped", file=sys.stderr)
     print(f"{len(runs)} run(s) from {', '.join(inputs)}; writing {'/'.join(formats)} to {args.out}")
 
     def log(name, rep):

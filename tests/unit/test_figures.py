@@ -229,6 +229,21 @@ def test_corrupt_runs_among_the_inputs_are_reported_not_fatal(root, tmp_path, ca
     assert rc == 0 and "meta.json is corrupted" in cap.err and "wrote   f3_em_vs_sgd" in cap.out
 
 
+
+def test_a_corrupt_study_summary_is_warned_about(root, tmp_path, capsys):
+    """Was: silent; the figures reading it skipped with reasons about missing arms."""
+    study = tmp_path / "study"
+    shutil.copytree(root / "sticky-study", study)
+    (study / "summary.json").write_text('{"value_lr_sweep": [')
+    rc = main(["figures", str(study), "--out", str(tmp_path / "o"), "--format", "png",
+               "--only", "f3_em_vs_sgd,value_lr_sweep", "--dpi", str(DPI)])
+    cap = capsys.readouterr()
+    assert rc == 0 and "wrote   f3_em_vs_sgd" in cap.out and "skipped value_lr_sweep" in cap.out
+    warned = [ln for ln in cap.err.splitlines() if "summary.json is corrupted" in ln]
+    assert len(warned) == 1 and warned[0].startswith(f"warning: {study}: ")
+    assert warned[0].endswith("figures that read it are skipped")
+
+
 def test_cli_writes_reports_skips_and_expands_studies(root, tmp_path, capsys):
     out = tmp_path / "figs"
     rc = main(["figures", str(root / "sticky-study"), str(root / "toy"), "--out", str(out), "--format", "png",
