@@ -206,12 +206,13 @@ def cmd_check(args) -> int:
     backend = open_backend(p, "RUN_OR_FOLDER")
     if not backend.is_dir():
         raise RunError(f"{p} is a file, not a folder" if backend.exists() else f"no run or folder at {p}")
-    runs = [open_run(p)] if backend.is_run() else list_runs(p)
+    one = backend.is_run()                     # asked once: on object storage it is a request
+    runs = [open_run(p)] if one else list_runs(p)
     if not runs:
         print(f"{p}: no runs here (nothing checked)")
         return 1
     bad, said = 0, []
-    if not backend.is_run():                   # a study's own file: its table, figures and app read it
+    if not one:                                # a study's own file: its table, figures and app read it
         study_summary(p, said)
         for q in said:
             print(f"{p}: {q}")

@@ -122,7 +122,7 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
         f = lambda x, w, p=4: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"   # noqa: E731
         print(f"{r['seed']:>4}  {f(r['baseline']['final_val_loss'], 12)}  {f(r['span']['final_val_loss'], 10)}  "
               f"{f(r['rel_change_pct'], 9, 3)}  {f(r['rel_change_best_pct'], 8, 3)}")
-    pct = lambda x, e: "-" if x is None or x != x else f"{x:+.3f} ± {e:.3f} %"     # noqa: E731  (NaN: no seed has it)
+    pct = lambda x, e: f"{x:+.3f} ± {e:.3f} %" if math.isfinite(x) else "-"     # noqa: E731  (NaN: no seed has it)
     if all(r[a]["final_val_loss"] is None for r in rows for a in arms):   # e.g. final_eval=off, eval_every=0
         print("relative validation-loss change: - (no run evaluated on the validation split; "
               "train.final_eval or train.eval_every turns it on); paper: -0.56 %")
