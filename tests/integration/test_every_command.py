@@ -260,6 +260,9 @@ def test_writers_make_no_local_path_from_a_url_and_refuse_what_they_do_not_serve
                        (["ls", f"s3://{BUCKET}/../{BUCKET}/sims"], "'..'"),
                        (["ls", f"s3://{BUCKET}/no-such-prefix"], "does not exist"),
                        (["check", f"s3://{BUCKET}/no-such-prefix"], "does not exist"),
+                       # the server's own code and message, through the real client (was cut at its XML)
+                       (["sim", "toy", "--out", "s3://no-such-bucket-here/runs"],
+                        "NoSuchBucket: The specified bucket does not exist"),
                        (["train", "--resume", "gs://bucket/run"], "gs://")):
         assert says in _refused(capsys, *argv), argv
 
