@@ -81,32 +81,61 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+SEED_KEYS = ("seed",)          # what varies between the seeds of one config (never a grouping)
+NO_GROUP = "(each run on its own)"
+SAME_CONFIG = "(same config, seeds pooled)"
+
+
+def _comparable(k: str) -> bool:
+    return not k.startswith("record.") and k not in SEED_KEYS
+
+
 def differing_keys(configs: list[dict]) -> list[str]:
     """Flattened config keys whose values differ across runs (candidates for grouping)."""
     flats = [flatten(c) for c in configs]
     keys = sorted(set().union(*flats)) if flats else []
-    skip = ("record.", "seed")
-    out = []
-    for k in keys:
-        vals = {repr(f.get(k)) for f in flats}
-        if len(vals) > 1 and not k.startswith(skip[0]) and k != skip[1]:
-            out.append(k)
-    return out
+    return [k for k in keys if _comparable(k) and len({repr(f.get(k)) for f in flats}) > 1]
+
+
+def config_identity(config: dict, ignore: str | None = None) -> str:
+    """The config with its seed, record settings and ``ignore`` left out: two runs with the same
+    identity are seeds of one experiment (the only runs a mean ± std band may pool)."""
+    flat = flatten(config)
+    return repr(sorted((k, repr(v)) for k, v in flat.items() if _comparable(k) and k != ignore))
+
+
+def _only_seeds_within(configs: list[dict], key: str) -> bool:
+    """Whether grouping by ``key`` puts together only runs that differ in nothing but the seed."""
+    groups: dict[str, set[str]] = {}
+    for c in configs:
+        groups.setdefault(repr(flatten(c).get(key)), set()).add(config_identity(c, ignore=key))
+    return all(len(ids) == 1 for ids in groups.values())
 
 
 GROUP_FIRST = ("arm", "model.attention", "value_lr_mult", "variant")   # study axes, in order of preference
 
 
-def default_grouping(keys: list[str], folders: list) -> str:
-    """The grouping Compare starts with: a known study axis among the differing config ``keys``;
-    else the only differing key when all runs sit in one study folder; else each run on its own
-    (grouping unrelated runs by whatever happens to differ, e.g. a batch size, misleads)."""
+def default_grouping(configs: list[dict], folders: list) -> str:
+    """The grouping Compare starts with.  A study axis (``GROUP_FIRST``) or, in one study folder,
+    the only differing key, but only where each of its groups holds seeds of one config: a key that
+    merely happens to match (two unrelated models both on ``sdpa``) must not pool them into one
+    band.  Else seeds of one config pooled when some runs are seeds, else each run on its own."""
+    keys = differing_keys(configs)
     for k in GROUP_FIRST:
-        if k in keys:
+        if k in keys and _only_seeds_within(configs, k):
             return k
     if len(keys) == 1 and len(set(map(str, folders))) == 1:
         return keys[0]
-    return "(each run on its own)"
+    identities = [config_identity(c) for c in configs]
+    return SAME_CONFIG if len(set(identities)) < len(identities) else NO_GROUP
+
+
+def n_drops(band: pd.DataFrame) -> list[tuple[int, int, int]]:
+    """(step, n before, n from there on) wherever fewer runs reach a step than reached the one
+    before it: the band's mean jumps there, and the plot must say so."""
+    n = band["n"].to_numpy()
+    steps = band.index.to_numpy()
+    return [(int(steps[i]), int(n[i - 1]), int(n[i])) for i in range(1, len(n)) if n[i] < n[i - 1]]
 
 
 def band(curves: list[pd.Series]) -> pd.DataFrame:

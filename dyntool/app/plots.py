@@ -198,8 +198,9 @@ def bands(groups: dict[str, pd.DataFrame], title: str, y_title: str, log_y: bool
                                      fill="tonexty", fillcolor=rgba, showlegend=False, hoverinfo="skip",
                                      name=f"{label} −std"))
         fig.add_trace(go.Scatter(x=x, y=b["mean"], mode="lines", line=dict(color=c, width=2),
-                                 name=f"{label} (n={n})", customdata=b["std"],
-                                 hovertemplate=f"{label}<br>step %{{x}}<br>mean %{{y:.6g}} ± %{{customdata:.3g}}<extra></extra>"))
+                                 name=f"{label} (n={n})", customdata=np.stack([b["std"], b["n"]], axis=-1),
+                                 hovertemplate=f"{label}<br>step %{{x}}<br>mean %{{y:.6g}} ± %{{customdata[0]:.3g}}"
+                                               f" (n=%{{customdata[1]}})<extra></extra>"))
     if hline is not None:
         fig.add_hline(y=hline[0], line_dash="dash", line_color="#555", annotation_text=hline[1])
     fig.update_xaxes(title="step")

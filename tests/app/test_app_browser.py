@@ -332,3 +332,33 @@ def test_app_lists_and_shows_runs_in_object_storage(tmp_path, s3):
             browser.close()
         if server is not None:
             server.stop()
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(CHROMIUM is None, reason="no Chromium binary (Debian: apt-get install -y chromium)")
+def test_compare_does_not_pool_unrelated_runs_by_default(tmp_path):
+    """Issue 50 item 1: nothing selected, Compare opened on two unrelated models that happen to
+    share ``model.attention=sdpa`` (different depths) and two seeds of one ``eager`` config, one
+    seed stopped early.  The default draws each unrelated run on its own, pools only the two seeds
+    (n=2), and says where that band's n falls (its mean jumps there)."""
+    runs = tmp_path / "runs"
+    fixtures.make_multihead(runs, "gpt-like", L=2, H=4, attention="sdpa", steps=12)
+    fixtures.make_multihead(runs, "llama-like", L=1, H=2, attention="sdpa", steps=6)
+    fixtures.make_multihead(runs, "eager-s0", L=3, seed=0, attention="eager", steps=12)
+    fixtures.make_multihead(runs, "eager-s1", L=3, seed=1, attention="eager", steps=8)
+    server = Server(runs)
+    browser = None
+    try:
+        browser = Browser()
+        browser.open(f"{server.url}/compare", charts=1)
+        text = browser.text()
+        legend = browser.eval("[...document.querySelectorAll('.legendtext')].map(e => e.textContent)") or []
+        browser.screenshot(Path(os.environ.get("DYNTOOL_SCREENSHOTS", tmp_path)) / "browser-compare-default.png")
+    finally:
+        if browser is not None:
+            browser.close()
+        server.stop()
+    assert "Traceback" not in text and "could not be drawn" not in text, text[:2000]
+    assert "(same config, seeds pooled)" in text, text[:2000]
+    assert sorted(legend) == ["eager-s0 + seeds (n=2)", "gpt-like (n=1)", "llama-like (n=1)"], legend
+    assert "eager-s0 + seeds: n falls from 2 to 1 at step 80" in text, text[:3000]

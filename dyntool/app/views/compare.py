@@ -13,7 +13,7 @@ from dyntool.app.data import AppInputError
 
 REC_LMAX = "max |logit| (recorded, max over layers and heads)"
 REC_ENT = "attention entropy (recorded, mean over layers, heads, queries)"
-NO_GROUP = "(each run on its own)"
+NO_GROUP, SAME_CONFIG = analysis.NO_GROUP, analysis.SAME_CONFIG
 FIGURES_FOR = {"loss": ["f3_em_vs_sgd", "ls_loss_logits"], "entropy": ["f4_entropy"],
                "val_loss": ["span_val_loss", "ls_loss_logits"], REC_LMAX: ["ls_loss_logits", "ls_logit_heatmap"]}
 
@@ -36,14 +36,26 @@ def curve(path: str, metric: str) -> pd.Series | None:
     return pd.Series(s[metric].to_numpy(dtype=float), index=s["step"].to_numpy())
 
 
-def group_label(path: str, key: str) -> str:
-    run = data.get_run(path)
-    if key == NO_GROUP:
-        return data.label(run.id)
-    if key == "kind":
-        return data.label(run.kind)
-    flat = analysis.flatten(run.config)
-    return data.label(f"{key}={flat[key]}" if key in flat else f"{run.id} (no {key})")
+def group_labels(paths: list[str], key: str) -> dict[str, str]:
+    """{run path: the label of its group under ``key``}.  Seeds of one config are labelled by
+    their first run's id (the band's legend adds how many runs it holds)."""
+    runs = {p: data.get_run(p) for p in paths}
+    if key == SAME_CONFIG:
+        members: dict[str, list[str]] = {}
+        for p in sorted(paths, key=lambda p: runs[p].id):
+            members.setdefault(analysis.config_identity(runs[p].config), []).append(runs[p].id)
+        ids = {p: members[analysis.config_identity(r.config)] for p, r in runs.items()}
+        return {p: data.label(i[0] if len(i) == 1 else f"{i[0]} + seeds") for p, i in ids.items()}
+    out = {}
+    for p, run in runs.items():
+        if key == NO_GROUP:
+            out[p] = data.label(run.id)
+        elif key == "kind":
+            out[p] = data.label(run.kind)
+        else:
+            flat = analysis.flatten(run.config)
+            out[p] = data.label(f"{key}={flat[key]}" if key in flat else f"{run.id} (no {key})")
+    return out
 
 
 def reference(paths: list[str], metric: str) -> tuple[float, str] | None:
@@ -102,9 +114,8 @@ def pick_options(paths: list[str], metrics_avail: dict[str, int]) -> tuple[str, 
     order = sorted(metrics_avail, key=lambda m: (-metrics_avail[m], m))
     pref = next((m for m in ("loss", "val_loss") if m in metrics_avail), order[0])
     configs = [data.get_run(p).config for p in paths]
-    keys = analysis.differing_keys(configs)
-    groupings = keys + ["kind", NO_GROUP]
-    default_group = analysis.default_grouping(keys, [data.parent_of(p) for p in paths])
+    groupings = analysis.differing_keys(configs) + ["kind", SAME_CONFIG, NO_GROUP]
+    default_group = analysis.default_grouping(configs, [data.parent_of(p) for p in paths])
 
     c = st.columns([2, 2, 1, 1, 1])
     if st.session_state.get("cmp_metric") not in metrics_avail:
@@ -124,12 +135,13 @@ def grouped_curves(paths: list[str], metric: str, group: str, smooth: float) -> 
     """({group label: the smoothed curves of its runs}, ids of the runs without ``metric``)."""
     groups: dict[str, list[pd.Series]] = {}
     lacking = []
+    labels = group_labels(paths, group)
     for p in paths:
         s = curve(p, metric)
         if s is None or s.empty:
             lacking.append(data.get_run(p).id)
             continue
-        groups.setdefault(group_label(p, group), []).append(analysis.ema(s, smooth).rename(p))
+        groups.setdefault(labels[p], []).append(analysis.ema(s, smooth).rename(p))
     if not groups:
         raise AppInputError(f"None of the chosen runs has {metric}.")
     return groups, lacking
@@ -145,6 +157,11 @@ def draw_bands(paths: list[str], groups: dict, metric: str, group: str, log_y: b
     fig = plots.bands(bands, data.label(f"{metric} by {group}"), data.label(metric), log_y=log_y,
                       hline=reference(paths, metric))
     st.plotly_chart(fig, key="cmp-fig", config=plots.CONFIG)
+    drops = [f"{g}: n falls from {a} to {b} at step {s}" for g, band in bands.items()
+             for s, a, b in analysis.n_drops(band)]
+    if drops:      # a band's mean jumps where one of its runs ends; say so under the plot
+        st.caption("Fewer runs from a step on (the band's mean is over the runs that reached it): "
+                   + data.esc("; ".join(drops[:8])) + (" …" if len(drops) > 8 else "") + ".")
     downloads.download(fig, "cmp-fig", f"compare-{metric}".replace("/", "_").replace(" ", "_")[:60],
                     FIGURES_FOR.get(metric, []), paths, {"metric": metric, "group": group})
 
