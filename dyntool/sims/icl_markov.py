@@ -53,8 +53,19 @@ def build_model(cfg: ICLMarkovConfig, seed: int) -> ICLMarkovModel:
 def heldout(cfg: ICLMarkovConfig, seed: int, prior: str) -> torch.Tensor:
     """The fixed held-out chains of a run: (heldout_seqs, T) states."""
     x, _ = task.sample(cfg.heldout_seqs, cfg.T, cfg.k, cfg.alpha, prior,
-                       np.random.default_rng(seed + cfg.heldout_seed_offset))
+                       np.random.default_rng(seed + cfg.heldout_seed_offset), cfg.unigram_share)
     return x
+
+
+def other_heldout(cfg: ICLMarkovConfig, seed: int, prior: str, device) -> dict[str, tuple]:
+    """The held-out sets of ``eval_priors`` besides the run's own: prior -> (states, strategies);
+    their KLs and loss are logged as ``<metric>@<prior>`` (the transfer of the contrast's runs)."""
+    out = {}
+    for ep in cfg.eval_priors:
+        if ep != prior and ep not in out:
+            x = heldout(cfg, seed, ep)
+            out[ep] = (x.to(device), {n: p.to(device) for n, p in task.strategy_probs(x, cfg.k, cfg.alpha).items()})
+    return out
 
 
 def loss_of(model, x: torch.Tensor) -> torch.Tensor:
@@ -98,12 +109,14 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
     strategies = task.strategy_probs(xh, cfg.k, cfg.alpha)
     xh = xh.to(dev)
     strategies = {n: p.to(dev) for n, p in strategies.items()}
+    others = other_heldout(cfg, seed, prior, dev)
     rng = np.random.default_rng(seed)
     run_cfg = {**to_dict(cfg), "seed": seed, "prior": prior, "record": to_dict(rc)}
     run_cfg.pop("seeds")
     meta = {"record_batch": f"train: the first {rc.seqs} sequences of the step's batch", "study": study,
             "n_params": model.num_params(), "chance": chance_levels(xh.cpu()),
-            "bayes_loss": task.bayes_loss(xh.cpu(), cfg.k, cfg.alpha), "prior": prior}
+            "bayes_loss": task.bayes_loss(xh.cpu(), cfg.k, cfg.alpha), "prior": prior,
+            "eval_priors": sorted(others)}
     prev_threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -120,7 +133,9 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
                 row = {}
                 if step % cfg.eval_every == 0 or step == cfg.steps - 1:
                     row = evaluate(model, xh, strategies)
-                x, _ = task.sample(cfg.batch_size, T + 1, cfg.k, cfg.alpha, prior, rng)
+                    for ep, (xo, so) in others.items():
+                        row.update({f"{k_}@{ep}": v for k_, v in evaluate(model, xo, so, scores=False).items()})
+                x, _ = task.sample(cfg.batch_size, T + 1, cfg.k, cfg.alpha, prior, rng, cfg.unigram_share)
                 x = x.to(dev)
                 cap = rec.capture(model) if rec.wants(step) else None
                 try:

@@ -17,6 +17,20 @@ Inputs are a run's ``metrics.jsonl`` columns (a pandas DataFrame with ``step``):
   the largest r (ℓ > 0: the indicator moves first), in steps ℓ·eval_every.  Control: the same
   statistic with x shuffled in time (``N_PERM`` permutations, fixed seed); p = (1 + #{null ≥
   observed}) / (1 + N_PERM).
+
+Added in the fourth round (issue 48, after an outside review; labelled so in the docs):
+
+* **the stage start as the KL drop's midpoint** (:func:`kl_midpoint`), beside the argmin rule
+  (which fires mid-transition): the first logged step from which KL(bigram ‖ model) stays below
+  half-way between its highest value after step 0 and its end value for ``HOLD`` logged steps;
+* **key-type lifts** (:mod:`.icl_markov_metrics`) and the induction-specific measure
+  lift(induction) / lift(neither), per head, with their 10 % steps;
+* **a null that respects autocorrelation** (:func:`lead` with ``null="circular"``): the indicator's
+  differences circularly shifted by every offset farther than ``MAX_LAG`` from 0 (a shift keeps a
+  smooth series smooth, a permutation does not, so a smooth series that merely moves with the
+  transition is not "significant"); used for the lead of L0's ‖∂L/∂S‖ over L0's previous-token
+  score and, again, over the bigram transition.  The post hoc "peak before the bigram stage" is
+  replaced by the peak's distance to the KL midpoint (no p: it is a description).
 """
 from __future__ import annotations
 
@@ -25,6 +39,7 @@ import numpy as np
 from .. import masks
 from ..record import metric_names as mn
 from ..stats import pearson
+from .icl_markov_metrics import KEY_TYPES, icl_lift
 from .icl_markov_task import STRATEGIES
 
 HOLD = 5             # logged steps a new stage (or a 10 % crossing) must hold
@@ -109,10 +124,12 @@ def _lag_corr(x: np.ndarray, y: np.ndarray, max_lag: int) -> np.ndarray:
 
 
 def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_lag: int = MAX_LAG,
-         n_perm: int = N_PERM, seed: int = 0) -> dict:
+         n_perm: int = N_PERM, seed: int = 0, null: str = "shuffle", sign: float = -1.0) -> dict:
     """The leading-indicator test (module docstring): lag of the best cross-correlation between the
-    indicator's changes and the bigram transition's progress, with a shuffled-time control."""
-    x, y = np.diff(np.asarray(indicator, float)), -np.diff(np.asarray(kl_bigram, float))
+    indicator's changes and a target's changes (by default −ΔKL(bigram), the transition's
+    progress; ``sign`` = +1 for a rising target such as a score), against time-shuffles of the
+    indicator's changes (``null="shuffle"``) or its circular shifts (``"circular"``)."""
+    x, y = np.diff(np.asarray(indicator, float)), sign * np.diff(np.asarray(kl_bigram, float))
     ok = np.isfinite(x) & np.isfinite(y)
     x, y = np.where(ok, x, 0.0), np.where(ok, y, 0.0)
     max_lag = min(max_lag, len(x) // 3)
@@ -120,8 +137,15 @@ def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_la
         return {"lag_steps": None, "r": None, "p": None}
     r = _lag_corr(x, y, max_lag)
     best = int(np.nanargmax(r))
-    rng = np.random.default_rng(seed)
-    null = np.array([np.nanmax(_lag_corr(rng.permutation(x), y, max_lag)) for _ in range(n_perm)])
+    if null == "circular":
+        shifts = [s_ for s_ in range(len(x)) if min(s_, len(x) - s_) > max_lag]
+        if not shifts:
+            return {"lag_steps": None, "r": None, "p": None}
+        null = np.array([np.nanmax(_lag_corr(np.roll(x, s_), y, max_lag)) for s_ in shifts])
+        n_perm = len(shifts)
+    else:
+        rng = np.random.default_rng(seed)
+        null = np.array([np.nanmax(_lag_corr(rng.permutation(x), y, max_lag)) for _ in range(n_perm)])
     every = int(steps[1] - steps[0]) if len(steps) > 1 else 1
     return {"lag_steps": int((best - max_lag) * every), "r": float(r[best]),
             "p": float((1 + np.sum(null >= r[best])) / (1 + n_perm)),
@@ -129,18 +153,22 @@ def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_la
             "r_by_lag": [float(v) for v in r], "lags_steps": [int((i - max_lag) * every) for i in range(len(r))]}
 
 
-def peak_lead(steps: np.ndarray, indicator: np.ndarray, start: int | None) -> dict:
-    """Added after seeing seed 0's figure (not one of the rules fixed before looking): how many steps
-    the indicator's peak comes before the bigram stage's start, and the shuffled-time control's
-    chance that a peak lands that early or earlier within the run and still before the start: with
-    the indicator's values shuffled over the n logged steps the peak is uniform on them, so
-    p = #{logged steps in [peak, start)} / n."""
-    v = np.asarray(indicator, float)
-    if start is None or not np.isfinite(v).any():
-        return {"lead_steps": None, "p": None}
-    peak = int(steps[np.nanargmax(v)])
-    window = np.sum((steps >= min(peak, start)) & (steps < max(peak, start)))
-    return {"peak_step": peak, "lead_steps": int(start - peak), "p": float(max(window, 1) / len(steps))}
+def kl_midpoint(steps: np.ndarray, kl: np.ndarray, hold: int = HOLD) -> int | None:
+    """The first logged step from which ``kl`` stays below half-way between its highest value after
+    step 0 and its end value (mean of the last ``hold``) for ``hold`` logged steps; None when the
+    drop is less than half of that highest value (no transition)."""
+    v = np.asarray(kl, float)
+    if len(v) < 2 * hold + 1:
+        return None
+    hi, lo = np.nanmax(v[1:]), np.nanmean(v[-hold:])
+    if not hi - lo >= 0.5 * hi:
+        return None
+    below = v < (hi + lo) / 2
+    start = 1 + int(np.nanargmax(v[1:]))                              # the drop starts at its highest point
+    for i in range(start, len(v) - hold + 1):
+        if below[i:i + hold].all():
+            return int(steps[i])
+    return None
 
 
 def prev_token_head(df, n_layer: int, n_head: int) -> tuple[int, int]:
@@ -173,6 +201,17 @@ def analyse_run(df, n_layer: int, n_head: int) -> dict:
             for name in mn.ICL_SCORES:
                 s_, v = logged_series(df, mn.head(mn.icl_score(name), l, h))
                 d[name] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])), "t10": t10(s_, v)}
+            lifts = {}
+            for kt in KEY_TYPES:
+                s_, v = logged_series(df, mn.head(icl_lift(kt), l, h))
+                lifts[kt] = v
+                if np.isfinite(v).any():
+                    d[f"lift_{kt}"] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])),
+                                       "min": float(np.nanmin(v)), "t10": t10(s_, v)}
+            if "lift_induction" in d and "lift_neither" in d:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    r = lifts["induction"] / lifts["neither"]
+                d["induction_specific"] = {"step0": float(r[0]), "end": float(np.nanmean(r[-HOLD:])), "t10": t10(s_, r)}
             s_, v = on_logged_grid(df, mn.head(mn.SCORE_GRAD_NORM, l, h))
             d["score_grad_norm"] = {"step0": float(v[0]), "end": float(np.nanmean(v[-HOLD:])), "t10": t10(s_, v),
                                     "peak_step": int(s_[np.nanargmax(v)]) if np.isfinite(v).any() else None}
@@ -181,9 +220,36 @@ def analyse_run(df, n_layer: int, n_head: int) -> dict:
     pl, ph = prev_token_head(df, n_layer, n_head)
     out["prev_token_head"] = [pl, ph]
     s_, g = on_logged_grid(df, mn.head(mn.SCORE_GRAD_NORM, pl, ph))
-    out["lead"] = lead(s_, g, rows[mn.icl_kl("bigram")].to_numpy(float))
-    out["peak_lead"] = peak_lead(s_, g, out["bigram_start"])
+    kl_b = rows[mn.icl_kl("bigram")].to_numpy(float)
+    out["lead"] = lead(s_, g, kl_b)
+    out["bigram_mid"] = kl_midpoint(steps, kl_b)
+    peak = int(s_[np.nanargmax(g)]) if np.isfinite(g).any() else None
+    out["peak_vs_mid"] = {"peak_step": peak, "mid": out["bigram_mid"],
+                          "steps_before_mid": None if None in (peak, out["bigram_mid"]) else out["bigram_mid"] - peak}
+    out["lead_circular"] = _slim(lead(s_, g, kl_b, null="circular"))
+    _, pt = logged_series(df, mn.head(mn.icl_score("prev_token"), pl, ph))
+    out["lead_over_prev_token"] = _slim(lead(s_, g, pt, null="circular", sign=1.0))
+    out["transfer"] = _transfer(df)
     out["n_logged"] = int(len(steps))
+    return out
+
+
+def _slim(d: dict) -> dict:
+    return {k: d.get(k) for k in ("lag_steps", "r", "p", "null_r_95")}
+
+
+def _transfer(df) -> dict:
+    """Per other held-out set (``kl/<strategy>@<prior>`` columns): its stages and KL midpoint."""
+    out = {}
+    for col in [c for c in df.columns if c.startswith(mn.icl_kl("bigram") + "@")]:
+        prior = col.split("@", 1)[1]
+        sub = df[["step"] + [mn.icl_kl(s) + "@" + prior for s in STRATEGIES]].copy()
+        sub.columns = ["step"] + [mn.icl_kl(s) for s in STRATEGIES]
+        st = stages(sub)
+        steps, kl_b = logged_series(sub, mn.icl_kl("bigram"))
+        out[prior] = {"order": [x["stage"] for x in st], "bigram_start": first_start(st, "bigram"),
+                      "bigram_mid": kl_midpoint(steps, kl_b), "kl_bigram_end": float(np.nanmean(kl_b[-HOLD:])),
+                      "kl_uniform_end": float(np.nanmean(logged_series(sub, mn.icl_kl("uniform"))[1][-HOLD:]))}
     return out
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from ..config import Device, NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
-from .icl_markov_task import PRIORS
+from .icl_markov_task import BIRKHOFF_MAX_K, PRIORS
 
 _PRIOR = Pattern("|".join(PRIORS), " or ".join(PRIORS))
 
@@ -37,7 +37,11 @@ class ICLMarkovConfig:
     alpha: PosFloat = 1.0               # Dirichlet concentration of every transition row
     T: Annotated[int, Range(4, 4096)] = 100
     prior: Annotated[str, _PRIOR] = "dirichlet"
-    control: bool = True                # also run every seed under the doubly stochastic prior
+    control: bool = True                # also run every seed under the control prior
+    control_prior: Annotated[str, _PRIOR] = "doubly_stochastic"   # "birkhoff": the authors' control
+    extra_priors: list[str] = field(default_factory=list)   # more training priors per seed (the contrast)
+    eval_priors: list[str] = field(default_factory=list)    # held-out sets besides the run's own prior
+    unigram_share: Annotated[float, Range(0, 1)] = 0.5      # birkhoff_unigram: the unigram-only chains' share
     steps: PosInt = 2000
     batch_size: PosInt = 64
     lr: PosFloat = 3e-3
@@ -64,6 +68,13 @@ class ICLMarkovConfig:
             raise ConfigError(p + "seeds", "give at least one seed")
         if len(set(self.seeds)) != len(self.seeds) or any(not 0 <= s < 2**32 for s in self.seeds):
             raise ConfigError(p + "seeds", f"distinct seeds in 0 .. 2**32-1, got {self.seeds}")
+        for name in ("extra_priors", "eval_priors"):
+            bad = [v for v in getattr(self, name) if v not in PRIORS]
+            if bad:
+                raise ConfigError(p + name, f"unknown prior {bad[0]!r} (one of {', '.join(PRIORS)})")
+        used = [self.prior, *self.extra_priors, *self.eval_priors] + ([self.control_prior] if self.control else [])
+        if self.k > BIRKHOFF_MAX_K and any(v in ("birkhoff", "birkhoff_unigram") for v in used):
+            raise ConfigError(p + "k", f"the birkhoff priors' rejection sampler is for k <= {BIRKHOFF_MAX_K}, got {self.k}")
         if self.record.batch != "train":
             raise ConfigError(p + "record.batch", "icl-markov records the training batch (train); got "
                                                   f"{self.record.batch!r}")

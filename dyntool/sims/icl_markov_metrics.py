@@ -9,6 +9,13 @@ scores per head with their chance levels.
   current state (x_{j−1} = x_i), averaged over the queries that have such a key; chance is the
   share of such keys among the i + 1 visible ones, averaged over the same queries.
 
+* key-type lifts (``lift_{type}/L{l}H{h}``): the visible keys j ≤ i of query i split four ways,
+  ``same`` (x_j = x_i only), ``induction`` (x_{j−1} = x_i only), ``both`` and ``neither``; a type's
+  lift at a query is its attention mass over its share of the visible keys (1: no preference),
+  averaged over the queries that have a key of that type.  The induction score mixes attending to
+  induction keys with avoiding same-token keys (both raise it); ``induction / neither`` is the
+  induction-specific part.
+
 The attention probabilities are recomputed from each layer's q, k seen through the observer seam
 (:class:`dyntool.observe.KeepQK`, the same q, k the recorders see), so the scores do not depend on
 the attention backend.
@@ -61,6 +68,33 @@ def chance_levels(x: torch.Tensor) -> dict[str, float]:
     return {"prev_token": float((1.0 / (i + 1)).mean()), "induction": float(share[has].mean())}
 
 
+KEY_TYPES = ("same", "induction", "both", "neither")
+
+
+def key_types(x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The four exclusive key types of the visible keys: name -> (B, T, T) boolean (query i, key j)."""
+    T = x.shape[1]
+    vis = masks.causal().dense(T, device=x.device)                        # (1, T, T)
+    same = (x[:, None, :] == x[:, :, None]) & vis
+    ind = induction_keys(x)
+    return {"same": same & ~ind, "induction": ind & ~same, "both": same & ind, "neither": vis & ~same & ~ind}
+
+
+def key_type_lifts(alpha: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """α (B, nh, T, T) of one layer -> lift per key type, {type: (nh,)} (NaN where no query has one)."""
+    T = x.shape[1]
+    n_vis = torch.arange(1, T + 1, dtype=alpha.dtype, device=alpha.device).view(1, T)
+    out = {}
+    for name, sel in key_types(x).items():
+        n = sel.sum(-1).to(alpha.dtype)                                   # (B, T)
+        mass = (alpha * sel[:, None].to(alpha.dtype)).sum(-1)            # (B, nh, T)
+        has = n > 0
+        lift = mass / (n / n_vis).clamp_min(1e-300)[:, None]
+        out[name] = (lift * has[:, None]).sum(dim=(0, 2)) / has.sum() if has.any() else \
+            torch.full((alpha.shape[1],), float("nan"), dtype=alpha.dtype)
+    return out
+
+
 def attention_scores(alpha: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Tensor]:
     """α (B, nh, T, T) of one layer -> {"prev_token": (nh,), "induction": (nh,)}."""
     T = x.shape[1]
@@ -73,9 +107,10 @@ def attention_scores(alpha: torch.Tensor, x: torch.Tensor) -> dict[str, torch.Te
     return {"prev_token": prev, "induction": induction}
 
 
-def evaluate(model, x: torch.Tensor, strategies: dict[str, torch.Tensor]) -> dict[str, float]:
+def evaluate(model, x: torch.Tensor, strategies: dict[str, torch.Tensor], scores: bool = True) -> dict[str, float]:
     """One logged step's metrics on the held-out states ``x`` (B, T): KL to each strategy, the
-    held-out loss, and the attention scores per layer and head (metric names from metric_names)."""
+    held-out loss, and (``scores``) the attention scores and key-type lifts per layer and head
+    (metric names from metric_names)."""
     was = model.training
     model.eval()
     try:
@@ -85,8 +120,20 @@ def evaluate(model, x: torch.Tensor, strategies: dict[str, torch.Tensor]) -> dic
     logq = torch.log_softmax(logits.double(), -1)
     row = {mn.icl_kl(name): v for name, v in task.strategy_kls(logq, strategies).items()}
     row[mn.icl_heldout("loss")] = float(-logq[:, :-1].gather(-1, x[:, 1:, None]).mean())
+    if not scores:
+        return row
     for l, a in enumerate(alphas):
         for name, per_head in attention_scores(a, x).items():
             for h, v in enumerate(per_head.tolist()):
                 row[mn.head(mn.icl_score(name), l, h)] = v
+        for name, per_head in key_type_lifts(a, x).items():
+            for h, v in enumerate(per_head.tolist()):
+                row[mn.head(icl_lift(name), l, h)] = v
     return row
+
+
+def icl_lift(key_type: str) -> str:
+    """The metric base of a key type's lift (per head via metric_names.head)."""
+    if key_type not in KEY_TYPES:
+        raise ValueError(f"key type must be one of {KEY_TYPES}, got {key_type!r}")
+    return f"lift_{key_type}"

@@ -22,6 +22,7 @@ from ..run_writer import write_json_atomic, ensure_out_dir
 from ..stats import mean_std
 from .icl_markov import run_one
 from .icl_markov_analysis import analyse_run
+from .icl_markov_claims import claims, table_lines
 from .icl_markov_config import ICLMarkovConfig
 
 CONTROL = "doubly_stochastic"
@@ -29,6 +30,12 @@ CONTROL = "doubly_stochastic"
 
 def run_name(seed: int, prior: str, dense: bool = False) -> str:
     return f"seed{seed}-{prior}" + ("-dense" if dense else "")
+
+
+def study_priors(prior: str, control: bool, control_prior: str = CONTROL, extra=()) -> list[str]:
+    """The training priors of a study, each once: its prior, the control, the extra priors."""
+    out = [prior] + ([control_prior] if control else []) + list(extra)
+    return list(dict.fromkeys(out))
 
 
 def dense_steps(boundaries: list[int], cfg: ICLMarkovConfig) -> list[int]:
@@ -45,7 +52,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     study = out / (name or f"icl-markov-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if study.exists():
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
-    priors = [cfg.prior] + ([CONTROL] if cfg.control and cfg.prior != CONTROL else [])
+    priors = study_priors(cfg.prior, cfg.control, cfg.control_prior, cfg.extra_priors)
     _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
     from ..train.ddp import resolve_device
     resolve_device(cfg.device)                                     # as is a device this machine lacks
@@ -95,7 +102,8 @@ def resummarise(studies: list[str | Path]) -> dict:
     for study in paths:
         scfg = _load_json(study / "study.json")["config"]
         seeds += [s for s in scfg["seeds"] if s not in seeds]
-        for prior in [scfg["prior"]] + ([CONTROL] if scfg["control"] and scfg["prior"] != CONTROL else []):
+        for prior in study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
+                                  scfg.get("extra_priors", [])):
             for seed in scfg["seeds"]:
                 per.setdefault(prior, {})[seed] = _analyse(study / run_name(seed, prior), cfg)
         d = study / run_name(scfg["seeds"][0], scfg["prior"], dense=True)
@@ -166,22 +174,32 @@ def summarise(cfg: ICLMarkovConfig, per: dict[str, dict[int, dict]], dense: dict
         agg["lead"] = {"lag_steps": _ms([runs[s]["lead"]["lag_steps"] for s in seeds]),
                        "r": _ms([runs[s]["lead"]["r"] for s in seeds]),
                        "p_below_0.05": sum((runs[s]["lead"]["p"] or 1) < 0.05 for s in seeds),
-                       "peak_lead_steps": _ms([runs[s]["peak_lead"]["lead_steps"] for s in seeds]),
-                       "peak_lead_p": [runs[s]["peak_lead"]["p"] for s in seeds]}
+}
+        agg["claims"] = claims(runs, cfg.model.n_layer)
         agg["chance"] = runs[seeds[0]]["chance"]
         agg["bayes_loss"] = _ms([runs[s]["bayes_loss"] for s in seeds])
         agg["seconds"] = _ms([runs[s]["seconds"] for s in seeds])
         out["priors"][prior] = agg
-    if CONTROL in per and cfg.prior in per and cfg.prior != CONTROL:
-        a, b = per[cfg.prior], per[CONTROL]
+    out["bigram_payoff"] = payoffs(cfg, list(per))
+    ctrl = cfg.control_prior
+    if cfg.control and ctrl in per and cfg.prior in per and cfg.prior != ctrl:
+        a, b = per[cfg.prior], per[ctrl]
         common = sorted(set(a) & set(b))
         diff = [(b[s]["bigram_start"] - a[s]["bigram_start"]) if None not in (a[s]["bigram_start"],
                 b[s]["bigram_start"]) else None for s in common]
-        out["control"] = {"bigram_start_difference": _ms(diff), "per_seed": dict(zip(map(str, common), diff)),
+        out["control"] = {"prior": ctrl, "bigram_start_difference": _ms(diff), "per_seed": dict(zip(map(str, common), diff)),
                           "control_has_unigram_stage": sum(b[s]["unigram_start"] is not None for s in common),
                           "of": len(common)}
     out["dense_rerun"] = dense
     return out
+
+
+def payoffs(cfg: ICLMarkovConfig, priors: list[str], n: int = 2000) -> dict:
+    """Each training prior's bigram payoff (:func:`.icl_markov_task.bigram_payoff`, Monte Carlo on
+    ``n`` sequences from a fixed generator), so transition times are read beside signal strength."""
+    from .icl_markov_task import bigram_payoff
+    return {p: bigram_payoff(cfg.k, cfg.alpha, p, cfg.T, n, np.random.default_rng(12345), cfg.unigram_share)
+            for p in dict.fromkeys([*priors, *cfg.eval_priors])}
 
 
 def _layer_order(runs, seeds, cfg) -> dict:
@@ -241,11 +259,13 @@ def table(summary: dict) -> str:
         lines.append(f"  leading indicator (‖∂L/∂S‖ of the previous-token head vs the bigram transition): lag "
                      f"{_fmt(ld['lag_steps'])} steps, r {_fmt(ld['r'], 2)}, p < 0.05 (shuffled time) in "
                      f"{ld['p_below_0.05']}/{len(a['orders'])} seeds")
-        lines.append(f"  (post hoc) its peak comes {_fmt(ld['peak_lead_steps'])} steps before the bigram stage; "
-                     f"shuffled-time p per seed {[None if p is None else round(p, 3) for p in ld['peak_lead_p']]}")
+        lines += table_lines(a["claims"])
+    for p, v in (summary.get("bigram_payoff") or {}).items():
+        lines.append(f"bigram payoff of {p} chains: {v['over_uniform']:.3f} nats over uniform, "
+                     f"{v['over_unigram']:.3f} over unigram (Monte Carlo, ± {v['over_uniform_se']:.3f})")
     if summary.get("control"):
         c = summary["control"]
-        lines.append(f"\ncontrol prior: bigram stage starts {_fmt(c['bigram_start_difference'])} steps later than under "
+        lines.append(f"\ncontrol prior ({c.get('prior', CONTROL)}): bigram stage starts {_fmt(c['bigram_start_difference'])} steps later than under "
                      f"the Dirichlet prior (negative: earlier); a unigram stage in {c['control_has_unigram_stage']}/"
                      f"{c['of']} seeds")
     if summary.get("dense_rerun"):

@@ -19,10 +19,22 @@ prefix x_0..x_t has t + 1 states):
   N_ij the count of transitions i → j in x_0..x_t and N_i = Σ_j N_ij (the Bayes-optimal predictor
   under the Dirichlet prior).
 
-The control prior (``prior = "doubly_stochastic"``, the paper's "unigrams carry no information"
-experiment): P = Σ_σ w_σ Π_σ over the k! permutation matrices with w ~ Dirichlet(1) (Birkhoff), so
-every chain's stationary distribution is uniform and in-context unigram counts are uninformative.
-The bigram strategy is then the same in-context estimate (no longer exactly Bayes-optimal).
+Priors without informative unigrams (every chain doubly stochastic, so its stationary
+distribution is uniform); the bigram strategy is then the same in-context estimate, no longer
+exactly Bayes-optimal:
+
+* ``doubly_stochastic`` (dyntool's first control): P = Σ_σ w_σ Π_σ over the k! permutation matrices
+  with w ~ Dirichlet(1).  Not uniform on the Birkhoff polytope, and its rows are less concentrated
+  than the other priors' (its bigram payoff, :func:`bigram_payoff`, is the smallest);
+* ``birkhoff`` (the authors' control, as read in their repository's ``datasets.py``,
+  ``doubly_stochastic_3``): uniform (Lebesgue) on the Birkhoff polytope, by rejection: the top-left
+  (k−1)×(k−1) block uniform on [0, 1], the last row and column completing the sums, kept when every
+  entry is positive.  The acceptance rate falls fast with k, so k ≤ 4 (as the authors' code);
+* ``unigram``: every row the same r ~ Dirichlet(α·1) (the authors' ``unigram_3``): only the
+  unigram strategy pays;
+* ``birkhoff_unigram``: the authors' contrast — each chain ``unigram`` with probability
+  ``unigram_share``, else ``birkhoff`` (drawn fresh; their ``mixture`` reuses a finite list of the
+  first kind, docs/icl_markov_differences.md).
 """
 from __future__ import annotations
 
@@ -31,7 +43,8 @@ import itertools
 import numpy as np
 import torch
 
-PRIORS = ("dirichlet", "doubly_stochastic")
+PRIORS = ("dirichlet", "doubly_stochastic", "birkhoff", "unigram", "birkhoff_unigram")
+BIRKHOFF_MAX_K = 4     # the rejection sampler accepts ~1/k!-ish of its draws: slow beyond 4
 STRATEGIES = ("uniform", "unigram", "bigram")
 
 
@@ -44,7 +57,28 @@ def permutation_matrices(k: int) -> torch.Tensor:
     return out
 
 
-def transition_matrices(n: int, k: int, alpha: float, prior: str, rng: np.random.Generator) -> torch.Tensor:
+def birkhoff(n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
+    """``n`` matrices uniform on the Birkhoff polytope of k × k doubly stochastic matrices (float64).
+
+    The polytope is the image of the (k−1)² free entries of the top-left block (the rest follow
+    from the row and column sums) intersected with "every entry > 0"; a uniform point of the cube
+    kept when the completed matrix is positive is uniform on that image (rejection sampling)."""
+    if k > BIRKHOFF_MAX_K:
+        raise ValueError(f"the birkhoff prior's rejection sampler is for k <= {BIRKHOFF_MAX_K}, got k = {k}")
+    out, have = np.empty((n, k, k)), 0
+    while have < n:
+        m = np.empty((max(4 * (n - have), 64), k, k))
+        m[:, :-1, :-1] = rng.random((len(m), k - 1, k - 1))
+        m[:, -1, :-1] = 1.0 - m[:, :-1, :-1].sum(1)                     # column sums
+        m[:, :, -1] = 1.0 - m[:, :, :-1].sum(2)                         # row sums (the corner last)
+        ok = m[(m > 0).all(axis=(1, 2))][: n - have]
+        out[have:have + len(ok)] = ok
+        have += len(ok)
+    return torch.from_numpy(out)
+
+
+def transition_matrices(n: int, k: int, alpha: float, prior: str, rng: np.random.Generator,
+                        unigram_share: float = 0.5) -> torch.Tensor:
     """``n`` transition matrices (n, k, k) float64 drawn from ``prior``, rows summing to 1."""
     if prior == "dirichlet":
         return torch.from_numpy(rng.dirichlet(np.full(k, float(alpha)), size=(n, k)))
@@ -52,13 +86,23 @@ def transition_matrices(n: int, k: int, alpha: float, prior: str, rng: np.random
         perm = permutation_matrices(k)                                          # (k!, k, k)
         w = torch.from_numpy(rng.dirichlet(np.ones(perm.shape[0]), size=n))     # (n, k!)
         return torch.einsum("np,pij->nij", w, perm)
+    if prior == "birkhoff":
+        return birkhoff(n, k, rng)
+    if prior == "unigram":
+        r = rng.dirichlet(np.full(k, float(alpha)), size=n)                     # (n, k)
+        return torch.from_numpy(np.repeat(r[:, None, :], k, axis=1))
+    if prior == "birkhoff_unigram":
+        uni = rng.random(n) < unigram_share
+        P = birkhoff(n, k, rng)
+        P[torch.from_numpy(uni)] = transition_matrices(int(uni.sum()), k, alpha, "unigram", rng)
+        return P
     raise ValueError(f"unknown prior {prior!r} (one of {', '.join(PRIORS)})")
 
 
-def sample(n: int, T: int, k: int, alpha: float, prior: str, rng: np.random.Generator
-           ) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(n: int, T: int, k: int, alpha: float, prior: str, rng: np.random.Generator,
+           unigram_share: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """``n`` sequences of length T, each from its own chain -> (states (n, T) int64, P (n, k, k))."""
-    P = transition_matrices(n, k, alpha, prior, rng)
+    P = transition_matrices(n, k, alpha, prior, rng, unigram_share)
     x = np.empty((n, T), dtype=np.int64)
     x[:, 0] = rng.integers(k, size=n)                                           # uniform first state
     u = rng.random((n, T))
@@ -103,6 +147,25 @@ def bayes_loss(x: torch.Tensor, k: int, alpha: float) -> float:
     Bayes-optimal loss on these sequences under the Dirichlet prior."""
     p = strategy_probs(x, k, alpha)["bigram"][:, :-1]
     return float(-torch.log(p.gather(-1, x[:, 1:, None])).mean())
+
+
+def bigram_payoff(k: int, alpha: float, prior: str, T: int, n: int, rng: np.random.Generator,
+                  unigram_share: float = 0.5) -> dict[str, float]:
+    """What the in-context bigram estimate pays under ``prior``, by Monte Carlo over ``n`` sampled
+    sequences of T predictions: mean cross-entropy (nats) of the uniform, unigram and bigram
+    strategies on the observed next states, and the bigram's gain over the other two
+    (``over_uniform`` = log k − CE_bigram; ``over_unigram`` = CE_unigram − CE_bigram), each with its
+    standard error over sequences.  A prior whose payoff is small gives the bigram solution a weak
+    signal, so transition times under two priors compare only at matched payoffs."""
+    x, _ = sample(n, T + 1, k, alpha, prior, rng, unigram_share)
+    probs = strategy_probs(x, k, alpha)
+    nxt = x[:, 1:, None]
+    ce = {s: -torch.log(p[:, :-1].gather(-1, nxt)).squeeze(-1).mean(1) for s, p in probs.items()}   # (n,)
+    out = {f"ce_{s}": float(v.mean()) for s, v in ce.items()}
+    for name, ref in (("over_uniform", "uniform"), ("over_unigram", "unigram")):
+        d = ce[ref] - ce["bigram"]
+        out[name], out[name + "_se"] = float(d.mean()), float(d.std() / np.sqrt(n))
+    return out
 
 
 def stationary(P: np.ndarray) -> np.ndarray:

@@ -98,13 +98,58 @@ def test_summary_counts_the_second_layer_first():
     assert "bigram stage at step 255 ± 7" in table(s)
 
 
-def test_peak_lead_and_its_shuffled_time_chance():
-    steps = np.arange(100) * 20
-    g = np.exp(-0.5 * ((steps - 400) / 60.0) ** 2)                        # peaks at 400
-    res = an.peak_lead(steps, g, 520)
-    assert res == {"peak_step": 400, "lead_steps": 120, "p": 6 / 100}      # logged steps 400..500
-    assert an.peak_lead(steps, g, None)["lead_steps"] is None
-    assert an.peak_lead(steps, g, 300)["lead_steps"] == -100              # peak after the start
+def test_kl_midpoint_is_half_way_down_the_drop_not_the_argmin_crossing():
+    steps = np.arange(60) * 20
+    # plateau 0.12 after step 0 (0.2), logistic drop centred on logged step 30 to 0.02
+    kl = 0.02 + 0.10 / (1 + np.exp((np.arange(60) - 30) / 1.5))
+    kl[0] = 0.2
+    mid = an.kl_midpoint(steps, kl)
+    assert mid == 600                                                     # half-way (0.07) first below at 30
+    assert an.kl_midpoint(steps, np.full(60, 0.1)) is None                # no drop
+    assert an.kl_midpoint(steps, 0.1 - 0.01 * np.arange(60) / 60) is None  # a 10 % drift is not a transition
+
+
+def test_circular_null_rejects_a_smooth_series_that_only_moves_with_the_target():
+    """A smooth bump that co-moves with the transition (no lead) beats time-shuffles (their
+    differences are white noise) but not circular shifts; a real lead survives both."""
+    rng = np.random.default_rng(3)
+    n, every = 100, 20
+    t = np.arange(n)
+    kl = 1 / (1 + np.exp((t - 60) / 3.0))
+    smooth = np.cumsum(np.cumsum(rng.standard_normal(n)))                 # a smooth random walk
+    bump = np.exp(-0.5 * ((t - 60) / 6.0) ** 2) + 1e-3 * smooth
+    shuffled, circular = an.lead(t * every, bump, kl, n_perm=300), an.lead(t * every, bump, kl, null="circular")
+    assert shuffled["p"] < 0.05 and circular["p"] > shuffled["p"]
+    walk = an.lead(t * every, smooth, kl, null="circular")
+    assert walk["p"] > 0.05
+    lead_ = an.lead(t * every, 1 / (1 + np.exp(-(t - 56) / 3.0)), kl, null="circular")
+    assert lead_["lag_steps"] == 4 * every and lead_["p"] < 0.05
+    score = 1 / (1 + np.exp(-(t - 60) / 3.0))                            # a rising target: sign = +1
+    assert an.lead(t * every, 1 / (1 + np.exp(-(t - 57) / 3.0)), score, null="circular", sign=1.0)["lag_steps"] == 60
+
+
+def test_claims_compare_the_same_quantity_and_across_quantities():
+    from dyntool.sims.icl_markov_claims import claims
+    n, every = 40, 10
+    t = np.arange(n)
+    df = frame({"uniform": np.where(t < 10, 0.01, 0.2), "unigram": np.where(t < 25, 0.05, 0.3),
+                "bigram": np.where(t < 25, 0.12, 0.01)}, every)
+    df.loc[0, mn.icl_kl("bigram")] = 0.2
+    for l, (tp, ti) in enumerate([(22, 30), (35, 16)]):
+        df[mn.head(mn.icl_score("prev_token"), l, 0)] = np.where(t < tp, 0.05, 0.9)
+        df[mn.head(mn.icl_score("induction"), l, 0)] = np.where(t < ti, 0.3, 0.8)
+        df[mn.head(mn.SCORE_GRAD_NORM, l, 0)] = np.where(t < 15, 1.0, 2.0)
+        for kt in ("same", "both"):
+            df[mn.head(f"lift_{kt}", l, 0)] = np.where(t < 5, 1.0, 0.6)
+        df[mn.head("lift_induction", l, 0)] = np.where(t < ti, 1.0, 2.0)
+        df[mn.head("lift_neither", l, 0)] = 1.0
+    c = claims({0: an.analyse_run(df, 2, 1)}, 2)
+    assert c["bigram_mid"]["per_seed"] == [250]
+    same = c["layer_order"]["same_quantity"]
+    assert same["induction_specific"]["per_seed"] == [140]               # L1 at 160, L0 at 300
+    assert same["prev_token"]["per_seed"] == [-130]                      # L1 moves later on this one
+    assert c["layer_order"]["across_quantities"]["L1 induction_specific vs L0 prev_token"]["per_seed"] == [60]
+    assert c["same_token_avoidance"]["L1_min"]["mean"] == pytest.approx(0.6)
 
 
 def test_resummarise_two_studies_adds_their_seeds(tmp_path):

@@ -79,6 +79,37 @@ def test_scores_of_constructed_attention():
     assert float(got["induction"]) == pytest.approx(ch["induction"]) == pytest.approx(np.mean([1 / 3, 1 / 4, 2 / 5, 2 / 6]))
 
 
+def test_key_type_lifts_against_a_loop_over_queries_and_keys():
+    """The four exclusive key types and their lifts, against a plain double loop (an independent
+    computation) on random attention; uniform attention has lift 1 on every type."""
+    from dyntool.sims.icl_markov_metrics import key_type_lifts, key_types
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 3, (4, 12), generator=g)
+    B, T = x.shape
+    a = torch.softmax(torch.randn(B, 2, T, T, generator=g, dtype=torch.float64).masked_fill(
+        ~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf")), -1)
+    got = key_type_lifts(a, x)
+    kinds = key_types(x)
+    assert sum(v.long() for v in kinds.values()).eq(torch.ones(T, T).tril().long()).all()   # a partition
+    for name in ("same", "induction", "both", "neither"):
+        for h in range(2):
+            vals = []
+            for b in range(B):
+                for i in range(T):
+                    def kind(j):
+                        same, ind = bool(x[b, j] == x[b, i]), j >= 1 and bool(x[b, j - 1] == x[b, i])
+                        return {(True, False): "same", (False, True): "induction", (True, True): "both",
+                                (False, False): "neither"}[(same, ind)]
+                    js = [j for j in range(i + 1) if kind(j) == name]
+                    if js:
+                        vals.append(sum(float(a[b, h, i, j]) for j in js) / (len(js) / (i + 1)))
+            assert float(got[name][h]) == pytest.approx(np.mean(vals), rel=1e-12)
+    uniform = torch.ones(T, T, dtype=torch.float64).tril()
+    uniform = (uniform / uniform.sum(-1, keepdim=True))[None, None].expand(B, 1, T, T)
+    for v in key_type_lifts(uniform, x).values():
+        assert float(v) == pytest.approx(1.0)
+
+
 def test_ci_study_record_passes_check(tmp_path, capsys):
     rc = main(["sim", "icl-markov", "--preset", "ci", "--control", "false", "--out", str(tmp_path),
                "--name", "s", "--quiet"])

@@ -130,3 +130,49 @@ def test_bayes_loss_is_the_bigram_cross_entropy():
     x = torch.tensor([[0, 1, 1, 0]])
     # next states 1, 1, 0 predicted with bigram p = 1/2, 1/2, 1/3
     assert task.bayes_loss(x, 2, 1.0) == pytest.approx(-(math.log(.5) * 2 + math.log(1 / 3)) / 3)
+
+
+def test_birkhoff_prior_is_uniform_on_the_polytope():
+    """k = 3: doubly stochastic and positive; uniform on the polytope means the moments of an entry
+    equal those of the uniform measure on the free block's feasible set, computed here by midpoint
+    quadrature over a grid of the 4 free entries (deterministic, no sampling), and every entry —
+    free or completed — has the same law (the measure is invariant under row/column permutations)."""
+    P = task.transition_matrices(40_000, 3, 1.0, "birkhoff", rng(2)).numpy()
+    assert (P > 0).all() and np.allclose(P.sum(1), 1) and np.allclose(P.sum(2), 1)
+    g = (np.arange(36) + 0.5) / 36
+    a, b, c, d = np.meshgrid(g, g, g, g, indexing="ij")
+    m20, m21 = 1 - a - c, 1 - b - d
+    m02, m12 = 1 - a - b, 1 - c - d
+    m22 = 1 - m20 - m21
+    ok = (m20 > 0) & (m21 > 0) & (m02 > 0) & (m12 > 0) & (m22 > 0)
+    exact = {"m00^2": (a ** 2)[ok].mean()}                    # the midpoint rule's error here is ~1e-3
+    se = (P[:, 0, 0] ** 2).std() / np.sqrt(len(P))
+    for (i, j) in [(0, 0), (2, 2), (2, 0), (0, 2), (1, 1)]:
+        assert abs((P[:, i, j] ** 2).mean() - exact["m00^2"]) < 4 * se + 2e-3      # the grid's own error
+    # the permutation mixture (dyntool's first control) is doubly stochastic but not this law
+    Q = task.transition_matrices(40_000, 3, 1.0, "doubly_stochastic", rng(2)).numpy()
+    assert abs((Q[:, 0, 0] ** 2).mean() - exact["m00^2"]) > 10 * se
+
+
+def test_birkhoff_refuses_large_k_and_unigram_chains_have_identical_rows():
+    with pytest.raises(ValueError, match="k <= 4"):
+        task.transition_matrices(2, 5, 1.0, "birkhoff", rng())
+    U = task.transition_matrices(100, 3, 1.0, "unigram", rng()).numpy()
+    assert np.allclose(U, U[:, :1, :])
+    M = task.transition_matrices(4000, 3, 1.0, "birkhoff_unigram", rng(), unigram_share=0.25).numpy()
+    uni = np.all(np.isclose(M, M[:, :1, :]), axis=(1, 2))
+    assert abs(uni.mean() - 0.25) < 4 * np.sqrt(0.25 * 0.75 / 4000)
+
+
+def test_bigram_payoff_against_the_strategies_cross_entropies():
+    """The payoff is log k − CE(bigram) and CE(unigram) − CE(bigram), each CE recomputed here from
+    strategy_probs on the same sequences; with one prediction the bigram estimate is uniform (0)."""
+    pay = task.bigram_payoff(3, 1.0, "dirichlet", 20, 500, rng(5))
+    x, _ = task.sample(500, 21, 3, 1.0, "dirichlet", rng(5))
+    probs = task.strategy_probs(x, 3, 1.0)
+    ce = {s: float(-torch.log(p[:, :-1].gather(-1, x[:, 1:, None])).mean()) for s, p in probs.items()}
+    assert pay["over_uniform"] == pytest.approx(math.log(3) - ce["bigram"], rel=1e-9)
+    assert pay["over_unigram"] == pytest.approx(ce["unigram"] - ce["bigram"], rel=1e-9)
+    assert task.bigram_payoff(3, 1.0, "dirichlet", 1, 200, rng())["over_uniform"] == pytest.approx(0, abs=1e-12)
+    # unigram-only chains: the bigram estimate pays less than the unigram one (it splits the counts)
+    assert task.bigram_payoff(3, 1.0, "unigram", 50, 2000, rng())["over_unigram"] < 0
