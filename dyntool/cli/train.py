@@ -28,6 +28,10 @@ def cmd_train(args) -> int:
     if args.resume is not None:
         args.resume = str(location(args.resume, "--resume"))   # one line for gs://, '', ~nosuchuser
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
+    if args.resume is not None:                # the data folder the run read, not a new search
+        from ..storage import open_backend
+        from ..train.resume_data import use_recorded_data
+        use_recorded_data(cfg, open_backend(args.resume, "--resume", root="/"))
     if args.out is None and args.resume:
         out = str(location(args.resume).parent)                 # beside the run it resumes
     else:
@@ -86,19 +90,23 @@ def register(sub, simsub) -> None:
     t.set_defaults(fn=cmd_train, takes_overrides=True, writes=True)
 
     s = sub.add_parser("study", help="multi-run studies: span (baseline vs span-recon), "
-                                     "ls-logits (max-logit growth of mhsa vs ls vs qknorm)",
+                                     "ls-logits (max-logit growth of mhsa vs ls vs qknorm), "
+                                     "atlas (every head of a WikiText GPT, every step: sinks, induction)",
                        description="Train every arm of a study for each seed into one study folder "
                                    "(runs + summary.json) and print its table.",
                        epilog=f"{OVERRIDES} (applied to every run of the study).")
-    s.add_argument("study", choices=["span", "ls-logits"],
+    s.add_argument("study", choices=["span", "ls-logits", "atlas"],
                    help="span: mhsa vs span-recon; ls-logits: mhsa vs ls vs qknorm in the LS paper's configuration "
-                        "(n/d = 64, lr 6e-4; its regime only at --preset gpu)")
+                        "(n/d = 64, lr 6e-4; its regime only at --preset gpu); atlas: mhsa vs qknorm, every "
+                        "head's sink/induction scores and driving gradients per step (presets ci, cpu, gpu; "
+                        "--atlas.every=N etc. set its probe, docs/atlas.md)")
     config_option(s, STUDY, "seeds", metavar="S[,S...]", help="comma-separated seeds (default 0,1,2)")
     add_n_seeds(s)
     config_option(s, STUDY, "max_steps", "--max-steps", metavar="N",
                   help="optimizer steps of every run, >= 1 (default: the preset's)")
     config_option(s, STUDY, "arms", metavar="A[,A...]",
-                  help="ls-logits: run only these arms (of mhsa, mhsa-eager-fp32 (gpu), ls, qknorm; default all)")
+                  help="ls-logits: run only these arms (of mhsa, mhsa-eager-fp32 (gpu), ls, qknorm; default all); "
+                       "atlas: of mhsa, qknorm")
     s.add_argument("--preset", default="small", metavar="NAME",
                    help="preset of the packaged config files (default small; ls-logits: cpu = small, gpu)")
     common_output_options(s, os.path.join("runs", "studies"), what="study")

@@ -170,6 +170,37 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
+HUB_PROBE_S = 5.0       # a hub that has not answered one request by then won't serve a download
+
+
+def _endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "").rstrip("/") or "https://huggingface.co"
+
+
+def _hub_answers(timeout: float = HUB_PROBE_S) -> bool:
+    """Whether the hub answers one HTTP request within ``timeout`` (any status counts).  A silent
+    or firewalled endpoint otherwise holds the client for minutes (its retries each wait); the
+    request runs in a daemon thread so a hanging name lookup is bounded too."""
+    import threading
+    import urllib.error
+    import urllib.request
+    answered = threading.Event()
+
+    def ask():
+        try:
+            with urllib.request.urlopen(_endpoint(), timeout=timeout):
+                pass
+            answered.set()
+        except urllib.error.HTTPError:            # a status, even 4xx/5xx, is an answer
+            answered.set()
+        except Exception:                           # refused, timed out, no such host, bad URL
+            pass
+    t = threading.Thread(target=ask, daemon=True, name="dyntool-hub-probe")
+    t.start()
+    t.join(timeout + 0.5)
+    return answered.is_set()
+
+
 def hub_source(spec: str, log=None) -> Source:
     """Fetch (or, offline, find in the cache) the config's parquet files of a hub dataset."""
     repo, config = parse_hub(spec)
@@ -181,14 +212,18 @@ def hub_source(spec: str, log=None) -> Source:
                         f"--data.path to a folder of the data") from None
     cache = hub_cache_dir()
     offline = _offline()
+    silent = not offline and not _hub_answers()
+    if silent:                        # only the cache can help; asking the client would hang on it
+        offline = True
     if log is not None:
         log(f"data: {name} from the Hugging Face cache {cache}"
-            f"{' (offline)' if offline else ', downloading what is missing'}")
+            f"{f' only (the hub did not answer within {HUB_PROBE_S:.0f} s)' if silent else ' (offline)' if offline else ', downloading what is missing'}")
     try:
         snap = snapshot_download(repo, repo_type="dataset", allow_patterns=[f"{config}/*"],
                                  cache_dir=str(cache), local_files_only=offline, etag_timeout=5)
     except Exception as e:            # offline/unreachable/not found: one line, whatever the client raised
-        why = "HF_HUB_OFFLINE=1" if offline else f"the hub can't be reached ({type(e).__name__})"
+        why = (f"the hub ({_endpoint()}) did not answer within {HUB_PROBE_S:.0f} s" if silent
+               else "HF_HUB_OFFLINE=1" if offline else f"the hub can't be reached ({type(e).__name__})")
         raise DataError(f"cannot get {name}: not in the Hugging Face cache {cache} and {why}: fetch it "
                         f"with `{FETCH.replace(HUB_CONFIG, config)}` or set --data.path to a folder "
                         f"of the data") from None

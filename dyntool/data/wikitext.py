@@ -136,8 +136,18 @@ def resolve_source(path: str | os.PathLike | None = None, log=None) -> Source:
             return sources.hub_source(sources.HUB_DEFAULT, log)
         except DataError as e:
             raise DataError(f"no WikiText found: no folder at {', '.join(tried) or '(none tried)'} and "
-                            f"{e}") from None
+                            f"{e}; or point ${ENV_VAR} at a folder of train.txt, valid.txt, test.txt; "
+                            f"{_first_try()}") from None
     return sources.resolve(path, log)
+
+
+def _first_try() -> str:
+    """The bundled test corpus as the way to a first run without WikiText (a checkout has it; an
+    installed wheel does not ship tests/, so then it is named as a checkout's folder)."""
+    tiny = _repo_root() / "tests" / "data" / "tiny_wikitext"
+    if (tiny / "train.txt").is_file():
+        return f"a first try without WikiText: --data.path={tiny}"
+    return "a first try without WikiText: --data.path=tests/data/tiny_wikitext of a dyntool checkout"
 
 
 def user_cache_dir() -> Path:

@@ -1,0 +1,34 @@
+"""Which WikiText a resumed run reads: the folder its first part read, as its meta.json records.
+
+A run started with ``$DYNTOOL_WIKITEXT`` (or the shared copy, or the hub's cached snapshot) has an
+empty ``data.path`` in its config.json, so a resume from a new shell would look for the data all
+over again (and, on a machine without the shared copy, wait for the hub); meta.json's
+``data_path`` says where the tokens came from, and that is what the checkpoint's vocabulary needs.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from .. import safeio
+from .config import TrainConfig
+
+
+def use_recorded_data(cfg: TrainConfig, run) -> None:
+    """Set ``cfg.data.path`` to the folder ``run``'s meta.json records, when the config left the
+    data to the default search (an explicit ``--data.path`` on the resume command wins) and that
+    folder is still there; otherwise leave the default search to it, and say why."""
+    if cfg.data.path:
+        return
+    try:
+        meta = safeio.loads(run.get("meta.json", safeio.MAX_JSON_BYTES) or b"{}", "meta.json")
+    except (OSError, ValueError):          # the checkpoint check reports a damaged run; not this
+        return
+    recorded = meta.get("data_path") if isinstance(meta, dict) else None
+    if not isinstance(recorded, str) or not recorded:
+        return
+    if Path(recorded).is_dir():
+        cfg.data.path = recorded
+    else:
+        print(f"dyntool: warning: the run read its data from {recorded}, which is not a folder here; "
+              f"looking for WikiText as a new run would (--data.path=DIR chooses one)", file=sys.stderr)

@@ -1,0 +1,123 @@
+"""A newcomer's first hour (issue 50): what a fresh clone that is *not* beside ``shared/`` meets.
+
+The clone is real: this checkout's ``dyntool/`` and ``tests/data/tiny_wikitext`` copied into a
+temporary folder and run from there with ``PYTHONPATH`` (so its repository root, unlike this
+one's, has no ``../shared/data/wikitext-2``), from a working directory that has none either, with
+an empty Hugging Face cache.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = ["--data.batch_size=4", "--data.block_size=16", "--data.eval_batch_size=8", "--data.eval_max_batches=0",
+         "--model.n_layer=2", "--model.n_head=2", "--model.n_embd=32", "--optim.warmup_steps=2",
+         "--train.eval_every=0", "--record.every=3", "--train.final_eval=off"]
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fresh")
+    repo = root / "dyntool-clone"
+    shutil.copytree(REPO / "dyntool", repo / "dyntool", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "tests" / "data" / "tiny_wikitext", repo / "tests" / "data" / "tiny_wikitext")
+    (root / "work").mkdir()
+    assert not (root / "shared").exists()
+    return repo
+
+
+def dyntool(clone: Path, *argv: str, env: dict | None = None, timeout: float = 120):
+    """``python -m dyntool ARGV`` from the clone, in its ``work`` folder, in a shell that knows
+    nothing of this checkout (no ``$DYNTOOL_WIKITEXT``, a fresh hub cache) plus ``env``."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("DYNTOOL_", "HF_"))}
+    base.update(PYTHONPATH=str(clone), HF_HOME=str(clone.parent / "hf"), PYTHONUNBUFFERED="1")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "dyntool", *argv], cwd=clone.parent / "work",
+                       env={**base, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return p, time.monotonic() - t0
+
+
+@pytest.fixture
+def new_shell(tmp_path, monkeypatch):
+    """In-process (a subprocess per command costs ~10 s of imports on a loaded machine): a
+    repository root and working directory with no ``shared/`` beside them, no hub, no env var."""
+    import dyntool.data.sources as sources
+    monkeypatch.setattr(sources, "_repo_root", lambda: tmp_path / "clone")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    for k in [k for k in os.environ if k.startswith(("DYNTOOL_", "HF_"))]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return monkeypatch
+
+
+def start_half(runs: Path, data: Path, monkeypatch) -> Path:
+    """A run started with ``$DYNTOOL_WIKITEXT`` and stopped at step 2 of 4 (a checkpoint)."""
+    from dyntool.cli import main
+    with monkeypatch.context() as m:
+        m.setenv("DYNTOOL_WIKITEXT", str(data))
+        assert main(["train", "--config", "wikitext_mhsa", "--preset", "small", "--max-steps", "4",
+                     "--train.stop_at=2", "--out", str(runs), "--name", "half", "--quiet", *SMALL]) == 0
+    assert json.loads((runs / "half" / "meta.json").read_text())["data_path"] == str(data)
+    return runs / "half"
+
+
+def test_resume_from_a_new_shell_reads_the_data_folder_the_run_recorded(new_shell, tmp_path):
+    """Item 2: started with ``DYNTOOL_WIKITEXT``, resumed from a shell without it: the resume reads
+    the folder meta.json records (it used to search again and find no WikiText)."""
+    from dyntool.cli import main
+    data = REPO / "tests" / "data" / "tiny_wikitext"
+    half = start_half(tmp_path / "runs", data, new_shell)
+    assert main(["train", "--resume", str(half), "--name", "rest", "--quiet"]) == 0
+    rest = tmp_path / "runs" / "rest"
+    meta = json.loads((rest / "meta.json").read_text())
+    assert meta["data_path"] == str(data) and meta["resumed_from"]["step"] == 2
+    assert json.loads((rest / "config.json").read_text())["data"]["path"] == str(data)
+
+
+def test_resume_says_when_the_recorded_data_folder_is_gone(new_shell, tmp_path, capsys):
+    """The recorded folder moved away: one warning line, then the usual search (which here finds
+    nothing and is refused in one line, exit 2, no new run)."""
+    from dyntool.cli import main
+    data = tmp_path / "moved"
+    shutil.copytree(REPO / "tests" / "data" / "tiny_wikitext", data)
+    half = start_half(tmp_path / "runs", data, new_shell)
+    shutil.rmtree(data)
+    capsys.readouterr()
+    assert main(["train", "--resume", str(half), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"the run read its data from {data}, which is not a folder here" in err and "Traceback" not in err
+    assert sorted(x.name for x in (tmp_path / "runs").iterdir()) == ["half"]
+
+
+def test_first_train_command_without_shared_names_the_env_var_and_the_tiny_corpus_fast(clone):
+    """Item 3: the README's first training command, in a clone not beside ``shared/``, with a hub
+    endpoint that accepts connections and never answers (a firewall's black hole): refused in one
+    line within 30 s (it hung for minutes), naming ``$DYNTOOL_WIKITEXT`` and the bundled corpus by
+    its path."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        runs = clone.parent / "runs-first"
+        p, took = dyntool(clone, "train", "--config", "wikitext_mhsa", "--preset", "small", "--max-steps", "20",
+                          "--train.eval_every=0", "--out", str(runs),
+                          env={"HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    errors = [ln for ln in p.stderr.splitlines() if ln.startswith("dyntool: error")]
+    assert len(errors) == 1, p.stderr
+    tiny = clone / "tests" / "data" / "tiny_wikitext"
+    assert "$DYNTOOL_WIKITEXT" in errors[0] and f"--data.path={tiny}" in errors[0], errors[0]
+    assert "did not answer within 5 s" in errors[0], errors[0]
+    assert took < 30, took
+    assert not runs.exists() or not any(runs.iterdir())
+    assert (tiny / "train.txt").is_file()      # what it names is there (it trains: test_train.py)
