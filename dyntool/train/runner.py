@@ -149,8 +149,11 @@ def _seed_all(seed: int) -> None:
 
 def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None = None,
                  resume: str | None = None, tags: list[str] | None = None, quiet: bool = False,
-                 kind: str = "train", extra_meta: dict | None = None):
-    """Train one model; returns ``(run_path or None on ranks > 0, final metrics)``."""
+                 kind: str = "train", extra_meta: dict | None = None, callbacks: list | None = None):
+    """Train one model; returns ``(run_path or None on ranks > 0, final metrics)``.
+
+    ``callbacks``: extra trainer callbacks (a study's probe), placed after the recording callback
+    and before the metrics logger, so the keys they add to a step's metrics are written with it."""
     from ..data.wikitext import load_wikitext
     from . import ddp
     from .trainer import restore_deterministic, set_deterministic
@@ -184,7 +187,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
             path = share_run(run, dist)
             rank_run = run if run is not None else RankRun(path, dist.rank)
         with run if run is not None else (rank_run or _Null()):
-            final = _fit(cfg, model, corpus, dist, run, rank_run, ckpt, resume, quiet)
+            final = _fit(cfg, model, corpus, dist, run, rank_run, ckpt, resume, quiet, callbacks)
             if run is not None:
                 run.update_meta(final=final)
         return (run.path if run is not None else None), final
@@ -238,7 +241,7 @@ def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, met
 
 
 def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None, resume: str | None,
-         quiet: bool) -> dict:
+         quiet: bool, extra: list | None = None) -> dict:
     """Callbacks, checkpoint path and trainer for this rank; train (from the checkpoint, if any)."""
     from ..progress import TrainProgress
     from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
@@ -249,7 +252,7 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
         cbs = [ShardedRecordingCallback(rank_run, cfg, dist)]
     if run is not None:
         shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]
-        cbs = (cbs or [RecordingCallback(run, cfg)]) + ([] if quiet else shown) + \
+        cbs = (cbs or [RecordingCallback(run, cfg)]) + list(extra or []) + ([] if quiet else shown) + \
               [MetricsLogger(run, cfg.train.log_every)]
     ck_path = None
     if cfg.train.checkpoint:                       # a Path, or a URLPath: one PUT (dyntool.storage)

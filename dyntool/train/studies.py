@@ -22,6 +22,7 @@ from typing import Optional
 
 from ..config import PosInt, Seed, merge, nest
 from ..stats import mean_std
+from .atlas import study_atlas            # the attention atlas: its presets, probe, events
 from .ls_logits import study_ls_logits    # the LS logit study: its presets, arms, per-head table
 from .study_runs import new_study_dir, train_arm
 
@@ -138,7 +139,7 @@ def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tag
 def run_study(which: str, out: str, study: StudyConfig | None = None, preset: str | None = "small",
               overrides: list[str] | None = None, quiet: bool = False, name: str | None = None,
               tags: list[str] | None = None) -> Path:
-    fn = {"span": study_span, "ls-logits": study_ls_logits}[which]
+    fn = {"span": study_span, "ls-logits": study_ls_logits, "atlas": study_atlas}[which]
     study = study or StudyConfig()
     try:
         summary = fn(out, study, preset, overrides or [], quiet, name, tuple(tags or ()))

@@ -9,13 +9,13 @@ from pathlib import Path
 from ..errors import NonFiniteLossError, RunError
 
 
-def train_arm(study_dir: Path, name: str, cfg, quiet, tags):
+def train_arm(study_dir: Path, name: str, cfg, quiet, tags, callbacks=None):
     from ..run import open_run
     from .runner import run_training
     if not quiet:
         print(f"[{tags[0]}] {name}", flush=True)
     try:
-        run_training(cfg, str(study_dir), name=name, tags=tags, quiet=quiet)
+        run_training(cfg, str(study_dir), name=name, tags=tags, quiet=quiet, callbacks=callbacks)
     except NonFiniteLossError:
         pass                                          # the run is marked failed; the study goes on
     except KeyboardInterrupt as e:                    # the study says how to go on (continue_study)
