@@ -21,4 +21,5 @@ def unavailable(device) -> str | None:
         return None
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
         return None
-    return f"no Triton backend for {dev.type} (set TRITON_INTERPRET=1 before Triton is first imported)"
+    # a statement, not an instruction: it lands in a CPU run's meta and `info` (the interpreter is for tests)
+    return f"no Triton backend for {dev.type}; the fused kernel runs on CUDA GPUs"

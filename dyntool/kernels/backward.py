@@ -1,60 +1,83 @@
 """The fused attention's backward: α recomputed from the forward's lse, never stored.
 
-Three kernels (FlashAttention-2's split, so no program accumulates into another's rows):
+Two programs, FlashAttention-2's deterministic split (no program accumulates into another's rows),
+each with an unmasked loop over its full tiles (``# hot loop``) and a masked one (:mod:`.tiles`):
 
-- ``attn_bwd_pre`` (per query block): D_i = rowsum(dO_i ∘ O_i) = E_α[b]_i, and the partial sums
-  Σ_i D_i and Σ_i ‖dO_i‖²;
-- ``attn_bwd_dq`` (per query block, all its key blocks): dP = dO Vᵀ, dS = α ∘ (dP − D) (the
-  routing law), dQ; the partial sums Σ dS ∘ (dP − D) (= Σ_i Var_α[b]_i), Σ dS², and the sink's
-  gradient −Σ_i e^{σ − lse_i} D_i;
-- ``attn_bwd_dkdv`` (per key block of one kv head, all query blocks of every query head in its
-  group): dK, dV summed over the group in registers (deterministic: no atomics), and per query
-  head the column usage c_j = Σ_i α_ij of the block, its max, Σ c log c, Σ c, and ‖dV_h‖² of the
-  block (the value update αᵀU of that query head alone, before the group's sum).
+- ``attn_bwd_dq`` (per query block, its key tiles): first D_i = rowsum(dO_i ∘ O_i) = E_α[b]_i for
+  its own rows (stored for the dK/dV program, launched after it), then dP = dO Vᵀ, dS = α ∘ (dP − D)
+  (the routing law), dQ; the partial sums Σ_i D_i, Σ_i ‖dO_i‖², Σ dS ∘ (dP − D) (= Σ_i Var_α[b]_i),
+  Σ dS², and the sink's gradient −Σ_i e^{σ − lse_i} D_i;
+- ``attn_bwd_dkdv`` (per key block of one kv head, the query tiles of every query head in its group),
+  key-major as the Triton tutorial: the tiles are Sᵀ = K Qᵀ, so Pᵀ and dSᵀ feed dV += Pᵀ dO and
+  dK += dSᵀ Q straight from registers (no transpose of a register tile) and the column usage
+  c_j = Σ_i α_ij is a row sum; dK, dV summed over the group in registers (deterministic: no
+  atomics); per query head its block's max c, Σ c log c, Σ c, and ‖dV_h‖² (the value update αᵀU of
+  that query head alone, before the group's sum).
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .tiles import fp32_scalars, key_range, query_range, score_tile, tanh
+from .tiles import (LOG2E, NEG, fp32_scalars, key_tiles, log2_scores, masked_tile, n_masked, query_tiles,
+                    tanh, visible)
 
 N_PRE_STATS = 2            # Σ D, Σ ‖dO‖²
 N_DQ_STATS = 3             # Σ dS (dP − D), Σ dS², dσ
 N_DKV_STATS = 4            # max c, Σ c log c, Σ c, ‖dV_h‖²
+N_DQ_PROGRAM = N_PRE_STATS + N_DQ_STATS   # what one dq program writes
+_DQ_SLOTS, _DKV_SLOTS = tl.constexpr(N_DQ_PROGRAM), tl.constexpr(N_DKV_STATS)   # the same, for the kernels
 
 
 @triton.jit
-def attn_bwd_pre(O, DO, DD, ST, sob, soh, sot, sdb, sdh, sdt, H, T, D,
-                 BLOCK_M: tl.constexpr, D_PAD: tl.constexpr, STATS: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, D_PAD)
-    msk = (offs_m[:, None] < T) & (offs_d[None, :] < D)
-    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=msk, other=0.0)
-    do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=msk, other=0.0)
-    o = o.to(tl.float32)
-    do = do.to(tl.float32)
-    d = tl.sum(o * do, axis=1)
-    tl.store(DD + bh * T + offs_m, d, mask=offs_m < T)
+def _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
+             T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt,
+             MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
+             PRECISION: tl.constexpr):
+    cols = j0 + offs_n
+    if MASKED:
+        kvmask = (cols[:, None] < Tk) & dmask[None, :]
+        k = tl.load(k_ptrs + j0 * skt, mask=kvmask, other=0.0)
+        v = tl.load(v_ptrs + j0 * svt, mask=kvmask, other=0.0)
+    elif EVEN_D:
+        k = tl.load(k_ptrs + j0 * skt)
+        v = tl.load(v_ptrs + j0 * svt)
+    else:
+        k = tl.load(k_ptrs + j0 * skt, mask=dmask[None, :], other=0.0)
+        v = tl.load(v_ptrs + j0 * svt, mask=dmask[None, :], other=0.0)
+    qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                     # (BLOCK_M, BLOCK_N)
+    if MASKED or HAS_SOFTCAP or HAS_ALIBI:
+        z = log2_scores(qk, offs_m[:, None], cols[None, :], T, Tk, scale, softcap, slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            valid = visible(offs_m[:, None], cols[None, :], T, Tk, lo, hi, window, km_row, CAUSAL, HAS_WINDOW, HAS_KM)
+            z = tl.where(valid, z, NEG)
+        p = tl.exp2(z - lse2[:, None])
+    else:
+        p = tl.exp2(qk * qk_scale - lse2[:, None])                # one FFMA and one MUFU per score
+    dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)       # b_ij = u_i·v_j
+    centred = dp - dd[:, None]                                    # b − E_α[b]
+    ds = p * centred                                              # ∂L/∂s: the routing law
     if STATS:
-        st = ST + (bh * tl.num_programs(0) + pid_m) * 2
-        tl.store(st + 0, tl.sum(d, axis=0))
-        tl.store(st + 1, tl.sum(tl.sum(do * do, axis=1), axis=0))
+        var += tl.sum(ds * centred, axis=1)
+        ds2 += tl.sum(ds * ds, axis=1)
+    if HAS_SOFTCAP:
+        th = tanh(qk * scale / softcap)
+        ds = ds * (1.0 - th * th)                                 # back through c·tanh(l / c)
+    dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
+    return dq, var, ds2
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
-                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, skmb,
-                H, G, T, Tk, D, scale, softcap,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
+def attn_bwd_dq(Q, K, V, O, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
+                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdb, sdh, sdt,
+                sdqb, sdqh, sdqt, skmb, H, G, T, Tk, D, scale, softcap,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
                 STATS: tl.constexpr, PRECISION: tl.constexpr):
     scale, softcap = fp32_scalars(scale, softcap)
+    qk_scale = scale * LOG2E
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -62,14 +85,18 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
     hk = h // G
     q0 = pid_m * BLOCK_M
     offs_m = q0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, D_PAD)
     dmask = offs_d < D
     rows = offs_m < T
     qmask = rows[:, None] & dmask[None, :]
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=qmask, other=0.0)
     do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=qmask, other=0.0)
-    lse = tl.load(LSE + bh * T + offs_m, mask=rows, other=float("inf"))
-    dd = tl.load(DD + bh * T + offs_m, mask=rows, other=0.0)
+    o = tl.load(O + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=qmask, other=0.0)
+    dof = do.to(tl.float32)
+    dd = tl.sum(o.to(tl.float32) * dof, axis=1)                   # D_i = E_α[b]_i
+    tl.store(DD + bh * T + offs_m, dd, mask=rows)
+    lse2 = tl.load(LSE + bh * T + offs_m, mask=rows, other=float("inf"))     # log2 units
     lo = tl.load(LO + b)
     hi = tl.load(HI + b)
     window = 0
@@ -78,51 +105,132 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
     slope = 0.0
     if HAS_ALIBI:
         slope = tl.load(SLOPE + h).to(tl.float32)
+    k_ptrs = K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :]
+    v_ptrs = V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :]
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     var = tl.zeros([BLOCK_M], dtype=tl.float32)
     ds2 = tl.zeros([BLOCK_M], dtype=tl.float32)
     km_row = KM + b * skmb
-    start, end = key_range(q0, BLOCK_M, T, Tk, lo, hi, window, CAUSAL, HAS_WINDOW)
-    for j0 in range(start, end, BLOCK_N):
-        offs_n = j0 + tl.arange(0, BLOCK_N)
-        kvmask = (offs_n[:, None] < Tk) & dmask[None, :]
-        k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :], mask=kvmask, other=0.0)
-        v = tl.load(V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :], mask=kvmask, other=0.0)
-        qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-        logits, s, valid = score_tile(qk, offs_m, offs_n, T, Tk, lo, hi, window, scale, softcap, slope,
-                                      km_row, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM)
-        p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
-        dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)  # b_ij = u_i·v_j
-        centred = dp - dd[:, None]                                # b − E_α[b]
-        ds = p * centred                                          # ∂L/∂s: the routing law
-        if STATS:
-            var += tl.sum(ds * centred, axis=1)
-            ds2 += tl.sum(ds * ds, axis=1)
-        if HAS_SOFTCAP:
-            th = tanh(logits / softcap)
-            ds = ds * (1.0 - th * th)                             # back through c·tanh(l / c)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION)
-    tl.store(DQ + bh * T * D + offs_m[:, None] * D + offs_d[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=qmask)
+    start, fs, fe, end = key_tiles(q0, T, Tk, lo, hi, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_KM)
+    for j0 in range(fs, fe, BLOCK_N):                             # hot loop
+        dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
+                                T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, False, EVEN_D,
+                                CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+    for t in range(0, n_masked(start, fs, fe, end, BLOCK_N)):
+        dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, masked_tile(t, start, fs, fe, BLOCK_N),
+                                offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope,
+                                skt, svt, True, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS,
+                                PRECISION)
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
+             (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
     if STATS or HAS_SINK:
-        st = ST + (bh * tl.num_programs(0) + pid_m) * 3
+        st = ST + (bh * tl.num_programs(0) + pid_m) * _DQ_SLOTS
         if STATS:
-            tl.store(st + 0, tl.sum(var, axis=0))
-            tl.store(st + 1, tl.sum(ds2, axis=0))
+            tl.store(st + 0, tl.sum(dd, axis=0))
+            tl.store(st + 1, tl.sum(tl.sum(dof * dof, axis=1), axis=0))
+            tl.store(st + 2, tl.sum(var, axis=0))
+            tl.store(st + 3, tl.sum(ds2, axis=0))
         if HAS_SINK:                                              # ∂L/∂σ = −Σ_i p_σ,i D_i
-            sigma = tl.load(SINK + h).to(tl.float32)
-            tl.store(st + 2, -tl.sum(tl.where(rows, tl.exp(sigma - lse) * dd, 0.0), axis=0))
+            sigma2 = tl.load(SINK + h).to(tl.float32) * LOG2E
+            tl.store(st + 4, -tl.sum(tl.where(rows, tl.exp2(sigma2 - lse2) * dd, 0.0), axis=0))
+        else:                                                     # every slot written (torch.empty)
+            tl.store(st + 4, 0.0)
+
+
+@triton.jit
+def _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE_h, DD_h, offs_m, offs_n, dmask, km_row,
+               T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt,
+               MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+               HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
+               PRECISION: tl.constexpr):
+    rows = i0 + offs_m
+    if MASKED:
+        inb = rows < T
+        q = tl.load(q_ptrs + i0 * sqt, mask=inb[:, None] & dmask[None, :], other=0.0)    # (BLOCK_M, D_PAD)
+        do = tl.load(do_ptrs + i0 * sdt, mask=inb[:, None] & dmask[None, :], other=0.0)
+        lse2 = tl.load(LSE_h + rows, mask=inb, other=float("inf"))
+        dd = tl.load(DD_h + rows, mask=inb, other=0.0)
+    else:
+        if EVEN_D:
+            q = tl.load(q_ptrs + i0 * sqt)
+            do = tl.load(do_ptrs + i0 * sdt)
+        else:
+            q = tl.load(q_ptrs + i0 * sqt, mask=dmask[None, :], other=0.0)
+            do = tl.load(do_ptrs + i0 * sdt, mask=dmask[None, :], other=0.0)
+        lse2 = tl.load(LSE_h + rows)
+        dd = tl.load(DD_h + rows)
+    # (BLOCK_N, BLOCK_M): keys × queries; the loaded tiles' transposes are how the tensor cores read
+    # them from shared memory, not a move of registers
+    qkT = tl.dot(k, tl.trans(q), input_precision=PRECISION)
+    if MASKED or HAS_SOFTCAP or HAS_ALIBI:
+        z = log2_scores(qkT, rows[None, :], offs_n[:, None], T, Tk, scale, softcap, slope, HAS_SOFTCAP, HAS_ALIBI)
+        if MASKED:
+            valid = visible(rows[None, :], offs_n[:, None], T, Tk, lo, hi, window, km_row, CAUSAL, HAS_WINDOW, HAS_KM)
+            z = tl.where(valid, z, NEG)
+        pT = tl.exp2(z - lse2[None, :])
+    else:
+        pT = tl.exp2(qkT * qk_scale - lse2[None, :])
+    dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
+    dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
+    dsT = pT * (dpT - dd[None, :])
+    if HAS_SOFTCAP:
+        th = tanh(qkT * scale / softcap)
+        dsT = dsT * (1.0 - th * th)
+    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+    if STATS:
+        col += tl.sum(pT, axis=1)                                 # c_j = Σ_i α_ij: a row of Pᵀ
+    return dk, dv, col
+
+
+@triton.jit
+def _dkdv_head(dk, dv, k, v, k0, b, h, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m, offs_n, offs_d, dmask,
+               sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi, scale, qk_scale, softcap,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
+               HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
+               HAS_KM: tl.constexpr, STATS: tl.constexpr, PRECISION: tl.constexpr):
+    """One query head's contribution to the key block: dK (added), dV_h, and its column usage."""
+    bh = b * H + h
+    window = 0
+    if HAS_WINDOW:
+        window = tl.load(WIN + h)
+    slope = 0.0
+    if HAS_ALIBI:
+        slope = tl.load(SLOPE + h).to(tl.float32)
+    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
+    do_ptrs = DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :]
+    col = tl.zeros([BLOCK_N], dtype=tl.float32)
+    start, fs, fe, end = query_tiles(k0, T, Tk, lo, hi, window, BLOCK_N, BLOCK_M, CAUSAL, HAS_WINDOW, HAS_KM)
+    for i0 in range(fs, fe, BLOCK_M):                             # hot loop
+        dk, dv, col = _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE + bh * T, DD + bh * T, offs_m, offs_n,
+                                 dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt,
+                                 False, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+    for t in range(0, n_masked(start, fs, fe, end, BLOCK_M)):
+        dk, dv, col = _dkdv_tile(dk, dv, col, k, v, masked_tile(t, start, fs, fe, BLOCK_M), q_ptrs, do_ptrs,
+                                 LSE + bh * T, DD + bh * T, offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window,
+                                 scale, qk_scale, softcap, slope, sqt, sdt, True, EVEN_D, CAUSAL, HAS_WINDOW,
+                                 HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+    return dk, dv, col
+
+
+@triton.jit
+def _column_stats(ST, bh, pid_n, col, dv_h, cols):
+    st = ST + (bh * tl.num_programs(0) + pid_n) * _DKV_SLOTS
+    tl.store(st + 0, tl.max(tl.where(cols, col, 0.0), axis=0))
+    tl.store(st + 1, tl.sum(tl.where(col > 0, col * tl.log(tl.where(col > 0, col, 1.0)), 0.0), axis=0))
+    tl.store(st + 2, tl.sum(col, axis=0))
+    tl.store(st + 3, tl.sum(tl.sum(dv_h * dv_h, axis=1), axis=0))
 
 
 @triton.jit
 def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
-                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt, skmb,
-                  H, G, T, Tk, D, scale, softcap,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr,
-                  CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-                  HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr,
+                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
+                  sdkb, sdkh, sdkt, sdvb, sdvh, sdvt, skmb, H, G, T, Tk, D, scale, softcap,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr,
+                  GROUPED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+                  HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr,
                   STATS: tl.constexpr, PRECISION: tl.constexpr):
     scale, softcap = fp32_scalars(scale, softcap)
+    qk_scale = scale * LOG2E
     pid_n = tl.program_id(0)
     bhk = tl.program_id(1)
     Hk = H // G
@@ -130,6 +238,7 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
     hk = bhk % Hk
     k0 = pid_n * BLOCK_N
     offs_n = k0 + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, D_PAD)
     dmask = offs_d < D
     cols = offs_n < Tk
@@ -141,46 +250,25 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
     km_row = KM + b * skmb
     dk = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-    for g in range(G):                                            # the query heads of this kv head
-        h = hk * G + g
-        bh = b * H + h
-        window = 0
-        if HAS_WINDOW:
-            window = tl.load(WIN + h)
-        start, end = query_range(k0, BLOCK_N, T, Tk, lo, hi, window, CAUSAL, HAS_WINDOW)
-        slope = 0.0
-        if HAS_ALIBI:
-            slope = tl.load(SLOPE + h).to(tl.float32)
-        dv_h = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-        col = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for i0 in range(start, end, BLOCK_M):
-            offs_m = i0 + tl.arange(0, BLOCK_M)
-            rows = offs_m < T
-            qmask = rows[:, None] & dmask[None, :]
-            q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=qmask, other=0.0)
-            do = tl.load(DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :], mask=qmask, other=0.0)
-            lse = tl.load(LSE + bh * T + offs_m, mask=rows, other=float("inf"))
-            dd = tl.load(DD + bh * T + offs_m, mask=rows, other=0.0)
-            qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)
-            logits, s, valid = score_tile(qk, offs_m, offs_n, T, Tk, lo, hi, window, scale, softcap, slope,
-                                          km_row, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM)
-            p = tl.where(valid, tl.exp(s - lse[:, None]), 0.0)   # (BLOCK_M, BLOCK_N)
-            dv_h += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=PRECISION)
-            dp = tl.dot(do, tl.trans(v), input_precision=PRECISION)
-            ds = p * (dp - dd[:, None])
-            if HAS_SOFTCAP:
-                th = tanh(logits / softcap)
-                ds = ds * (1.0 - th * th)
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=PRECISION)
+    if GROUPED:                                                   # the query heads of this kv head
+        for g in range(G):
+            h = hk * G + g
+            dv_h = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
+            dk, dv_h, col = _dkdv_head(dk, dv_h, k, v, k0, b, h, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m,
+                                       offs_n, offs_d, dmask, sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi,
+                                       scale, qk_scale, softcap, BLOCK_M, BLOCK_N, EVEN_D, CAUSAL,
+                                       HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+            dv += dv_h
             if STATS:
-                col += tl.sum(p, axis=0)
-        dv += dv_h
+                _column_stats(ST, b * H + h, pid_n, col, dv_h, cols)
+    else:                                                         # one query head: dV is its own
+        dk, dv, col = _dkdv_head(dk, dv, k, v, k0, b, hk, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m,
+                                 offs_n, offs_d, dmask, sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi,
+                                 scale, qk_scale, softcap, BLOCK_M, BLOCK_N, EVEN_D, CAUSAL,
+                                 HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
         if STATS:
-            st = ST + (bh * tl.num_programs(0) + pid_n) * 4
-            tl.store(st + 0, tl.max(tl.where(cols, col, 0.0), axis=0))
-            tl.store(st + 1, tl.sum(tl.where(col > 0, col * tl.log(tl.where(col > 0, col, 1.0)), 0.0), axis=0))
-            tl.store(st + 2, tl.sum(col, axis=0))
-            tl.store(st + 3, tl.sum(tl.sum(dv_h * dv_h, axis=1), axis=0))
-    tl.store(DK + bhk * Tk * D + offs_n[:, None] * D + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty),
+            _column_stats(ST, b * H + hk, pid_n, col, dv, cols)
+    tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=kvmask)
+    tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=kvmask)
-    tl.store(DV + bhk * Tk * D + offs_n[:, None] * D + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kvmask)

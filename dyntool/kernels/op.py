@@ -76,12 +76,12 @@ def stats_numel(B: int, H: int, T: int, Tk: int) -> int:
     The block sizes do not depend on the head dimension, only D_PAD does."""
     bm, bn, _ = blocks(16)
     nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
-    return B * H * (nqb * (bw.N_PRE_STATS + bw.N_DQ_STATS) + nkb * bw.N_DKV_STATS)
+    return B * H * (nqb * bw.N_DQ_PROGRAM + nkb * bw.N_DKV_STATS)
 
 
 def _flags(q, km, slopes, win, causal, softcap, stats):
     return dict(CAUSAL=causal, HAS_WINDOW=win is not None, HAS_SOFTCAP=softcap > 0, HAS_ALIBI=slopes is not None,
-                HAS_KM=km is not None, STATS=stats,
+                HAS_KM=km is not None, STATS=stats, EVEN_D=triton.next_power_of_2(q.shape[-1]) == q.shape[-1] >= 16,
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
@@ -116,6 +116,15 @@ def _op(name: str):
     return define
 
 
+def like_layout(t: torch.Tensor) -> torch.Tensor:
+    """An empty tensor shaped as ``t`` whose memory runs in the order of ``t``'s strides: q as a view
+    of GPT's (B, T, 3C) projection gets its gradient in (B, T, H, D) memory, so the backward of the
+    model's transpose and split copies nothing before their concatenation."""
+    order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
+    return torch.empty([t.shape[d] for d in order], dtype=t.dtype, device=t.device).permute(
+        [order.index(d) for d in range(t.dim())])
+
+
 def _strides(*ts):
     return [s for t in ts for s in (t.stride(0), t.stride(1), t.stride(2))]
 
@@ -129,7 +138,8 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
     G, Tk = H // k.shape[1], k.shape[2]
     bm, bn, d_pad = blocks(D)
     nqb = triton.cdiv(T, bm)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)     # (B, H, T, D)
+    out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, T, D) view of
+    # (B, T, H, D) memory: the model's `y.transpose(1, 2).contiguous()` is then no copy
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     st = torch.empty(B, H, nqb, fw.N_FWD_STATS if stats else 0, dtype=torch.float32, device=q.device)
     dummy = lse                     # a pointer for the absent optional inputs (never read)
@@ -155,31 +165,30 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     bm, bn, d_pad = blocks(D)
     nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
     dev = q.device
-    dd = torch.empty(B, H, T, dtype=torch.float32, device=dev)                   # D_i
-    pre = torch.zeros(B, H, nqb, bw.N_PRE_STATS, dtype=torch.float32, device=dev)
-    dqs = torch.zeros(B, H, nqb, bw.N_DQ_STATS, dtype=torch.float32, device=dev)
-    dkvs = torch.zeros(B, H, nkb, bw.N_DKV_STATS, dtype=torch.float32, device=dev)
-    dq = torch.empty(B, H, T, D, dtype=q.dtype, device=dev)
-    dk = torch.empty(B, Hk, Tk, D, dtype=k.dtype, device=dev)
-    dv = torch.empty(B, Hk, Tk, D, dtype=v.dtype, device=dev)
+    dd = torch.empty(B, H, T, dtype=torch.float32, device=dev)                   # D_i, written by dq
+    dqs = torch.empty(B, H, nqb, bw.N_DQ_PROGRAM, dtype=torch.float32, device=dev)
+    dkvs = torch.empty(B, H, nkb, bw.N_DKV_STATS, dtype=torch.float32, device=dev)
+    dq, dk, dv = like_layout(q), like_layout(k), like_layout(v)
     flags = _flags(q, km, slopes, win, causal, softcap, stats)
     common = (H, G, T, Tk, D, scale, softcap)
     winp = dd if win is None else win
     kmp = dd if km is None else km
     kms = 0 if km is None else km.stride(0)
-    _launch(bw.attn_bwd_pre, (nqb, B * H),
-        o, do, dd, pre, *_strides(o, do), H, T, D, BLOCK_M=bm, D_PAD=d_pad, STATS=stats)
     _launch(bw.attn_bwd_dq, (nqb, B * H),
-        q, k, v, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
-        dd if slopes is None else slopes, winp, *_strides(q, k, v, do), kms, *common,
+        q, k, v, o, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
+        dd if slopes is None else slopes, winp, *_strides(q, k, v, o, do, dq), kms, *common,
         BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
     _launch(bw.attn_bwd_dkdv, (nkb, B * Hk),
         q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
-        *_strides(q, k, v, do), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, **flags)
-    dsink = dqs[..., 2].sum(dim=(0, 2))                      # (H,), a fixed-order reduction
+        *_strides(q, k, v, do, dk, dv), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, GROUPED=G > 1,
+        **flags)
     if sinks is not None:
-        dsink = dsink.to(sinks.dtype)
-    partials = torch.cat([pre.flatten(2), dqs.flatten(2), dkvs.flatten(2)], dim=2).flatten()
+        dsink = dqs[..., 4].sum(dim=(0, 2)).to(sinks.dtype)     # (H,), a fixed-order reduction
+    else:
+        dsink = torch.zeros(H, dtype=torch.float32, device=dev)
+    if not stats:
+        return dq, dk, dv, dsink, dqs.new_zeros(0)
+    partials = torch.cat([dqs.flatten(2), dkvs.flatten(2)], dim=2).flatten()
     return dq, dk, dv, dsink, partials
 
 
@@ -193,7 +202,7 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dout, dlse, dst):
     q, k, v, out, lse, lo, hi, km, sinks, slopes, win = ctx.saved_tensors
     causal, scale, softcap, stats = ctx.args
-    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout.contiguous(), lse, lo, hi, km, sinks, slopes, win,
+    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes, win,
                                            causal, scale, softcap, stats)
     return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None, None,
             partials if stats else None, None, None, None, None)
@@ -221,7 +230,7 @@ def _windows(ws: tuple, device) -> torch.Tensor:
 def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window=None,
               softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
               padding_side: str = "right", key_mask=None, token=None, stats: bool = False):
-    """The fused attention.  Returns ``(out, lse, forward partials)`` (B, H, T, D), (B, H, T), (B, H, nQB, 4).
+    """The fused attention.  Returns ``(out, lse·log₂e, forward partials)`` (B, H, T, D), (B, H, T), (B, H, nQB, 4).
 
     ``key_lengths`` (B,): how many keys of each sequence are real, at the end (``padding_side =
     "left"``) or the start (``"right"``); ``key_mask`` (B, Tk) bool: any set of real keys.
@@ -249,6 +258,8 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         lo, hi = lo.contiguous(), hi.contiguous()
     km = None if key_mask is None else key_mask.to(device=dev, dtype=torch.int8).expand(B, Tk).contiguous()
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    if not scale > 0:                                   # the kernel's row maxima assume τ > 0
+        raise ValueError(f"fused attention: scale must be > 0, got {scale}")
     win = None                      # from Python ints: nothing data-dependent for torch.compile
     ws = [int(w) for w in window] if isinstance(window, (list, tuple)) else [int(window or 0)] * q.shape[1]
     if len(ws) != q.shape[1]:

@@ -17,7 +17,7 @@ INT32_POINTERS = {"LO", "HI", "WIN"}                    # op.attention's int32 t
 INT8_POINTERS = {"KM"}                                  # the key mask, int8
 ELEMENT_POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 SWITCHES = dict(BLOCK_M=64, BLOCK_N=64, D_PAD=64, CAUSAL=True, HAS_WINDOW=True, HAS_SOFTCAP=True,
-                HAS_ALIBI=True, HAS_KM=True, HAS_SINK=True, STATS=True)
+                HAS_ALIBI=True, HAS_KM=True, HAS_SINK=True, STATS=True, EVEN_D=True, GROUPED=True)
 
 
 def signature(fn, floats: str, dtype: str) -> tuple[dict, dict]:
@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
     floats, dtype = argv[0], argv[1]
     target = GPUTarget("cuda", int(argv[2]) if len(argv) > 2 else 90, 32)
     failed = 0
-    for fn in (fw.attn_fwd, bw.attn_bwd_pre, bw.attn_bwd_dq, bw.attn_bwd_dkdv):
+    for fn in (fw.attn_fwd, bw.attn_bwd_dq, bw.attn_bwd_dkdv):
         sig, const = signature(fn, floats, dtype)
         try:
             kernel = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const), target=target,
