@@ -256,7 +256,9 @@ class RunWriter:
             return False
         try:
             if issubclass(exc_type, KeyboardInterrupt):
-                self.finish("interrupted", error=str(exc) or "interrupted")
+                # the command that continues it (set by the trainer), so `info` can say it later
+                nxt = getattr(exc, "next_step", None)
+                self.finish("interrupted", error=str(exc) or "interrupted", **({"next_step": nxt} if nxt else {}))
             elif issubclass(exc_type, NonFiniteLossError):
                 self.finish("failed", error=str(exc), failed_step=exc.step)
             else:

@@ -95,10 +95,35 @@ def _paths_line(paths: dict) -> str:
     return "; ".join(f"{how}: {', '.join(sites[:6])}{' …' if len(sites) > 6 else ''}" for how, sites in groups.items())
 
 
+SIGNALS = {"signal 15": "SIGTERM (signal 15: kill, a scheduler or torchrun stopping it)",
+           "signal 2": "SIGINT (signal 2: Ctrl-C)", "interrupted": "Ctrl-C (SIGINT)"}
+
+
+def _stopped_rows(r) -> list[tuple[str, str]]:
+    """Why an interrupted or failed run stopped, and the command that continues it: what the
+    trainer said when it stopped (meta ``next_step``), else what the run's files allow."""
+    m = r.meta
+    if r.status not in ("interrupted", "failed"):
+        return []
+    err = str(m.get("error") or "")
+    rows = [("stopped", f"by {SIGNALS.get(err, err or 'an interrupt')}" if r.status == "interrupted"
+             else f"failed: {err or 'no error recorded'}")]
+    if m.get("next_step"):
+        rows.append(("continue", str(m["next_step"]).split("continue with: ", 1)[-1]))
+    elif r.kind == "train" and r.backend.what_is("checkpoint.pt") == "file":
+        import shlex
+        rows.append(("continue", f"dyntool train --resume {shlex.quote(str(r.path))}"))
+    elif r.kind != "train":
+        rows.append(("continue", "a simulation keeps no checkpoint: its command starts it again, into a new "
+                                 "folder (without --name, or with a new one)"))
+    return rows
+
+
 def _info_study(path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
     from ..run import list_runs, study_summary
+    from .study_tables import study_table
     runs = list_runs(path)
     if not runs:
         from ..errors import RunError
@@ -113,7 +138,12 @@ def _info_study(path) -> int:
     s = study_summary(path, said)
     for q in said:
         print(f"problem  {q}")
-    if s:
+    table = study_table(s) if s else None
+    if table:
+        print(f"summary  {path / 'summary.json'}:")
+        for line in table:
+            print(f"  {line}" if line else "")
+    elif s:
         print(f"         (long lists such as per-seed curves are left out: see {path / 'summary.json'})")
         items = [f"{k}={_short(v)}" for k, v in _flat(s) if _short(v) is not None]
         lines = textwrap.wrap("  ".join(items), 100, initial_indent="summary  ",
@@ -152,6 +182,7 @@ def cmd_info(args) -> int:
             ("updated", m.get("updated", "?")),
             ("versions", f"dyntool {m.get('dyntool')}  torch {m.get('torch')}  numpy {m.get('numpy')}  git {git}"),
             ("seeds", m.get("seeds")), ("tags", m.get("tags"))]
+    rows += _stopped_rows(r)
     n = steps_taken(m, df)
     if "step" in df and len(df):
         lo, hi = int(df["step"].min()), int(df["step"].max())

@@ -121,3 +121,56 @@ def test_first_train_command_without_shared_names_the_env_var_and_the_tiny_corpu
     assert took < 30, took
     assert not runs.exists() or not any(runs.iterdir())
     assert (tiny / "train.txt").is_file()      # what it names is there (it trains: test_train.py)
+
+
+def test_info_on_a_study_shows_the_table_the_study_printed(tmp_path, capsys):
+    """Item 5: ``info STUDY`` printed flattened summary.json keys (``final.sgd.final_loss.mean=…``);
+    it shows the arms' table the study printed when it finished."""
+    from dyntool.cli import main
+    assert main(["sim", "sticky-markov", "--steps", "4", "--T", "40", "--seeds", "0,1", "--arms", "sgd,em",
+                 "--out", str(tmp_path), "--name", "st", "--quiet"]) == 0
+    printed = [ln for ln in capsys.readouterr().out.splitlines() if ln and not ln.startswith("study written")]
+    assert sum(ln.startswith(("arm ", "sgd ", "em ")) for ln in printed) >= 3, printed
+    assert main(["info", str(tmp_path / "st")]) == 0
+    info = capsys.readouterr().out.splitlines()
+    shown = [ln[2:] for ln in info if ln.startswith("  ") and ln.strip()]
+    assert shown == printed                   # every line of the table, in its order
+    assert not any("final.sgd" in ln or "entropy_gap." in ln for ln in info), info
+    assert any(ln.startswith("seed1-sgd ") for ln in info)                    # and the runs table
+
+
+def test_info_on_an_interrupted_run_says_why_and_the_command_that_continues_it(tmp_path, capsys, monkeypatch):
+    """Item 5: a SIGTERM during step 3 (held to the end of the step, as ``kill`` would be): ``info``
+    says it stopped by SIGTERM and prints the command that continues it, which does."""
+    import signal
+    from dyntool.cli import main
+    from dyntool.train.recording import MetricsLogger
+    from tests.integration.test_train import TINY_ARGS
+    logged = MetricsLogger.on_step_end
+
+    def sigterm_at_3(self, step, metrics):
+        logged(self, step, metrics)
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(MetricsLogger, "on_step_end", sigterm_at_3)
+    argv = ["train", "--config", "wikitext_mhsa", "--preset", "small", "--max-steps", "8", "--out", str(tmp_path),
+            "--name", "cut", "--quiet", *TINY_ARGS, "--train.final_eval=off"]
+    assert main(argv) == 130
+    monkeypatch.setattr(MetricsLogger, "on_step_end", logged)
+    capsys.readouterr()
+    assert main(["info", str(tmp_path / "cut")]) == 0
+    rows = {ln[:9].strip(): ln[9:] for ln in capsys.readouterr().out.splitlines() if ln[:1].strip()}
+    assert rows["status"] == "interrupted" and rows["stopped"].startswith("by SIGTERM (signal 15"), rows
+    assert rows["continue"] == f"dyntool train --resume {tmp_path / 'cut'}", rows
+    assert main(rows["continue"].split()[1:] + ["--quiet"]) == 0
+    assert json.loads((tmp_path / "cut-resume4" / "meta.json").read_text())["final"]["steps"] == 8
+
+
+def test_the_cpu_kernel_reason_is_a_statement_not_an_instruction(monkeypatch):
+    """Item 5: a CPU run's meta and ``info`` said "set TRITON_INTERPRET=1 …", which reads like
+    something the user must do; the interpreter is for tests."""
+    pytest.importorskip("triton")
+    from dyntool.kernels import unavailable
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    why = unavailable("cpu")
+    assert why is not None and "TRITON_INTERPRET" not in why and "CUDA" in why, why

@@ -38,3 +38,28 @@ def test_documented_pip_commands_with_extras_pin_torch():
 def test_the_checks_can_fail():
     assert _named_extras('pip install -e ".[hf,dev]"') == {"hf", "dev"}
     assert "dev" not in _extras()
+
+
+def test_setup_says_what_it_does_before_and_after_the_quiet_pip(tmp_path):
+    """Issue 50 item 4: ``setup.sh`` ran ``pip -q`` for minutes without a line of its own.  With a
+    stand-in interpreter (imports answered by the real one, ``-m pip`` only logged), the lines
+    before and after each pip call are checked, and pip is called as documented."""
+    import os
+    import subprocess
+    import sys
+    log = tmp_path / "pip.log"
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/usr/bin/env bash\nif [ "$1" = "-m" ] && [ "$2" = pip ]; then echo "$@" >> {log}; exit 0; fi\n'
+                    f'exec {sys.executable} "$@"\n')
+    fake.chmod(0o755)
+    p = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "all"], capture_output=True, text=True,
+                       env={**os.environ, "PYTHON": str(fake)}, timeout=120)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("setup: installing dyntool all (.[test,") and "1-4 minutes" in lines[0], lines
+    assert lines[-1].startswith("setup: done in ") and lines[-1].endswith(" s"), lines
+    import torch
+    assert log.read_text().split()[-1] == f"torch=={torch.__version__.split('+')[0]}"
+    bad = subprocess.run(["bash", str(REPO / "scripts" / "setup.sh"), "everything"], capture_output=True,
+                         text=True, env={**os.environ, "PYTHON": str(fake)}, timeout=60)
+    assert bad.returncode == 2 and "unknown argument" in bad.stderr and not bad.stdout
