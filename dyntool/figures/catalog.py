@@ -17,7 +17,7 @@ def load() -> dict[str, FigureSpec]:
     """Import the figure modules (once) and return :data:`FIGURES`."""
     global _loaded
     if not _loaded:
-        from . import (bijection, controls, dynamics, frame_precision, geometry, icl_markov, ls,  # noqa: F401
+        from . import (atlas, bijection, controls, dynamics, frame_precision, geometry, icl_markov, ls,  # noqa: F401
                        ls_logits, recorded, span, sticky)  # imported for their side effect: each registers its figures
         groups = ("dynamics", "ls", "span", "recorded")
         ordered = sorted(FIGURES.items(), key=lambda kv: (groups.index(kv[1].group)

@@ -10,10 +10,17 @@ from dyntool.run import open_run
 from dyntool.train.atlas_probe import HEAD_BASES
 
 
-def test_ci_atlas_study_records_every_head_every_step(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("atlas")
     rc = main(["study", "atlas", "--preset", "ci", "--seeds", "0", "--arms", "qknorm", "--out", str(tmp_path),
                "--name", "a", "--quiet", "--atlas.probe_seqs=2", "--atlas.rep_seqs=2"])
     assert rc == 0
+    return tmp_path
+
+
+def test_ci_atlas_study_records_every_head_every_step(study, capsys):
+    tmp_path = study
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
     assert s["atlas"]["probe_seqs"] == 2 and list(s["runs"]) == ["qknorm-s0"]
     r = s["runs"]["qknorm-s0"]
@@ -25,8 +32,23 @@ def test_ci_atlas_study_records_every_head_every_step(tmp_path, capsys):
         assert len(cols) == 4, base                                # 2 layers × 2 heads
         assert rows[list(cols.values())].notna().all().all(), base  # every step
     assert rows["atlas_rep_gap"].notna().all()
-    out = capsys.readouterr().out
-    assert "study atlas" in out and "sink" in out and "loss bump" in out
+
+
+def test_atlas_figures_draw_what_the_run_logged(study, tmp_path):
+    import pandas as pd
+    names = ["atlas_grid", "atlas_olsson", "atlas_gu", "atlas_drivers"]
+    rc = main(["figures", str(study / "a"), "--out", str(tmp_path), "--only", ",".join(names), "--format", "png",
+               "--dpi", "40"])
+    assert rc == 0
+    for n in names:
+        assert (tmp_path / f"{n}.png").stat().st_size > 1000 and (tmp_path / f"{n}.txt").read_text()
+    df = open_run(study / "a" / "qknorm-s0").metrics
+    gu = pd.read_csv(tmp_path / "atlas_gu.csv")
+    probed = df[df["atlas_probe_loss"].notna()].sort_values("step")
+    assert gu["sink_gu"].tolist() == pytest.approx(probed["atlas_sink_gu"].tolist())
+    fm = probed[list(mn.per_head(df.columns, "atlas_first_mass").values())].max(axis=1)
+    assert gu["max_first_mass"].tolist() == pytest.approx(fm.tolist())
+    assert f"{fm.iloc[-1]:.3f}" in (tmp_path / "atlas_gu.txt").read_text()
 
 
 @pytest.mark.parametrize("argv, msg", [
