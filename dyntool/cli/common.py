@@ -78,13 +78,15 @@ def common_output_options(p: argparse.ArgumentParser, out_default: str | None, w
 
 
 @contextlib.contextmanager
-def restart_hint(out: str):
+def restart_hint(out: str, name: str | None = None):
     """A simulation stopped by Ctrl-C says what is kept and how to go on (the message the CLI prints
-    after "interrupted;"): simulations keep no checkpoint, so the same command starts again."""
+    after "interrupted;"): simulations keep no checkpoint, so the command starts again, into a new
+    folder; with ``--name`` that folder now exists (kept), so the same command would be refused."""
     try:
         yield
     except KeyboardInterrupt as e:
         if getattr(e, "next_step", None) is None:
-            e.next_step = (f"see it with: dyntool ls {out}; a simulation keeps no checkpoint, so the same "
-                           "command starts it again, into a new folder")
+            again = ("the same command starts it again, into a new folder" if not name else
+                     f"the same command with another --name (or none; {name} is kept) starts it again")
+            e.next_step = f"see it with: dyntool ls {out}; a simulation keeps no checkpoint, so {again}"
         raise

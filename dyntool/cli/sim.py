@@ -33,7 +33,7 @@ def cmd_sticky(args) -> int:
             values["seeds"] = CONTROL_SEEDS
             values.setdefault("record_seeds", 2)
     cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
-    with restart_hint(args.out):
+    with restart_hint(args.out, args.name):
         study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
@@ -57,7 +57,7 @@ def cmd_sim_toy(args) -> int:
     from .. import config
     from ..sims.toy import ToyConfig, run_toy
     cfg = config.load(ToyConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out):
+    with restart_hint(args.out, args.name):
         run = run_toy(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(f"toy run written to {run.path}")
     return 0
@@ -67,7 +67,7 @@ def cmd_bijection(args) -> int:
     from .. import config
     from ..sims.bijection import BijectionConfig, run_bijection
     cfg = config.load(BijectionConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out):
+    with restart_hint(args.out, args.name):
         run = run_bijection(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(json.dumps(run.meta.get("final", {}), indent=1, default=float))
     print(f"bijection run written to {run.path}")

@@ -201,7 +201,26 @@ class ObjectStoreBackend:
             next(iter(obstore.list(r.store, None, chunk_size=1)), None)
         except Exception as e:
             raise RunError(f"{what} {self.where.url} can't be reached: {short(e)}") from None
+        run = self.run_above()
+        if run is not None:
+            from ..errors import ConfigError
+            raise ConfigError(what, f"{self.where.url} is inside the run {run}; runs are never written "
+                                    "into (pass the folder that holds the runs)")
         return self.where.url
+
+    def run_above(self) -> str | None:
+        """The run this prefix lies in (itself included), or None: a HEAD of each prefix's
+        ``meta.json``/``config.json`` from here up to the bucket (a new run written inside one,
+        e.g. into its ``record.zarr/``, would make the healthy run unreadable)."""
+        url = self.where
+        top = URLPath(url.url[:url._root_len] + ("/" if url.url.startswith("file://") else ""))
+        parts = [q for q in url.url[url._root_len:].split("/") if q]
+        bucket = Remote(top.url, create=True)
+        for i in range(len(parts), 0, -1):
+            prefix = "/".join(parts[:i])
+            if any(bucket.head(f"{prefix}/{f}") for f in RUN_FILES):
+                return join(top.url, prefix)
+        return None
 
     def mark(self) -> int:
         return len(CREATED)

@@ -174,3 +174,17 @@ def test_the_cpu_kernel_reason_is_a_statement_not_an_instruction(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     why = unavailable("cpu")
     assert why is not None and "TRITON_INTERPRET" not in why and "CUDA" in why, why
+
+
+def test_an_interrupted_simulation_with_a_name_says_to_change_it(tmp_path, monkeypatch, capsys):
+    """Item 6: "the same command starts it again" was wrong with ``--name``: that folder now exists
+    and the same command is refused.  The hint says to change or drop the name."""
+    from dyntool.cli import main
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("dyntool.sims.toy.run_toy", interrupted)
+    assert main(["sim", "toy", "--out", str(tmp_path), "--name", "mine"]) == 130
+    err = capsys.readouterr().err
+    assert "the same command with another --name (or none; mine is kept) starts it again" in err, err
+    assert "the same command starts it again" not in err
