@@ -53,7 +53,7 @@ def test_ls_logits_user_overrides_beat_study_defaults(tmp_path):
 
 def test_arms_picks_ls_logits_arms_and_is_refused_in_one_line_elsewhere(tmp_path, capsys):
     """--arms keeps a subset of ls-logits' arms in the study's order (a GPU session runs one T and two
-    arms per process); an unknown or repeated arm, or --arms on the span study (its Δ needs both),
+    arms per process); an unknown or repeated arm, or a span study without its baseline (its Δ needs it),
     is one line and exit 2, before any folder is made."""
     from dyntool.train.ls_logits import configs
     from dyntool.train.studies import StudyConfig
@@ -63,7 +63,8 @@ def test_arms_picks_ls_logits_arms_and_is_refused_in_one_line_elsewhere(tmp_path
     for argv, msg in ((["ls-logits", "--arms", "mhsa,flash"], "arms: flash is not an arm of this study "
                                                               "(its arms: mhsa, ls, qknorm)"),
                       (["ls-logits", "--arms", "ls,ls"], "arms: needs distinct arms, got ['ls', 'ls']"),
-                      (["span", "--arms", "span"], "arms: the span study's Δ needs both of its arms")):
+                      (["span", "--arms", "span"], "arms: the span study's Δ needs the baseline arm"),
+                      (["span", "--arms", "baseline,c1c"], "arms: c1c is not an arm of this study")):
         assert main(["study", *argv, "--out", str(tmp_path / "o"), *TINY_ARGS]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and msg in err[0], err
@@ -154,3 +155,39 @@ def test_an_interrupted_simulation_says_how_to_go_on(argv, target, tmp_path, mon
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"dyntool: interrupted; the run was flushed and marked 'interrupted'; see it with: dyntool ls "
                    f"{tmp_path}; a simulation keeps no checkpoint, so the same command starts it again, into a new folder"]
+
+
+def test_span_study_arms_are_the_readings_they_name(tmp_path, capsys):
+    """--arms picks the span study's readings: each arm's config carries its candidate and scales,
+    and the summary has every arm's Δ against the baseline, its clip factor and per-head max logit."""
+    from dyntool.train.span_study import ARMS
+    from dyntool.train.studies import StudyConfig, _configs
+    arms = ["baseline", "span", "c1a-a0.5", "ab2", "c1b-a2"]
+    cfgs = _configs({a: "wikitext_span.toml" for a in arms}, {a: ARMS[a][0] for a in arms},
+                    StudyConfig(seeds=[0]), "small", [])
+    sp = {a: cfgs[a, 0].span for a in arms[1:]}
+    assert cfgs["baseline", 0].model.attention == "mhsa"
+    assert (sp["span"].candidate, sp["span"].alpha_q, sp["span"].beta_q, sp["span"].alpha_k) == ("c1_orthogonal", 2, 1, 2)
+    assert (sp["c1a-a0.5"].alpha_q, sp["c1a-a0.5"].alpha_k, sp["c1a-a0.5"].beta_k) == (0.5, 0.5, 1)
+    assert (sp["ab2"].alpha_q, sp["ab2"].beta_q, sp["ab2"].alpha_k, sp["ab2"].beta_k) == (2, 2, 2, 2)
+    assert (sp["c1b-a2"].candidate, sp["c1b-a2"].alpha_k, sp["c1b-a2"].beta_k) == ("c1_oblique", 2, 1)
+    assert main(["study", "span", "--seeds", "0", "--max-steps", "2", "--arms", "baseline,ab2", "--out",
+                 str(tmp_path), "--name", "a", "--quiet", *TINY_ARGS, "--optim.grad_clip=1e-9",
+                 "--train.logit_stat=exact"]) == 0
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    row = s["seeds"][0]
+    assert list(s["arms"]) == ["ab2"] and "rel_change_pct" in row["ab2"] and "span" not in row
+    for arm in ("baseline", "ab2"):
+        assert row[arm]["clip"]["bound_share"] == 1.0 and 0 < row[arm]["clip"]["min"] < 1e-6   # a tiny clip binds
+        assert row[arm]["logit_max"] and all(v["max"] >= v["last"] > 0 for v in row[arm]["logit_max"].values())
+    assert "none of these readings is known to be the paper's method" in capsys.readouterr().out
+
+
+def test_clip_factor_from_grad_norms():
+    import pandas as pd
+    from dyntool.train.span_study import clip_and_logits
+    df = pd.DataFrame({"step": [0, 1, 2], "grad_norm": [0.5, 2.0, 4.0], "logit_max/L0H1": [1.0, 3.0, 2.0]})
+    got = clip_and_logits(df, 1.0)
+    assert got["clip"]["bound_share"] == 2 / 3 and abs(got["clip"]["min"] - 1 / (4 + 1e-6)) < 1e-15
+    assert abs(got["clip"]["mean"] - (1 + 1 / (2 + 1e-6) + 1 / (4 + 1e-6)) / 3) < 1e-15
+    assert got["logit_max"] == {"L0H1": {"last": 2.0, "max": 3.0}} and clip_and_logits(df, 0.0)["clip"] is None
