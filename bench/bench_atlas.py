@@ -1,0 +1,107 @@
+"""What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
+
+    python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 4] [--json FILE]
+
+dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
+random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
+(forward + backward + AdamW) with the cheap tier attached and its statistics read:
+
+- ``cheap``: the cheap tier alone (what ``--record.cheap_every=1`` adds);
+- ``atlas_P_R``: plus the atlas probe every step with P WikiText-like and R repeated sequences
+  (:meth:`dyntool.train.atlas_probe.AtlasProbe.measure`: two forward/backward passes, the scores,
+  the copying eigenvalues);
+- ``atlas_2_2_every4``: the probe on every 4th step.
+
+Target of issue 49: ≤ 1.05 × ``cheap``.  Rounds rotate the order of the arms; ratios are the
+medians of the per-round ratios (paired, so the drift of a shared machine cancels).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_tiers import VOCAB, interleave, ratio             # noqa: E402
+from common import hardware                                  # noqa: E402
+from dyntool.flight import FlightRecorder                    # noqa: E402
+from dyntool.train.atlas_probe import AtlasProbe, AtlasSettings   # noqa: E402
+from dyntool.train.gpt import GPT                            # noqa: E402
+from dyntool.train.runner import load_config                 # noqa: E402
+
+
+class _Corpus:
+    vocab_size = VOCAB
+
+    def split(self, name):
+        return np.random.default_rng(0).integers(0, VOCAB, 200_000).astype(np.int32)
+
+
+def arm(cfg, batch, probe: AtlasSettings | None):
+    torch.manual_seed(0)
+    model = GPT(cfg.model, VOCAB, cfg.data.block_size)
+    flight = FlightRecorder(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    p = None
+    if probe is not None:
+        p = AtlasProbe(probe)
+        p.on_train_start(SimpleNamespace(raw=model, cfg=cfg, corpus=_Corpus(), device=torch.device("cpu")))
+    state = {"step": 0}
+
+    def run(n):
+        for _ in range(n):
+            if p is not None:
+                p.on_step_start(state["step"])
+            with flight:
+                model(*batch)[1].backward()
+            flight.metrics()
+            flight.reset()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            state["step"] += 1
+    return run
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="cpu")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    cfg = load_config("atlas.toml", a.preset, [])
+    d, m = cfg.data, cfg.model
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), generator=g)
+    batch = (x, torch.roll(x, -1, 1))
+    arms = {"cheap": arm(cfg, batch, None),
+            "atlas_2_2": arm(cfg, batch, AtlasSettings(probe_seqs=2, rep_seqs=2)),
+            "atlas_4_4": arm(cfg, batch, AtlasSettings(probe_seqs=4, rep_seqs=4)),
+            "atlas_2_2_every4": arm(cfg, batch, AtlasSettings(probe_seqs=2, rep_seqs=2, every=4))}
+    t = interleave(arms, a.reps, a.steps)
+    try:
+        import os
+        load = os.getloadavg()
+    except OSError:
+        load = None
+    out = {"hardware": hardware(), "load_avg_1_5_15": load, "preset": a.preset,
+           "shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}",
+           "reps": a.reps, "steps": a.steps, "step_s": {n: statistics.median(v) for n, v in t.items()},
+           "over_cheap": {n: ratio(t, n, "cheap") for n in arms if n != "cheap"}}
+    print(json.dumps(out, indent=2))
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
