@@ -90,12 +90,16 @@ class RecordReader:
             store = self.backend.zarr_store(self.sub, "r", self._specs)
             self.group = zarr.open_group(store=store, mode="r")
             attrs = dict(self.group.attrs)
+            fmt = getattr(self.group.metadata, "zarr_format", 3)
         except RecordError as e:
             raise RecordError(f"record.zarr can't be read ({e})") from None
         except RunError:                           # the object store itself (credentials, network)
             raise
         except Exception as e:                     # zarr's own metadata errors, whatever their type
             raise RecordError(f"record.zarr can't be read ({_why(e)})") from None
+        if fmt != 3:            # zarr also opens v2 (.zgroup), whose metadata lacks what is checked here
+            raise RecordError(f"record.zarr is in zarr format {fmt}; dyntool records (and reads) zarr "
+                              "format 3 only (docs/FORMAT.md)")
         self.attrs = _clean_group_attrs(attrs, self.problems)
         marker = commit_marker(self.attrs, self.problems)
         self._cache: dict[str, RecordedArray] = {}
@@ -147,6 +151,8 @@ class RecordReader:
             z = self.group[name]
             if not hasattr(z, "shape") or not hasattr(z.metadata, "chunk_grid"):
                 raise TypeError("not an array")
+            if getattr(z.metadata, "zarr_format", 3) != 3:
+                raise TypeError(f"zarr format {z.metadata.zarr_format}, not 3")
             if marker is not None and len(z.shape) == 0:
                 raise TypeError("no step axis")
             rows = (marker if marker is not None else (z.shape[0] if z.shape else 0))

@@ -1,0 +1,58 @@
+"""Damaged or foreign records that must read as *that run's* problem (issue 50 items 9-11): the
+other runs list as usual, ``info`` says what is wrong, ``check`` exits 1, ``export`` exits 2 in
+one line, and nothing is written."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import zarr
+
+from dyntool.cli import main
+
+V2_LINE = "record.zarr is in zarr format 2; dyntool records (and reads) zarr format 3 only"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    for name in ("good", "v2"):
+        assert main(["sim", "toy", "--steps", "3", "--out", str(root), "--name", name, "--quiet"]) == 0
+    rec = root / "v2" / "record.zarr"            # the same arrays, rewritten in zarr format 2
+    shutil.rmtree(rec)
+    g = zarr.open_group(rec, mode="w", zarr_format=2)
+    g.create_array("step", shape=(3,), dtype="i8")[:] = [0, 1, 2]
+    g.create_array("attn", shape=(3, 1, 1, 5, 5), chunks=(1, 1, 1, 5, 5), dtype="f4")[:] = 0.2
+    return root
+
+
+def test_a_zarr_v2_record_is_that_runs_problem_in_ls_info_check_export(runs, tmp_path, capsys):
+    """Item 10: was an internal error (``'ArrayV2Metadata' object has no attribute 'codecs'``) in
+    all four, and ``ls`` of the folder listed no run at all."""
+    capsys.readouterr()
+    assert main(["ls", str(runs)]) == 0
+    table = {ln.split()[0]: ln.split()[2] for ln in capsys.readouterr().out.splitlines()[1:] if ln.strip()
+             and not ln.startswith("1 corrupt")}
+    assert table == {"good": "finished", "v2": "corrupt"}, table
+    assert main(["info", str(runs / "v2")]) == 0
+    out = capsys.readouterr().out
+    assert f"problem  {V2_LINE}" in out and "internal error" not in out
+    assert main(["check", str(runs)]) == 1
+    out = capsys.readouterr().out
+    assert V2_LINE in out and "1 of 2 run(s) ok" in out
+    assert main(["export", str(runs / "v2"), "--to", str(tmp_path / "out"), "--format", "npz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and V2_LINE in err[0], err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_the_app_lists_a_zarr_v2_run_as_corrupt(runs, monkeypatch):
+    """Item 10: the app's Runs page raised; it lists both runs, the v2 one ``corrupt``."""
+    from streamlit.testing.v1 import AppTest
+    from tests.app import fixtures
+    monkeypatch.setenv("DYNTOOL_RUNS_DIR", str(runs))
+    at = AppTest.from_file(str(fixtures.APP_DIR / "main.py"), default_timeout=60).run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = at.dataframe[0].value
+    status = dict(zip(table["id"] if "id" in table else table.iloc[:, 0], table["status"]))
+    assert status == {"good": "finished", "v2": "corrupt"}, status
