@@ -103,27 +103,21 @@ def test_falcon_alibi_through_sdpa_is_exact():
     assert attrs["adapter"] == "sdpa" and attrs["score_modifiers"] == ["bias"]
 
 
-def test_falcon_eager_is_refused_before_backward():
-    cfg = transformers.FalconConfig(vocab_size=V, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                    alibi=True, new_decoder_architecture=False, bos_token_id=0, eos_token_id=1)
-    cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64).eval()
-    x = torch.randint(3, V, (1, 5))
-    with pytest.raises(CaptureError, match="FalconAttention.*attn_implementation='sdpa'") as e:
-        with Capture(model):
-            model(x, labels=x)                       # the forward alone: refused before any backward
-    assert "\n" not in str(e.value)
+class _KernelAttention(torch.nn.Module):
+    """Attention behind an opaque kernel: projections dyntool can see, no normalisation in its code."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(4, 12)
+
+    def forward(self, x):
+        return torch.ops.aten.gelu(self.qkv(x)[..., :4])
 
 
-@pytest.mark.parametrize("kind", ["bloom", "mpt", "gpt_neo"])
-def test_models_computing_attention_themselves_are_refused_at_enter(kind):
-    cfg = {"bloom": lambda: transformers.BloomConfig(vocab_size=V, hidden_size=16, n_layer=1, n_head=2),
-           "mpt": lambda: transformers.MptConfig(vocab_size=V, d_model=16, n_layers=1, n_heads=2, max_seq_len=16),
-           "gpt_neo": lambda: transformers.GPTNeoConfig(vocab_size=V, hidden_size=16, num_layers=1, num_heads=2,
-                                                        attention_types=[[["global"], 1]], max_position_embeddings=16),
-           }[kind]()
-    cfg._attn_implementation = "eager"
-    model = transformers.AutoModelForCausalLM.from_config(cfg)
+def test_attention_dyntool_cannot_see_into_is_refused_at_enter():
+    # BLOOM, MPT, GPT-Neo, XGLM, OpenAI-GPT and Falcon eager record through the dataflow adapter
+    # (tests/adapters/test_dataflow.py); a module with no softmax in its code is still refused
+    model = torch.nn.Sequential(_KernelAttention())
     with pytest.raises(CaptureError, match="refused.*computes the attention weights itself") as e:
         Capture(model)
     assert "supported" not in str(e.value) and "\n" not in str(e.value)

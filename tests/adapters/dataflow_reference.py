@@ -1,0 +1,182 @@
+"""The float64 autograd truth for models that compute their own softmax (the dataflow adapter's
+tests and the family rows of docs/recording.md's table).
+
+Independent of the adapter: no TorchFunctionMode, no graph walk.  While one of the named attention
+classes runs, ``torch.nn.functional.softmax``, ``torch.matmul``, ``torch.bmm``, ``Tensor.baddbmm``
+and ``Tensor.__matmul__`` are swapped (module attributes) for versions that keep their tensors
+with ``retain_grad``: the last product before the softmax gives q and kᵀ, the softmax S and α, the
+first product after it α·V.  After one backward, ``.grad`` of each is the truth: α, ∂L/∂α, ∂L/∂S,
+U = ∂L/∂(α V), dQ, dK, dV.  The softmax keeps float64 inputs in float64 (BLOOM, XGLM take it in
+float32 by default; MPT casts S to float32 itself, which no swap undoes: its rows are float32-exact).
+"""
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+import transformers
+
+from dyntool.capture import Capture
+
+from .hf_reference import float64_softmax
+from .reference import check, per_layer
+
+V = 61
+_IDS = dict(vocab_size=V, bos_token_id=0, eos_token_id=1)
+# (family, attention class, config); each records with right and left padding
+FAMILIES = {
+    "bloom": ("BloomAttention", lambda: transformers.BloomConfig(hidden_size=16, n_layer=2, n_head=2, **_IDS)),
+    "mpt": ("MptAttention", lambda: transformers.MptConfig(
+        d_model=16, n_layers=2, n_heads=2, max_seq_len=16, attn_config={"clip_qkv": 4.0, "alibi": True}, **_IDS)),
+    "gpt_neo": ("GPTNeoSelfAttention", lambda: transformers.GPTNeoConfig(
+        hidden_size=16, num_layers=2, num_heads=2, max_position_embeddings=16, window_size=3,
+        attention_types=[[["global", "local"], 1]], **_IDS)),
+    "falcon": ("FalconAttention", lambda: transformers.FalconConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, alibi=True, new_decoder_architecture=False,
+        multi_query=True, **_IDS)),
+    "falcon_rope": ("FalconAttention", lambda: transformers.FalconConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=4, alibi=False, new_decoder_architecture=True,
+        num_kv_heads=2, **_IDS)),
+    "xglm": ("XGLMAttention", lambda: transformers.XGLMConfig(
+        d_model=16, num_layers=2, attention_heads=2, ffn_dim=32, max_position_embeddings=32, **_IDS)),
+    "openai": ("Attention", lambda: transformers.OpenAIGPTConfig(n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                                                                 vocab_size=V)),
+}
+# MPT takes its softmax of S.float(): α is float32's, in a float64 model
+TOL = {"mpt": 1e-6, "gpt_neo": 1e-5}   # GPT-Neo casts q and k to float32 before q·kᵀ
+QK = ("query_key_value", "Wqkv", "q_proj", "k_proj", "c_attn", "c_q", "c_k")
+
+
+@contextmanager
+def kept(classes):
+    """Every call of a ``classes`` module: its products and softmaxes, tensors kept with retain_grad."""
+    calls: list = []
+    cur: list = []
+    real = dict(softmax=F.softmax, matmul=torch.matmul, bmm=torch.bmm, baddbmm=torch.Tensor.baddbmm,
+                mm=torch.Tensor.__matmul__)
+
+    def keep(*ts):
+        for t in ts:
+            if t.requires_grad:
+                t.retain_grad()
+
+    def product(fn, pick):
+        def run(*a, **kw):
+            out = fn(*a, **kw)
+            if cur and torch.is_grad_enabled():
+                x, y = pick(a, kw)
+                keep(x, y, out)
+                cur[-1].append(("product", x, y, out))
+            return out
+        return run
+
+    def softmax(x, dim=None, _stacklevel=3, dtype=None):
+        out = real["softmax"](x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
+        if cur and torch.is_grad_enabled():
+            keep(x, out)
+            cur[-1].append(("softmax", x, out))
+        return out
+
+    two = lambda a, kw: (a[0], a[1])                                          # noqa: E731
+    F.softmax = softmax
+    torch.matmul, torch.bmm = product(real["matmul"], two), product(real["bmm"], two)
+    torch.Tensor.__matmul__ = product(real["mm"], two)
+    torch.Tensor.baddbmm = product(real["baddbmm"], lambda a, kw: (kw.get("batch1", a[1] if len(a) > 1 else None),
+                                                                    kw.get("batch2", a[2] if len(a) > 2 else None)))
+    handles = []
+
+    def pre(m, args):
+        cur.append([])
+
+    def post(m, args, out):
+        calls.append((m, cur.pop()))
+    try:
+        yield calls, lambda model: handles.extend(
+            h for mod in model.modules() if type(mod).__name__ in classes
+            for h in (mod.register_forward_pre_hook(pre), mod.register_forward_hook(post)))
+    finally:
+        for h in handles:
+            h.remove()
+        F.softmax, torch.matmul, torch.bmm = real["softmax"], real["matmul"], real["bmm"]
+        torch.Tensor.__matmul__, torch.Tensor.baddbmm = real["mm"], real["baddbmm"]
+
+
+def truth(events, H: int) -> dict:
+    """One attention call's truth, laid out (B, H, T, ·) like dyntool's recording (k/v per k/v head)."""
+    i = next(n for n, e in enumerate(events) if e[0] == "softmax")
+    _, q, kt, _ = [e for e in events[:i] if e[0] == "product"][-1]
+    _, S, a = events[i]
+    _, _, v, y = next(e for e in events[i + 1:] if e[0] == "product")
+    T, Tk = a.shape[-2:]
+    B = a.numel() // (H * T * Tk)
+
+    def heads(t, n):
+        t = t.double()                                         # GPT-Neo's q, k are float32
+        if t.dim() == 4 and t.shape[1] != H:                   # a broadcast k/v head (MQA/GQA)
+            return t.expand(B, t.shape[1], n, t.shape[-1])
+        return t.reshape(B, H, n, t.shape[-1])
+    k_grad = heads(kt.grad.transpose(-1, -2), Tk)
+    return dict(attn=a.detach().reshape(B, H, T, Tk).double(), attn_grad=a.grad.reshape(B, H, T, Tk).double(),
+                scores_grad=S.grad.reshape(B, H, T, Tk).double(), y_grad=heads(y.grad, T),
+                q_grad=heads(q.grad, T), k_grad=k_grad, v_grad=heads(v.grad, Tk),
+                n_kv=k_grad.shape[1] if k_grad.shape[1] != H else None)
+
+
+def make(family: str, target: float = 30.0, **overrides):
+    """A tiny float64 model of ``family`` (eager), q/k weights scaled so max |τ q·k| ≈ ``target``."""
+    torch.manual_seed(0)
+    cls, cfg = FAMILIES[family][0], FAMILIES[family][1]()
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    cfg._attn_implementation = "eager"
+    with torch.device("cpu"):
+        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64).eval()
+    params = [p for n, p in m.named_parameters() if n.split(".")[-2] in QK and n.split(".")[-1] == "weight"]
+    x = inputs("right")
+    for _ in range(3):                              # logits are bilinear in W_q, W_k: scale both by √ratio
+        with Capture(m) as cap:
+            m(**x).loss.backward()
+        m.zero_grad()
+        ratio = target / float(cap.compute()["logit_max"].max())
+        with torch.no_grad():
+            for p in params:
+                p.mul_(ratio ** 0.5)
+    return m
+
+
+def inputs(padding: str, B: int = 2, T: int = 7):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(3, V, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    if B > 1:
+        if padding == "right":
+            mask[1, T - 2:] = 0
+        else:
+            mask[1, :3] = 0                           # left: rows 0..2 of sequence 1 see no real key
+    return dict(input_ids=x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100))
+
+
+def compare(model, x, classes, H: int, tol: float = 1e-8, min_logit: float = 20.0) -> dict:
+    """Record one forward/backward with Capture, then the truth of the same forward; assert equal."""
+    with float64_softmax():
+        return _compare(model, x, classes, H, tol, min_logit)
+
+
+def _compare(model, x, classes, H, tol, min_logit):
+    with Capture(model) as cap:
+        loss = model(**x).loss
+        loss.backward()
+    model.zero_grad()
+    got = cap.compute(torch.float64)            # GPT-Neo's q, k are float32: compare in float64
+    assert float(got["logit_max"].max()) >= min_logit, "test must run at trained-size logits"
+    with kept(classes) as (calls, attach):
+        attach(model)
+        ref_loss = model(**x).loss
+        ref_loss.backward()
+    model.zero_grad()
+    torch.testing.assert_close(ref_loss.detach(), loss.detach(), rtol=1e-12, atol=0)
+    assert len(calls) == got["attn"].shape[0]
+    for i, (_, events) in enumerate(calls):
+        ref = truth(events, H)
+        n_kv = ref.pop("n_kv")
+        check(per_layer(got, i), ref, ref["attn"] > 0, n_kv, name=f"{type(model).__name__} L{i}", tol=tol)
+    return cap.attrs

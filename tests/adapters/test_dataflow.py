@@ -1,0 +1,200 @@
+"""The dataflow adapter (dyntool/adapters/dataflow*.py) against float64 autograd truth.
+
+Every family that computes its own softmax records α, B, advantages, ∂L/∂S, U, dQ, dK, dV equal to
+autograd on the model's own tensors (``dataflow_reference``: kept with retain_grad by swapped
+torch functions, no tracer) at trained-size logits (max |τ q·k| ≥ 20), with right and left
+padding; the refusals come as one line with their reason."""
+import functools
+
+import pytest
+import torch
+
+from dyntool.capture import Capture, CaptureError
+
+from . import dataflow_reference as R
+from .dataflow_models import TinyNano, batch, nano
+from .reference import check, per_layer
+
+transformers = pytest.importorskip("transformers")
+
+# MPT in float64 with left padding: the model's own loss is NaN (its float32 softmax of float64's
+# finfo.min gives −inf rows), so there is nothing to compare
+CASES = [(f, p) for f in R.FAMILIES for p in ("right", "left") if (f, p) != ("mpt", "left")]
+
+
+@pytest.fixture
+def float64_default():
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)      # XGLM builds a torch.full(finfo.min) in the default dtype
+    yield
+    torch.set_default_dtype(old)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(family):                          # one model per family for both paddings (weights never change)
+    return R.make(family)
+
+
+@pytest.mark.parametrize("family,padding", CASES)
+def test_family_matches_float64_autograd(family, padding, float64_default):
+    model = _model(family)
+    cls = R.FAMILIES[family][0]
+    attn = next(m for m in model.modules() if type(m).__name__ == cls)
+    from dyntool.adapters.dataflow import n_heads
+    attrs = R.compare(model, R.inputs(padding), {cls}, n_heads(attn), tol=R.TOL.get(family, 1e-8))
+    assert attrs["adapter"] == "dataflow"
+
+
+def _nano_truth(m, x, pad, memory=None, tol=1e-8):
+    w = torch.randn(*x.shape, 29, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    loss = lambda: (m(x, pad, memory) * w).sum()             # noqa: E731
+    with Capture(m) as cap:
+        loss().backward()
+    m.zero_grad()
+    got = cap.compute()
+    assert float(got["logit_max"].max()) >= 20
+    with R.kept({"CausalSelfAttention"}) as (calls, attach):
+        attach(m)
+        loss().backward()
+    m.zero_grad()
+    assert len(calls) == got["attn"].shape[0]
+    for i, (_, events) in enumerate(calls):
+        ref = R.truth(events, 2)
+        n_kv = ref.pop("n_kv")
+        check(per_layer(got, i), ref, ref["attn"] > 0, n_kv, name=f"nano L{i}", tol=tol)
+    return cap
+
+
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("padding", ["right", "left"])
+def test_nanogpt_manual_path_matches_autograd(inplace, padding):
+    x, pad = batch(padding=padding)
+    cap = _nano_truth(nano(inplace=inplace), x, pad)
+    assert cap.adapter.name == "dataflow" and len(cap.sites) == 2
+
+
+def test_batch_one_and_cross_attention_with_other_key_length():
+    x, _ = batch(B=1)
+    _nano_truth(nano(), x, None)
+    m = nano(cross=True)
+    memory = torch.randn(2, 5, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 3
+    x, pad = batch()
+    cap = _nano_truth(m, x, None, memory)
+    assert {(s["T"], s["Tk"]) for s in cap.attrs["sites"]} == {(8, 5)}
+
+
+def test_dropout_refused_with_residual():
+    m = nano(dropout=0.3).train()
+    x, pad = batch()
+    with pytest.raises(CaptureError, match=r"differs from the output the model used by \d.*dropout p=0.3"):
+        with Capture(m):
+            m(x, pad).sum().backward()
+
+
+def test_gradient_edit_on_alpha_refused_by_backward_check():
+    """An op dyntool cannot see in the forward (a hook rescaling ∂L/∂α) is caught on the backward."""
+    m = nano()
+    x, pad = batch()
+    real = torch.nn.functional.softmax
+
+    def softmax(t, dim=None, **kw):
+        a = real(t, dim=dim, **kw)
+        if a.requires_grad:
+            a.register_hook(lambda g: 2 * g)
+        return a
+    torch.nn.functional.softmax = softmax
+    try:
+        with pytest.raises(CaptureError, match=r"∂L/∂α differs from U Vᵀ by 0\.\d+ and its ∂L/∂S"):
+            with Capture(m):
+                m(x, pad).sum().backward()
+    finally:
+        torch.nn.functional.softmax = real
+
+
+def test_checkpointing_non_reentrant_exact_reentrant_refused():
+    x, pad = batch()
+    _nano_truth(nano(checkpointing="non-reentrant"), x, pad)
+    m = nano(checkpointing="reentrant")
+    with pytest.raises(CaptureError, match="reentrant activation checkpointing"):
+        with Capture(m):
+            m(x, pad).sum().backward()
+
+
+def test_moe_router_softmax_is_not_a_site():
+    x, pad = batch()
+    cap = _nano_truth(nano(moe=True), x, pad)
+    assert [s.label for s in cap.sites] == ["CausalSelfAttention"] * 2
+
+
+def test_non_recording_forward_has_no_hooks_and_same_output():
+    m = nano()
+    x, pad = batch()
+    before = m(x, pad)
+    with Capture(m) as cap:
+        m(x, pad).sum().backward()
+    assert not any(mod._forward_pre_hooks or mod._forward_hooks for mod in m.modules())
+    torch.testing.assert_close(m(x, pad), before, rtol=0, atol=0)
+    assert cap.adapter.residuals and max(max(r) for r in cap.adapter.residuals.values()) < 1e-12
+
+
+def test_softmax_not_reaching_v_is_refused_in_one_line():
+    class Odd(torch.nn.Module):           # a softmax, but α·V through a transpose dyntool does not follow
+        def __init__(self):
+            super().__init__()
+            self.q = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            a = torch.softmax(self.q(x) @ x.transpose(-1, -2), dim=-1)
+            return a.transpose(-1, -2) @ x
+
+    class OddAttention(Odd):
+        pass
+    m = torch.nn.Sequential(OddAttention()).double()
+    with pytest.raises(CaptureError, match="without a last-dimension softmax whose output reaches a matmul"):
+        with Capture(m):
+            m(torch.randn(2, 3, 4, dtype=torch.float64)).sum().backward()
+
+
+def test_falcon_eager_routes_to_dataflow_and_sdpa_stays_sdpa():
+    cfg = R.FAMILIES["falcon"][1]()
+    for impl, name in (("eager", "dataflow"), ("sdpa", "sdpa")):
+        cfg._attn_implementation = impl
+        m = transformers.AutoModelForCausalLM.from_config(cfg)
+        assert Capture(m).adapter.name == name
+
+
+def test_unknown_class_name_is_one_line():
+    with pytest.raises(CaptureError, match="no module of class 'Nope'"):
+        Capture(TinyNano(), attention="Nope")
+
+
+def _record(model, inputs, **kw):
+    with Capture(model, **kw) as cap:
+        out = model(**inputs)
+        (out.loss if hasattr(out, "loss") else out.sum()).backward()
+    model.zero_grad()
+    return cap.adapter.name, cap.compute()
+
+
+@pytest.mark.parametrize("cls,kind,adapter", [("BertSelfAttention", "bert", "hf"), ("ViTAttention", "vit", "hf"),
+                                              ("GPTJAttention", "gptj", "hf"),
+                                              ("MultiheadAttention", "mha", "torch-mha")])
+def test_named_class_routes_by_what_it_does(cls, kind, adapter):
+    """The four classes that were refused when named (routed to SDPA) record what the automatic
+    path records (exact against float64 autograd in test_hf_models / test_torch_mha)."""
+    if kind == "mha":
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True, dtype=torch.float64)
+        model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+        x = torch.randn(2, 6, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        run = lambda **kw: _record(torch.nn.Sequential(model), {"input": x}, **kw)  # noqa: E731
+    else:
+        from .hf_reference import make_inputs, make_model
+        model = make_model(kind, "eager")
+        run = lambda **kw: _record(model, make_inputs(kind), **kw)                    # noqa: E731
+    name, named = run(attention=cls)
+    auto_name, auto = run()
+    assert name == auto_name == adapter
+    assert named.keys() == auto.keys()
+    for k in auto:
+        torch.testing.assert_close(named[k], auto[k], rtol=0, atol=0, equal_nan=True, msg=k)
