@@ -18,7 +18,7 @@ from .errors import RunError
 from .location import URLPath, location
 from .record.ranks import RECORD_DIR, open_record  # noqa: F401  (RECORD_DIR: re-exported)
 from .record.store import RecordError
-from .run_files import check_meta, json_object, metric_rows, orphan_ranks, read_json, read_metrics  # noqa: F401
+from .run_files import check_meta, held_to_written, json_object, metric_rows, orphan_ranks, read_json, read_metrics  # noqa: F401
 from .storage import Backend, open_backend
 from .storage.local import disk_usage, is_run_dir  # noqa: F401  (re-exported: is_run_dir, disk_usage)
 
@@ -89,6 +89,7 @@ class Run:
             self.metrics
             st = self.store
             found = st.verify(full) if st is not None else []
+            held_to_written(self.meta, len(self.metrics), st.steps_written if st is not None else 0, found)
             self._problems.extend(p for p in found if p not in self._problems)
             self.notes.extend(n for n in getattr(st, "notes", None) or [] if n not in self.notes)
             self._checked = True

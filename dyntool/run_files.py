@@ -141,3 +141,20 @@ def orphan_ranks(names) -> list[str]:
     others = sorted(n for n in names if n.startswith("record.rank") and n.endswith(".zarr"))
     return [f"{RECORD_DIR} (rank 0's recording, which names the ranks) is missing but "
             f"{', '.join(others)} exist(s); the recording can't be read"] if others else []
+
+
+def held_to_written(meta: dict, metrics_rows: int, record_steps: int, problems: list[str]) -> None:
+    """A finished run says what it wrote (meta ``written``: metrics rows, committed record steps);
+    fewer now means a file was cut or deleted since, which nothing else can tell (a row-boundary
+    cut parses cleanly; a missing record reads as an unrecorded run).  Runs written before
+    dyntool recorded ``written`` are not held to anything."""
+    written = meta.get("written") if meta.get("status") == "finished" else None
+    if not isinstance(written, dict):
+        return
+    rows, steps = written.get("metrics_rows"), written.get("record_steps")
+    if isinstance(rows, int) and metrics_rows < rows:
+        problems.append(f"metrics.jsonl holds {metrics_rows} rows; the finished run wrote {rows} "
+                        "(cut or deleted since)")
+    if isinstance(steps, int) and record_steps < steps:
+        problems.append(f"record.zarr holds {record_steps} committed steps; the finished run wrote {steps} "
+                        "(deleted, or a commit marker lowered, since)")

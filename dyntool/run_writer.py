@@ -129,7 +129,7 @@ def _git_commit() -> dict[str, Any]:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=src, capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=src,
+        dirty = bool(subprocess.run(["git", "--no-optional-locks", "status", "--porcelain", "--untracked-files=no"], cwd=src,
                                     capture_output=True, text=True, timeout=5).stdout.strip())
         return {"git_commit": sha or None, "git_dirty": dirty if sha else None}
     except (OSError, subprocess.SubprocessError):
@@ -187,6 +187,7 @@ class RunWriter:
         self.backend, self.meta = backend, meta
         self.path = backend.path
         self._metrics = backend.appender("metrics.jsonl")
+        self._rows = 0                      # metrics rows written: a finished run is held to them
         self.store = None
         self._old_handlers: dict = {}
 
@@ -211,6 +212,7 @@ class RunWriter:
     def log(self, step: int, **metrics: Any) -> None:
         """Append one row to metrics.jsonl (``step`` first)."""
         self._metrics.write(json.dumps(_jsonable({"step": int(step), **metrics})) + "\n")
+        self._rows += 1
 
     def update_meta(self, _final_status: bool = False, **kv: Any) -> None:
         self.meta.update(kv, updated=_now())
@@ -232,6 +234,9 @@ class RunWriter:
         if errors and status == "finished":
             e = errors[0]
             status, kv = "failed", {**kv, "error": f"{type(e).__name__}: {e}"}
+        if status == "finished":            # what every file must still hold later (`check`)
+            kv = {**kv, "written": {"metrics_rows": self._rows,
+                                    **({"record_steps": self.store.steps_committed} if self.store else {})}}
         self.update_meta(_final_status=True, status=status, **kv)
         if errors:
             raise errors[0]

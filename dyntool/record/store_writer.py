@@ -128,6 +128,11 @@ class StoreWriter:
             self._queue.put(None)
             self._thread.join(timeout=60)
 
+    @property
+    def steps_committed(self) -> int:
+        """Steps handed to the writer thread (all committed once :meth:`close` returned cleanly)."""
+        return self._n_submitted
+
     def write_static(self, name: str, data: np.ndarray, dims: tuple[str, ...]) -> None:
         """A per-run array with no step axis (e.g. targets, Bayes entropy per position),
         stored under ``static/``.  Written synchronously: call it before training starts."""

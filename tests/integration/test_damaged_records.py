@@ -56,3 +56,44 @@ def test_the_app_lists_a_zarr_v2_run_as_corrupt(runs, monkeypatch):
     table = at.dataframe[0].value
     status = dict(zip(table["id"] if "id" in table else table.iloc[:, 0], table["status"]))
     assert status == {"good": "finished", "v2": "corrupt"}, status
+
+
+@pytest.mark.parametrize("damage, line", [
+    ("cut", "metrics.jsonl holds 2 rows; the finished run wrote 4 (cut or deleted since)"),
+    ("no-metrics", "metrics.jsonl holds 0 rows; the finished run wrote 4"),
+    ("no-record", "record.zarr holds 0 committed steps; the finished run wrote 4"),
+    ("marker", "record.zarr holds 1 committed steps; the finished run wrote 4")])
+def test_a_finished_run_is_held_to_the_steps_it_wrote(tmp_path, capsys, damage, line):
+    """Item 9: ``metrics.jsonl`` cut at a row boundary or deleted, ``record.zarr`` deleted, or its
+    commit marker lowered, and ``check`` said ok (``info``: rows 0..1 against 4 steps).  A finished
+    run's meta says what it wrote; ``check`` holds every file to it."""
+    import json
+    assert main(["sim", "toy", "--steps", "4", "--out", str(tmp_path), "--name", "r", "--quiet"]) == 0
+    run = tmp_path / "r"
+    assert json.loads((run / "meta.json").read_text())["written"] == {"metrics_rows": 4, "record_steps": 4}
+    assert main(["check", str(run)]) == 0
+    if damage == "cut":
+        rows = (run / "metrics.jsonl").read_text().splitlines(keepends=True)
+        (run / "metrics.jsonl").write_text("".join(rows[:2]))
+    elif damage == "no-metrics":
+        (run / "metrics.jsonl").unlink()
+    elif damage == "no-record":
+        shutil.rmtree(run / "record.zarr")
+    else:
+        meta = json.loads((run / "record.zarr" / "zarr.json").read_text())
+        meta["attributes"]["steps_written"] = 1
+        (run / "record.zarr" / "zarr.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["check", str(run)]) == 1
+    assert line in capsys.readouterr().out
+
+
+def test_a_run_that_never_said_what_it_wrote_is_not_held(tmp_path, capsys):
+    """Runs written before ``written`` existed (or not finished) are read as before."""
+    import json
+    assert main(["sim", "toy", "--steps", "4", "--out", str(tmp_path), "--name", "old", "--quiet"]) == 0
+    meta = json.loads((tmp_path / "old" / "meta.json").read_text())
+    del meta["written"]
+    (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
+    shutil.rmtree(tmp_path / "old" / "record.zarr")
+    assert main(["check", str(tmp_path / "old")]) == 0

@@ -188,3 +188,23 @@ def test_an_interrupted_simulation_with_a_name_says_to_change_it(tmp_path, monke
     err = capsys.readouterr().err
     assert "the same command with another --name (or none; mine is kept) starts it again" in err, err
     assert "the same command starts it again" not in err
+
+
+def test_a_new_run_reads_the_commit_without_locking_the_checkouts_index(monkeypatch):
+    """Item 11: every new run ran ``git status``, which takes ``.git/index.lock`` to refresh the
+    index, and so could make a developer's concurrent ``git commit`` in the checkout fail.  The
+    commit and dirty flag are still read (this checkout is a git repository)."""
+    import subprocess as sp
+    from dyntool import run_writer
+    calls = []
+    real = sp.run
+
+    def spy(argv, *a, **k):
+        calls.append(list(argv))
+        return real(argv, *a, **k)
+    monkeypatch.setattr(run_writer.subprocess, "run", spy)
+    got = run_writer._git_commit()
+    status = [c for c in calls if "status" in c]
+    assert status and all(c[:2] == ["git", "--no-optional-locks"] for c in status), calls
+    if (REPO / ".git").exists():
+        assert got["git_commit"] and isinstance(got["git_dirty"], bool)

@@ -30,3 +30,21 @@ def test_a_new_run_inside_a_run_on_s3_is_refused(s3, capsys, below):   # noqa: F
     assert len(err) == 1 and f"is inside the run {base}; runs are never written into" in err[0], err
     assert _objects(s3) == before
     assert main(["check", base]) == 0
+
+
+def test_a_finished_remote_run_missing_its_record_metadata_is_a_problem(s3, capsys):   # noqa: F811
+    """Item 9 on S3: a deleted ``record.zarr/zarr.json`` gave "ok (0 steps committed)" (locally
+    reported); the finished run's step count now holds it, and a cut metrics.jsonl too."""
+    import boto3
+    assert main(["sim", "toy", "--steps", "3", "--out", f"s3://{BUCKET}/held", "--name", "r", "--quiet"]) == 0
+    url = f"s3://{BUCKET}/held/r"
+    assert main(["check", url]) == 0
+    c = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    c.delete_object(Bucket=BUCKET, Key="held/r/record.zarr/zarr.json")
+    rows = c.get_object(Bucket=BUCKET, Key="held/r/metrics.jsonl")["Body"].read().splitlines(keepends=True)
+    c.put_object(Bucket=BUCKET, Key="held/r/metrics.jsonl", Body=b"".join(rows[:1]))
+    capsys.readouterr()
+    assert main(["check", url]) == 1
+    out = capsys.readouterr().out
+    assert "the finished run wrote 3 (deleted, or a commit marker lowered, since)" in out, out
+    assert "metrics.jsonl holds 1 rows; the finished run wrote 3" in out, out
