@@ -198,3 +198,49 @@ def test_named_class_routes_by_what_it_does(cls, kind, adapter):
     assert named.keys() == auto.keys()
     for k in auto:
         torch.testing.assert_close(named[k], auto[k], rtol=0, atol=0, equal_nan=True, msg=k)
+
+
+def test_bfloat16_model_with_float32_softmax_records_within_bf16_rounding():
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(R.FAMILIES["bloom"][1](), dtype=torch.bfloat16).eval()
+    x = R.inputs("left")
+    with Capture(model) as cap:
+        model(**x).loss.backward()
+    model.zero_grad()
+    got = cap.compute()
+    with R.kept({"BloomAttention"}) as (calls, attach):
+        attach(model)
+        model(**x).loss.backward()
+    for i, (_, events) in enumerate(calls):
+        ref = R.truth(events, 2)
+        layer = per_layer(got, i)
+        assert events[[e[0] for e in events].index("softmax")][2].dtype == torch.float32
+        torch.testing.assert_close(layer["attn"].double(), ref["attn"], rtol=0, atol=2e-2)
+        torch.testing.assert_close(layer["score_grad"].double(), ref["scores_grad"].masked_fill(ref["attn"] == 0, 0),
+                                   rtol=0.1, atol=float(ref["scores_grad"].abs().max()) * 0.05)
+
+
+def test_run_recorded_through_dataflow_reads_with_info_and_check(tmp_path):
+    from dyntool.cli import main
+    from dyntool.integrations import RunRecorder
+    from dyntool.run import open_run
+    torch.manual_seed(0)
+    cfg = R.FAMILIES["falcon"][1]()
+    cfg._attn_implementation = "eager"
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    probe = torch.arange(8).view(1, 8) % R.V
+    with RunRecorder(model, tmp_path, max_steps=3, every=1, name="df", probe={"input_ids": probe, "labels": probe}) as rec:
+        for step in range(3):
+            rec.probe_step(step)
+            loss = model(input_ids=probe, labels=probe).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            rec.log(step, loss=loss.item())
+    run = open_run(tmp_path / "df")
+    assert run.config["model"]["adapter"] == "dataflow"
+    ds = run.to_xarray()
+    assert "attn" in ds and ds["attn"].sizes["step"] == 3
+    assert main(["check", str(tmp_path / "df")]) == 0
+    assert main(["info", str(tmp_path / "df")]) == 0
