@@ -53,6 +53,11 @@ def _probed(r) -> pd.DataFrame:
     return df[df["atlas_probe_loss"].notna()].sort_values("step") if "atlas_probe_loss" in df else df.iloc[:0]
 
 
+def _alpha(g) -> float:
+    """Seeds of one arm share its colour and line style; later seeds are drawn lighter."""
+    return 1.0 if int(g["seed"].iloc[0]) % 2 == 0 else 0.5
+
+
 def _label(r) -> str:
     return f"{style.ATTN_LABELS.get(attention(r), attention(r))} s{seed(r)}"
 
@@ -133,7 +138,7 @@ def atlas_olsson(runs, **opts):
     for k, (rid, g) in enumerate(data.groupby("run", sort=False)):
         c = style.attn_color(g["arm"].iloc[0], int(g["seed"].iloc[0]))
         for ax, (col, _) in zip(axes, cols):
-            ax.plot(g["step"], g[col], color=c, lw=0.8, alpha=0.9,
+            ax.plot(g["step"], g[col], color=c, lw=0.8, alpha=_alpha(g),
                     ls="-" if g["arm"].iloc[0] == "mhsa" else "--", label=rid)
     T = _T(runs[0])
     axes[3].axhline(chance_induction(T // 2), color=style.REF_COLOR, lw=0.6, ls=":")
@@ -173,7 +178,8 @@ def atlas_gu(runs, **opts):
     for rid, g in data.groupby("run", sort=False):
         c = style.attn_color(g["arm"].iloc[0], int(g["seed"].iloc[0]))
         for ax, (col, _) in zip(axes, cols):
-            ax.plot(g["step"], g[col], color=c, lw=0.8, ls="-" if g["arm"].iloc[0] == "mhsa" else "--", label=rid)
+            ax.plot(g["step"], g[col], color=c, lw=0.8, alpha=_alpha(g), ls="-" if g["arm"].iloc[0] == "mhsa" else "--",
+                    label=rid)
     axes[2].axhline(chance_first_mass(T), color=style.REF_COLOR, lw=0.6, ls=":")
     axes[2].axhline(GU_EPS, color=style.REF_COLOR, lw=0.6, ls="--")
     for ax, (_, lab) in zip(axes, cols):
@@ -226,4 +232,42 @@ def atlas_drivers(runs, **opts):
            "Right: the driving gradient terms, the mean advantage A = E_α[b] − b of the first column and of the copy "
            "key (positive: gradient descent raises that score; symlog axis, dotted zero) and the first column's "
            "share of ‖∂L/∂S‖. Events (first sustained crossings and their lags) are in the study's summary.json.")
+    return fig, data, cap
+
+
+# -- atlas_logits ---------------------------------------------------------------------------------
+@figure("atlas_logits", "Max-logit growth and entropy collapse per head (MHSA vs QK-norm)", KIND,
+        needs=NEEDS + " and the cheap tier (logit_max, attn_entropy per head)", group="atlas", pick=_atlas_runs,
+        check=_check)
+def atlas_logits(runs, **opts):
+    rows = []
+    for r in runs:
+        df = r.metrics.sort_values("step")
+        lm = df[list(mn.per_head(df.columns, mn.LOGIT_MAX).values())]
+        ent = df[list(mn.per_head(df.columns, mn.ATTN_ENTROPY).values())]
+        need(lm.shape[1] and ent.shape[1], f"run {r.id} logs no per-head logit_max / attn_entropy")
+        rows.append(pd.DataFrame({"run": r.id, "arm": attention(r), "seed": seed(r), "step": df["step"],
+                                  "max_logit": lm.max(axis=1), "min_entropy": ent.min(axis=1),
+                                  "mean_entropy": ent.mean(axis=1)}).dropna())
+    data = pd.concat(rows, ignore_index=True)
+    fig = style.figure(style.DOUBLE, 2.3)
+    axes = fig.subplots(1, 3)
+    cols = (("max_logit", "largest |q·k|/√d_h over heads"), ("min_entropy", "lowest head entropy [nats]"),
+            ("mean_entropy", "mean head entropy [nats]"))
+    for rid, g in data.groupby("run", sort=False):
+        c = style.attn_color(g["arm"].iloc[0], int(g["seed"].iloc[0]))
+        for ax, (col, _) in zip(axes, cols):
+            ax.plot(g["step"], g[col], color=c, lw=0.8, alpha=_alpha(g), ls="-" if g["arm"].iloc[0] == "mhsa" else "--",
+                    label=rid)
+    for ax, (_, lab) in zip(axes, cols):
+        ax.set_xlabel(style.STEP)
+        ax.set_title(lab, fontsize="x-small")
+    axes[0].legend(fontsize="xx-small")
+    s = data.sort_values("step").groupby("run")
+    first, peak, last = s.first(), s.max(), s.last()
+    cap = ("Per step on the training batch (the cheap tier): the largest pre-softmax logit over all heads "
+           "(Wortsman et al., Dehghani et al.), and the lowest and mean per-head attention entropy (Zhai et al.'s "
+           "entropy collapse). Solid MHSA, dashed QK-norm. Max logit first → peak → last: " + "; ".join(
+               f"{rid}: {first.loc[rid, 'max_logit']:.2f} → {peak.loc[rid, 'max_logit']:.2f} → "
+               f"{last.loc[rid, 'max_logit']:.2f}" for rid in first.index) + ".")
     return fig, data, cap

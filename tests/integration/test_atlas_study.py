@@ -36,7 +36,7 @@ def test_ci_atlas_study_records_every_head_every_step(study, capsys):
 
 def test_atlas_figures_draw_what_the_run_logged(study, tmp_path):
     import pandas as pd
-    names = ["atlas_grid", "atlas_olsson", "atlas_gu", "atlas_drivers"]
+    names = ["atlas_grid", "atlas_olsson", "atlas_gu", "atlas_drivers", "atlas_logits"]
     rc = main(["figures", str(study / "a"), "--out", str(tmp_path), "--only", ",".join(names), "--format", "png",
                "--dpi", "40"])
     assert rc == 0
