@@ -244,3 +244,25 @@ def test_run_recorded_through_dataflow_reads_with_info_and_check(tmp_path):
     assert "attn" in ds and ds["attn"].sizes["step"] == 3
     assert main(["check", str(tmp_path / "df")]) == 0
     assert main(["info", str(tmp_path / "df")]) == 0
+
+
+def test_backward_check_on_first_recorded_step_and_every_nth():
+    m = nano()
+    x, pad = batch()
+    ran = []
+    for _ in range(11):
+        with Capture(m) as cap:
+            m(x, pad).sum().backward()
+        m.zero_grad()
+        ran.append(bool(cap.adapter.residuals))
+    assert ran == [True] + [False] * 9 + [True]
+
+
+def test_two_forwards_in_one_capture_are_refused():
+    """Gradient accumulation (two forwards, one backward) inside one Capture: one line, as for
+    every adapter (capture one micro-step)."""
+    m = nano()
+    x, pad = batch()
+    with pytest.raises(CaptureError, match="ran twice inside one Capture"):
+        with Capture(m):
+            (m(x, pad).sum() + m(x, pad).sum()).backward()
