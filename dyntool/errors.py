@@ -24,6 +24,13 @@ class RunError(DyntoolError):
     """A run directory that can't be created, read, or is corrupted."""
 
 
+class StorageError(DyntoolError):
+    """The storage failed while a run was being written (an object store that stayed unreachable
+    past the retries): one line, exit code 1 (not a refusal); the run is marked failed."""
+
+    exit_code = 1
+
+
 class NonFiniteLossError(DyntoolError):
     """Training produced a NaN/inf loss; the run is marked failed, records kept."""
 

@@ -55,16 +55,50 @@ def object_store(url: str, create: bool = False):
     if missing:
         raise RunError(f"no AWS credentials for {url}: set {' and '.join(missing)} "
                        "(and AWS_ENDPOINT_URL for an S3-compatible server)")
+    _reachable(u.netloc)
+    return _s3_store(u.netloc, u.path.strip("/") or None, RIDE_OUT)
+
+
+# Once the endpoint has answered, a request that fails transiently (connection refused or reset,
+# a timeout, a 5xx) is retried with exponential backoff for up to RIDE_OUT_S seconds, so a writer
+# rides out a short outage (obstore's own 2 retries were spent in 0.24 s); the first contact of a
+# process is a quick PROBE instead, so a silent or absent endpoint is refused in seconds.
+RIDE_OUT_S = 60
+RIDE_OUT = {"max_retries": 16, "retry_timeout": RIDE_OUT_S, "init_backoff": 0.25, "max_backoff": 8,
+            "connect_timeout": "5s", "timeout": "20s"}
+PROBE = {"max_retries": 1, "retry_timeout": 5, "init_backoff": 0.25, "max_backoff": 1,
+         "connect_timeout": "4s", "timeout": "8s"}
+_ANSWERED: set[tuple] = set()           # (endpoint, bucket) that answered this process's probe
+
+
+def _s3_store(bucket: str, prefix: str | None, policy: dict):
     from obstore.store import S3Store
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     td = _dt.timedelta
-    retry = {"max_retries": 2, "retry_timeout": td(seconds=10),
-             "backoff": {"init_backoff": td(seconds=0.1), "max_backoff": td(seconds=1), "base": 2}}
+    retry = {"max_retries": policy["max_retries"], "retry_timeout": td(seconds=policy["retry_timeout"]),
+             "backoff": {"init_backoff": td(seconds=policy["init_backoff"]),
+                         "max_backoff": td(seconds=policy["max_backoff"]), "base": 2}}
     kw = {"endpoint": endpoint} if endpoint else {}
-    return S3Store(u.netloc, prefix=u.path.strip("/") or None, region=region, retry_config=retry,
+    return S3Store(bucket, prefix=prefix, region=region, retry_config=retry,
                    client_options={"allow_http": bool(endpoint and endpoint.startswith("http://")),
-                                   "connect_timeout": "5s", "timeout": "30s"}, **kw)
+                                   "connect_timeout": policy["connect_timeout"], "timeout": policy["timeout"]}, **kw)
+
+
+def _reachable(bucket: str) -> None:
+    """One LIST of at most one key with the short PROBE policy, once per endpoint and bucket and
+    process: an endpoint that refuses, or accepts and never answers, is a one-line RunError within
+    about 10 s (the ride-out policy would wait a minute on it)."""
+    where = (os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL"), bucket)
+    if where in _ANSWERED:
+        return
+    import obstore
+    try:
+        next(iter(obstore.list(_s3_store(bucket, None, PROBE), None, chunk_size=1)), None)
+    except Exception as e:
+        if "<Code>" not in str(e):         # no S3 answer at all (an S3 error, e.g. NoSuchBucket, is
+            raise RunError(f"s3://{bucket} can't be reached: {short(e)}") from None   # the caller's to say)
+    _ANSWERED.add(where)
 
 
 class Remote:

@@ -179,8 +179,18 @@ class StoreWriter:
 
     # -- internals ----------------------------------------------------------------------
     def _raise_if_failed(self):
-        if self._error is not None:
-            raise RuntimeError(f"recording writer failed: {self._error}") from self._error
+        e = self._error
+        if e is None:
+            return
+        remote = e
+        while remote is not None and type(remote).__module__.split(".")[0] != "obstore":
+            remote = remote.__cause__ or remote.__context__
+        if remote is not None:             # an object store's message is a page of request debug
+            from ..errors import StorageError
+            from .object_store import RIDE_OUT, short
+            raise StorageError(f"recording writer failed: {short(remote)} (retried for {RIDE_OUT['retry_timeout']} s); the run "
+                               "is marked failed, what was committed before is kept") from e
+        raise RuntimeError(f"recording writer failed: {e}") from e
 
     def _flush_timer(self) -> None:
         """Submit rows that have waited ``flush_seconds`` even when no further append comes."""
