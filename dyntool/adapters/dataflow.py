@@ -225,6 +225,7 @@ def _tau(f, allowed, shape) -> tuple[float, bool]:
     (d,) = torch.autograd.grad(f.S, P, probe, retain_graph=True)
     if d.numel() != probe.numel():
         raise DataflowRefusal("the scores are not a reshape of the q·kᵀ product (their element counts differ)")
+    _only_through_product(f, probe, d)
     tau_map = (d.to(torch.float64).reshape(shape) / probe.to(torch.float64).reshape(shape))[allowed]
     if tau_map.numel() == 0:
         raise DataflowRefusal("α weighs no key")
@@ -233,6 +234,25 @@ def _tau(f, allowed, shape) -> tuple[float, bool]:
         raise DataflowRefusal("the scores α weighs do not depend on q·kᵀ")
     spread = float(((tau_map - tau).abs() / abs(tau)).max())
     return tau, spread <= _TAU_TOL.get(P.dtype, 1e-5)
+
+
+def _only_through_product(f, probe, d) -> None:
+    """S must reach q and k through the product only: autograd's ∂S/∂q, ∂S/∂k on the probe equal the
+    product's own backward of ∂S/∂(q kᵀ).  DeBERTa's c2p/p2c terms (q·pos_k, k·pos_q) fail here,
+    and dQ/dK from τ dS k would miss them."""
+    a, b, _, P, _ = f.producer
+    ins = [t for t in (a, b) if t.requires_grad]
+    if not ins:
+        return
+    full = torch.autograd.grad(f.S, ins, probe, retain_graph=True, allow_unused=True)
+    own = torch.autograd.grad(P, ins, d, retain_graph=True, allow_unused=True)
+    for x, y in zip(full, own):
+        if x is None and y is None:
+            continue
+        err = 1.0 if x is None or y is None else float((x - y).norm() / y.norm().clamp_min(torch.finfo(y.dtype).tiny))
+        if not err <= _TAU_TOL.get(y.dtype if y is not None else x.dtype, 1e-5):
+            raise DataflowRefusal(f"the scores depend on q or k outside their product q·kᵀ (relative {err:.2g}: a "
+                                  "relative-position term such as DeBERTa's c2p/p2c), so dQ/dK would miss it")
 
 
 def _hooked(views, q4, k4, H):

@@ -42,8 +42,10 @@ FAMILIES = {
                                                                  vocab_size=V)),
 }
 # MPT takes its softmax of S.float(): α is float32's, in a float64 model
-TOL = {"mpt": 1e-6, "gpt_neo": 1e-5}   # GPT-Neo casts q and k to float32 before q·kᵀ
-QK = ("query_key_value", "Wqkv", "q_proj", "k_proj", "c_attn", "c_q", "c_k")
+# GPT-Neo casts q and k to float32 before q·kᵀ; XLM takes the softmax of S.float()
+TOL = {"mpt": 1e-6, "gpt_neo": 1e-5, "xlm": 1e-6}
+QK = ("query_key_value", "Wqkv", "q_proj", "k_proj", "c_attn", "c_q", "c_k", "query", "key", "q_lin", "k_lin", "q", "k",
+      "project_q", "project_k", "q_head", "k_head", "query_proj", "key_proj")
 
 
 @contextmanager
@@ -52,7 +54,7 @@ def kept(classes):
     calls: list = []
     cur: list = []
     real = dict(softmax=F.softmax, matmul=torch.matmul, bmm=torch.bmm, baddbmm=torch.Tensor.baddbmm,
-                mm=torch.Tensor.__matmul__)
+                mm=torch.Tensor.__matmul__, tmatmul=torch.Tensor.matmul, fbaddbmm=torch.baddbmm)
 
     def keep(*ts):
         for t in ts:
@@ -80,8 +82,11 @@ def kept(classes):
     F.softmax = softmax
     torch.matmul, torch.bmm = product(real["matmul"], two), product(real["bmm"], two)
     torch.Tensor.__matmul__ = product(real["mm"], two)
-    torch.Tensor.baddbmm = product(real["baddbmm"], lambda a, kw: (kw.get("batch1", a[1] if len(a) > 1 else None),
-                                                                    kw.get("batch2", a[2] if len(a) > 2 else None)))
+    torch.Tensor.matmul = product(real["tmatmul"], two)
+    operands = lambda a, kw: (kw.get("batch1", a[1] if len(a) > 1 else None),               # noqa: E731
+                              kw.get("batch2", a[2] if len(a) > 2 else None))
+    torch.Tensor.baddbmm = product(real["baddbmm"], operands)
+    torch.baddbmm = product(real["fbaddbmm"], operands)
     handles = []
 
     def pre(m, args):
@@ -98,6 +103,7 @@ def kept(classes):
             h.remove()
         F.softmax, torch.matmul, torch.bmm = real["softmax"], real["matmul"], real["bmm"]
         torch.Tensor.__matmul__, torch.Tensor.baddbmm = real["mm"], real["baddbmm"]
+        torch.Tensor.matmul, torch.baddbmm = real["tmatmul"], real["fbaddbmm"]
 
 
 def truth(events, H: int) -> dict:
@@ -121,15 +127,60 @@ def truth(events, H: int) -> dict:
                 n_kv=k_grad.shape[1] if k_grad.shape[1] != H else None)
 
 
+_ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+            max_position_embeddings=32, vocab_size=V, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+# more families from transformers 5.x that compute their own softmax (docs/recording.md's second
+# table, ``python -m tests.adapters.dataflow_families``): (attention class, config, model class)
+MORE = {
+    "gpt_neox_japanese": ("GPTNeoXJapaneseAttention", lambda: transformers.GPTNeoXJapaneseConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_multiple_size=2,
+        max_position_embeddings=32, vocab_size=V), "AutoModelForCausalLM"),
+    "xlm": ("MultiHeadAttention", lambda: transformers.XLMConfig(
+        emb_dim=16, n_layers=2, n_heads=2, vocab_size=V, dropout=0.0, attention_dropout=0.0,
+        max_position_embeddings=32), "XLMWithLMHeadModel"),
+    "deberta_v2": ("DisentangledSelfAttention", lambda: transformers.DebertaV2Config(**_ENC), "AutoModelForMaskedLM"),
+    "deberta_v2_relative": ("DisentangledSelfAttention", lambda: transformers.DebertaV2Config(
+        relative_attention=True, pos_att_type=["c2p", "p2c"], position_buckets=8, max_relative_positions=16,
+        **_ENC), "AutoModelForMaskedLM"),
+    "roformer": ("RoFormerSelfAttention", lambda: transformers.RoFormerConfig(embedding_size=16, **_ENC),
+                 "AutoModelForMaskedLM"),
+    "mpnet": ("MPNetSelfAttention", lambda: transformers.MPNetConfig(**_ENC), "AutoModelForMaskedLM"),
+    "squeezebert": ("SqueezeBertSelfAttention", lambda: transformers.SqueezeBertConfig(embedding_size=16, **_ENC),
+                    "AutoModelForMaskedLM"),
+    "convbert": ("ConvBertSelfAttention", lambda: transformers.ConvBertConfig(embedding_size=16, **_ENC),
+                 "AutoModelForMaskedLM"),
+    "rembert": ("RemBertSelfAttention", lambda: transformers.RemBertConfig(
+        input_embedding_size=16, output_embedding_size=16, **_ENC), "AutoModelForMaskedLM"),
+    "megatron_bert": ("MegatronBertSelfAttention", lambda: transformers.MegatronBertConfig(**_ENC),
+                      "AutoModelForMaskedLM"),
+    "funnel": ("FunnelRelMultiheadAttention", lambda: transformers.FunnelConfig(
+        d_model=16, n_head=2, d_head=8, d_inner=32, block_sizes=[1, 1], vocab_size=V, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0), "AutoModelForMaskedLM"),
+    "cpmant": ("CpmAntAttention", lambda: transformers.CpmAntConfig(
+        hidden_size=16, num_hidden_layers=2, num_attention_heads=2, dim_head=8, dim_ff=32, vocab_size=V,
+        dropout_p=0.0), "AutoModelForCausalLM"),
+}
+
+
+def spec(family: str):
+    """(attention class, config factory, model class name) of a family of either table."""
+    if family in FAMILIES:
+        return FAMILIES[family][0], FAMILIES[family][1], "AutoModelForCausalLM"
+    return MORE[family]
+
+
 def make(family: str, target: float = 30.0, **overrides):
     """A tiny float64 model of ``family`` (eager), q/k weights scaled so max |τ q·k| ≈ ``target``."""
     torch.manual_seed(0)
-    cls, cfg = FAMILIES[family][0], FAMILIES[family][1]()
+    _, make_cfg, model_cls = spec(family)
+    cfg = make_cfg()
     for k, v in overrides.items():
         setattr(cfg, k, v)
     cfg._attn_implementation = "eager"
+    cls = getattr(transformers, model_cls)
+    build = cls.from_config if model_cls.startswith("Auto") else cls._from_config
     with torch.device("cpu"):
-        m = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float64).eval()
+        m = build(cfg, dtype=torch.float64).eval()
     params = [p for n, p in m.named_parameters() if n.split(".")[-2] in QK and n.split(".")[-1] == "weight"]
     x = inputs("right")
     for _ in range(3):                              # logits are bilinear in W_q, W_k: scale both by √ratio

@@ -230,7 +230,8 @@ def test_run_recorded_through_dataflow_reads_with_info_and_check(tmp_path):
     model = transformers.AutoModelForCausalLM.from_config(cfg)
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     probe = torch.arange(8).view(1, 8) % R.V
-    with RunRecorder(model, tmp_path, max_steps=3, every=1, name="df", probe={"input_ids": probe, "labels": probe}) as rec:
+    probe_batch = {"input_ids": probe, "labels": probe}
+    with RunRecorder(model, tmp_path, max_steps=3, every=1, name="df", probe=probe_batch) as rec:
         for step in range(3):
             rec.probe_step(step)
             loss = model(input_ids=probe, labels=probe).loss
@@ -266,3 +267,27 @@ def test_two_forwards_in_one_capture_are_refused():
     with pytest.raises(CaptureError, match="ran twice inside one Capture"):
         with Capture(m):
             (m(x, pad).sum() + m(x, pad).sum()).backward()
+
+
+def test_cheap_tier_every_step_works_through_the_tracer(tmp_path):
+    """RunRecorder's cheap tier (per-head statistics, no T×T kept) on a BLOOM recorded by dataflow:
+    its logit_max is the full tier's of the same batch (the same observer contract)."""
+    import json
+
+    from dyntool.integrations import RunRecorder
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(R.FAMILIES["bloom"][1]()).eval()
+    x = torch.randint(3, R.V, (2, 8), generator=torch.Generator().manual_seed(2))
+    with RunRecorder(model, tmp_path, max_steps=2, every=0, name="c", batch="train", cheap_every=1) as rec:
+        for step in range(2):
+            with rec.train_step(step):
+                loss = model(input_ids=x, labels=x).loss
+                loss.backward()
+            rec.log(step, loss=loss.item())
+    model.zero_grad()
+    with Capture(model) as cap:
+        model(input_ids=x, labels=x).loss.backward()
+    full = cap.compute()["logit_max"]
+    rows = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
+    cheap = torch.tensor([[rows[-1][f"logit_max/L{l}H{h}"] for h in range(2)] for l in range(2)])
+    torch.testing.assert_close(cheap, full.float(), rtol=1e-5, atol=1e-7)
