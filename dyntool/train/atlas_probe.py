@@ -180,8 +180,8 @@ class AtlasProbe(Callback):
 
     @torch.no_grad()
     def _copying(self, model) -> dict[str, float]:
-        emb = model.wte.weight[self.top]
-        unemb = model.lm_head.weight[self.top]
+        # one C×C Gram matrix of the top tokens' embeddings for every head (the V'×C product is the cost)
+        gram = model.wte.weight[self.top].double().T @ model.lm_head.weight[self.top].double()
         gf = model.ln_f.weight if model.ln_f.weight is not None else None
         out = {}
         for l, blk in enumerate(model.h):
@@ -196,7 +196,7 @@ class AtlasProbe(Callback):
                     ov = ov * blk.ln_1.weight[None, :]
                 if gf is not None:
                     ov = gf[:, None] * ov
-                out[mn.head("atlas_copying", l, h)] = S.copying(ov, emb, unemb)
+                out[mn.head("atlas_copying", l, h)] = S.copying_gram(ov, gram)
         return out
 
 

@@ -101,7 +101,12 @@ def copying(ov: torch.Tensor, emb: torch.Tensor, unemb: torch.Tensor | None = No
     ``ov @ (embᵀ unemb)``, which has the same nonzero eigenvalues (eig(XY) = eig(YX) up to zeros).
     +1: a pure copier, −1: an anti-copier."""
     unemb = emb if unemb is None else unemb
-    lam = torch.linalg.eigvals((ov.double() @ (emb.double().T @ unemb.double())))
+    return copying_gram(ov, emb.double().T @ unemb.double())
+
+
+def copying_gram(ov: torch.Tensor, gram: torch.Tensor) -> float:
+    """:func:`copying` from the Gram matrix ``embᵀ unemb`` (C×C, float64), shared by every head."""
+    lam = torch.linalg.eigvals(ov.double() @ gram)
     den = lam.abs().sum()
     return float(lam.real.sum() / den) if den > 0 else 0.0
 
