@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..manifold import random_abs_cos
 from ..record import metric_names as mn
+from ..sims.bijection_phase import LOOKUP_ACCURACY, phase
 from . import style
 from .common import array, metric, need
 from .registry import figure
@@ -103,7 +104,8 @@ def _f8m_data(runs) -> tuple[pd.DataFrame, dict]:
                 rows.append({"step": step, "layer": l, "point": p, "pc1": z[l, p, 0], "pc2": z[l, p, 1],
                              "h_bayes": h[p]})
     extras = {"panels": panels, "h": h, "n_layer": n_layer, "stats": stats,
-              "L": run.config.get("L", 19), "analysis_seqs": run.config.get("analysis_seqs")}
+              "L": run.config.get("L", 19), "analysis_seqs": run.config.get("analysis_seqs"),
+              "acc_query_last": _at(run, mn.bijection_heldout("acc_query"), panels[-1][0])}
     return pd.DataFrame(rows), extras
 
 
@@ -140,8 +142,18 @@ def _f8m_caption(extras: dict) -> str:
             f"({n_pts} points; the PCA basis is fitted on {extras['analysis_seqs']} sequences), "
             f"coloured by the exact posterior entropy H_Bayes = log(V − k + 1). Signs are oriented so "
             f"r(PC1, H_Bayes) ≥ 0. Last block: PC1 share {100 * s0:.1f} % and r = {r0:.2f} at step "
-            f"{first}; {100 * s1:.1f} % and r = {r1:.2f} at step {last}. Paper I reports PC1 84–90 % for "
-            f"its 6×6×192 model after 100k+ steps.")
+            f"{first}; {100 * s1:.1f} % and r = {r1:.2f} at step {last}. "
+            + _paper_clause(extras["acc_query_last"], last, "Paper I reports PC1 84–90 % for its 6×6×192 model "
+                                                            "after 100k+ steps."))
+
+
+def _paper_clause(acc_query, step: int, text: str) -> str:
+    """Paper I's values only beside a step at its phase (the lookup learned, bijection_phase)."""
+    if phase(acc_query) == "lookup learned":
+        return f"{text} (Held-out query accuracy {acc_query:.2f} at step {step}: the lookup is learned, as in Paper I.)"
+    acc = "unknown" if acc_query is None or acc_query != acc_query else f"{acc_query:.2f}"
+    return (f"Paper I's values are not shown: they are for a model that has learned the lookup, and this run's "
+            f"held-out query accuracy at step {step} is {acc} (below {LOOKUP_ACCURACY}).")
 
 
 @figure("f8_wind_tunnel", "Wind tunnel: key orthogonality, attention entropy and predictive entropy per layer",
@@ -179,7 +191,8 @@ def _f8w_data(runs) -> tuple[dict, dict]:
             "model_entropy_last": e_last.tolist(),
             "entropy_mae_bits_last": float(np.abs(e_last - hb).mean() / math.log(2))}
     extras = {"layers": layers, "hb": hb, "e_first": e_first, "e_last": e_last,
-              "rec_steps": run.steps[: len(ent)], "head_dim": _head_dim(run)}
+              "rec_steps": run.steps[: len(ent)], "head_dim": _head_dim(run),
+              "acc_query_last": _at(run, mn.bijection_heldout("acc_query"), last)}
     return data, extras
 
 
@@ -242,17 +255,19 @@ def _f8w_caption(data: dict, extras: dict) -> str:
     red_l0 = 1 - ae[last][-1] / ae[last][0] if ae[last][0] > 0 else float("nan")
     red_init = [1 - a / b if b > 0 else float("nan") for a, b in zip(ae[last], ae[first])]
     fmt = lambda xs: ", ".join(f"{x:.2f}" for x in xs)           # noqa: E731
+    learned = phase(extras.get("acc_query_last")) == "lookup learned"
     return (f"(a) Mean |cos| between the keys of the {L} distinct key tokens of each held-out sequence "
             f"(per head, averaged over heads and sequences) per layer: [{fmt(ko[first])}] at step {first}, "
             f"[{fmt(ko[last])}] at step {last}; crosses: vocabulary keys E W_K^h (Paper I's definition), "
             f"[{fmt(kov[last])}] at step {last}; dotted: isotropic random keys E|cos| = {data['random_abs_cos']:.3f}. "
-            f"Paper I: 0.09–0.12 trained vs 0.40–0.45 at init. "
+            + (f"Paper I: 0.09–0.12 trained vs 0.40–0.45 at init. " if learned else "") +
             f"(b) Mean attention entropy per layer (heads and query positions i ≥ 1): [{fmt(ae[first])}] → "
             f"[{fmt(ae[last])}] nats, uniform {data['attn_entropy_uniform']:.2f}; at step {last} the last layer is "
             f"{100 * red_l0:.0f} % below layer 0 (negative: above) and the layers are [{fmt([100 * x for x in red_init])}] % "
-            f"below their step-{first} values (Paper I: 85–90 % reduction). "
+            f"below their step-{first} values" + (" (Paper I: 85–90 % reduction). " if learned else ". ") +
             f"(c) Model predictive entropy per target position vs H_Bayes; mean absolute error at step "
-            f"{int(extras['rec_steps'][-1])}: {data['entropy_mae_bits_last']:.3f} bits.")
+            f"{int(extras['rec_steps'][-1])}: {data['entropy_mae_bits_last']:.3f} bits. "
+            + ("" if learned else _paper_clause(extras["acc_query_last"], last, "")))
 
 
 def _f8d_panels():

@@ -7,6 +7,8 @@
   step, averaged per logged window): attention entropy, log10 ‖∂L/∂S‖, max logit, max column usage;
 * ``icl_attention_maps`` — the recorded α of every layer (head 0, first recorded sequence) at one
   full-tier step inside each stage (the seeded dense rerun when the inputs hold it);
+* ``icl_key_type_lifts`` — per layer, the attention lift on same-token, induction, both and neither
+  keys and lift(induction)/lift(neither) over training, the KL midpoint and the argmin stage start;
 * ``icl_leading_indicator`` — (a) the previous-token head's ‖∂L/∂S‖ beside KL(bigram ‖ model);
   (b) the cross-correlation of their changes against the lag, per seed, with the shuffled-time
   control's 95 % level.
@@ -29,6 +31,7 @@ from .registry import figure
 
 KIND = "icl-markov"
 CONTROL = "doubly_stochastic"
+CONTROLS = (CONTROL, "birkhoff", "birkhoff_unigram", "unigram")     # the priors drawn after the main one
 STAGE_COLORS = {"uniform": style.OKABE_ITO["sky"], "unigram": style.OKABE_ITO["orange"],
                 "bigram": style.OKABE_ITO["green"]}
 CHEAP = ((mn.ATTN_ENTROPY, "entropy [nats]", False), (mn.SCORE_GRAD_NORM, "log10 ‖∂L/∂S‖", True),
@@ -48,12 +51,13 @@ def _pick(runs):
 
 
 def _main(runs, prior: str | None = None):
-    """The non-dense run of ``prior`` (default: the study's main prior, i.e. not the control) with the
-    lowest seed (the study's first seed: its dense rerun, if any, is of that seed)."""
-    for r in sorted(runs, key=lambda r: int((r.config or {}).get("seed", 0))):
-        if not _is_dense(r) and (_prior(r) == prior if prior else _prior(r) != CONTROL):
-            return r
-    return None
+    """The non-dense run of ``prior`` (default: the Dirichlet prior's, else any run not of a control
+    prior) with the lowest seed (the study's first seed: its dense rerun, if any, is of that seed)."""
+    ordered = [r for r in sorted(runs, key=lambda r: int((r.config or {}).get("seed", 0))) if not _is_dense(r)]
+    if prior:
+        return next((r for r in ordered if _prior(r) == prior), None)
+    return next((r for r in ordered if _prior(r) == "dirichlet"), None) or \
+        next((r for r in ordered if _prior(r) not in CONTROLS), None)
 
 
 def _check(runs):
@@ -80,7 +84,7 @@ def icl_kl_stages(runs, **opts):
 
 def _kl_data(runs):
     panels, rows = [], []
-    for r in (_main(runs), _main(runs, CONTROL)):
+    for r in (_main(runs), *(_main(runs, c) for c in CONTROLS)):
         if r is None:
             continue
         df = r.metrics
@@ -96,9 +100,9 @@ def _kl_data(runs):
 
 def _kl_draw(extras):
     panels = extras["panels"]
-    fig = style.figure(style.DOUBLE, 2.6)
+    fig = style.figure(style.DOUBLE, 2.6 if len(panels) <= 2 else 2.2)
     axes = np.atleast_1d(fig.subplots(1, len(panels), sharey=True))
-    for ax, p, letter in zip(axes, panels, "abc"):
+    for ax, p, letter in zip(axes, panels, "abcde"):
         _shade(ax, p["stages"], int(p["steps"][-1]))
         for k, c in zip(STRATEGIES, (style.OKABE_ITO["sky"], style.OKABE_ITO["orange"], style.OKABE_ITO["green"])):
             ax.plot(p["steps"], np.maximum(p["kls"][k], 1e-5), color=c, lw=1.0, label=f"KL({k} ‖ model)")
@@ -333,3 +337,81 @@ def _adv_caption(extras) -> str:
     return (f"  (c) the seeded rerun {d.get('run')} (full tier on {len(adv['steps'])} steps, densely around the first "
             f"run's stage boundaries {d.get('boundaries')}, dashed): the previous-token head's advantage toward the "
             f"previous position, mean over queries, beside the mean over all visible keys.")
+
+
+# -- key-type lifts per layer ---------------------------------------------------------------------
+LIFT_COLORS = {"same": style.OKABE_ITO["vermillion"], "induction": style.OKABE_ITO["green"],
+               "both": style.OKABE_ITO["blue"], "neither": style.REF_COLOR}
+
+
+def _check_lifts(runs):
+    _check(runs)
+    r = _main(runs)
+    need(mn.head("lift_same", 0, 0) in r.metrics.columns, f"{r.id} logged no key-type lifts (written before them)")
+    return True, ""
+
+
+@figure("icl_key_type_lifts", "ICL-MC: attention lift on same-token, induction, both and neither keys, per layer",
+        KIND, needs="an icl-markov study with key-type lifts (lift_*/L{l}H0 logged)", group="dynamics",
+        pick=_pick, check=_check_lifts)
+def icl_key_type_lifts(runs, **opts):
+    data, extras = _lift_data(runs)
+    return _lift_draw(extras), data, _lift_caption(extras)
+
+
+def _lift_data(runs):
+    r = _main(runs)
+    n_layer = int(r.config["model"]["n_layer"])
+    lg = an.logged(r.metrics)
+    steps = lg["step"].to_numpy(np.int64)
+    a = an.analyse_run(r.metrics, n_layer, int(r.config["model"]["n_head"]))
+    layers, rows = [], []
+    for l in range(n_layer):
+        lifts = {kt: lg[mn.head(f"lift_{kt}", l, 0)].to_numpy(float) for kt in LIFT_COLORS}
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spec = lifts["induction"] / lifts["neither"]
+        layers.append({"lifts": lifts, "specific": spec, "heads": a["heads"][f"L{l}H0"]})
+        rows += [{"layer": l, "step": int(s), "key_type": kt, "lift": float(v[i])}
+                 for kt, v in lifts.items() for i, s in enumerate(steps)]
+    return pd.DataFrame(rows), {"run": r.id, "steps": steps, "layers": layers, "bigram_start": a["bigram_start"],
+                                "bigram_mid": a["bigram_mid"]}
+
+
+def _lift_draw(extras):
+    layers = extras["layers"]
+    fig = style.figure(style.DOUBLE, 2.4)
+    axes = np.atleast_1d(fig.subplots(1, len(layers), sharey=True))
+    for l, (ax, d) in enumerate(zip(axes, layers)):
+        for kt, c in LIFT_COLORS.items():
+            ax.plot(extras["steps"], d["lifts"][kt], color=c, lw=0.9, label=kt)
+        ax.plot(extras["steps"], d["specific"], color=style.OKABE_ITO["green"], lw=0.9, ls="--",
+                label="induction / neither")
+        ax.axhline(1.0, color=style.REF_COLOR, lw=0.5, ls=":")
+        for x, ls in ((extras["bigram_mid"], "-"), (extras["bigram_start"], "--")):
+            if x is not None:
+                ax.axvline(x, color=style.REF_COLOR, lw=0.7, ls=ls)
+        ax.set_yscale("log")
+        ax.set_xlabel(style.STEP)
+        ax.set_title(f"layer {l}, head 0", fontsize=7)
+        style.panel_label(ax, "abcd"[l])
+    axes[0].set_ylabel("lift (attention mass / share of keys)")
+    axes[0].legend(fontsize=5, frameon=False, ncol=2)
+    return fig
+
+
+def _lift_caption(extras):
+    def t(d, q):
+        v = (d["heads"].get(q) or {}).get("t10")
+        return "never" if v is None else f"step {v}"
+    parts = []
+    for l, d in enumerate(extras["layers"]):
+        end = {kt: float(np.nanmean(v[-an.HOLD:])) for kt, v in d["lifts"].items()}
+        parts.append(f"layer {l}: at the end same {end['same']:.2f}, induction {end['induction']:.2f}, both "
+                     f"{end['both']:.2f}, neither {end['neither']:.2f}; lowest same-token lift "
+                     f"{float(np.nanmin(d['lifts']['same'])):.2f}; 10 % of its change: induction/neither at "
+                     f"{t(d, 'induction_specific')}, induction score at {t(d, 'induction')}")
+    return (f"{extras['run']}: per layer, the attention mass on each exclusive key type over its share of the visible "
+            f"keys, averaged over the held-out queries that have one (1, dotted: no preference); dashed green: "
+            f"lift(induction)/lift(neither), the induction-specific measure. Solid vertical: the KL(bigram) drop's "
+            f"midpoint (step {extras['bigram_mid']}); dashed: the argmin rule's bigram start "
+            f"(step {extras['bigram_start']}). " + "; ".join(parts) + ".")

@@ -53,6 +53,7 @@ from ..recorder import Recorder
 from ..run_writer import RunWriter, ensure_out_dir
 from . import bijection_data as data
 from .bijection_analysis import analyze, evaluate
+from .bijection_phase import paper_reference, phase
 from .bijection_task import BijectionTask, task_loss, value_scores
 from .device import SimDevice, resolve
 
@@ -249,7 +250,7 @@ def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quie
             if rec.wants(step) or over:
                 an = analyze(model, ho.an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=ho.an_h, readout=task.readout)
                 row.update(an["metrics"])
-                geometry = _keep_geometry(geometry, step, an["metrics"])
+                geometry = _keep_geometry(geometry, step, an["metrics"], last_eval["acc_query"])
                 extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
                 extra["bij_model_entropy"] = ent
                 rec.record_probe(model, lambda mdl: loss_of(mdl, ho.pr_tok, ho.pr_tgt), step, extra)
@@ -269,6 +270,7 @@ def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quie
         seconds = time.perf_counter() - t0
         run.update_meta(final={**(last_eval or {}), "bayes_loss": ho.bayes_loss, "steps_done": n_done,
                                "geometry": _final_geometry(geometry), "stopped_early": stop_at is not None,
+                               "paper_i": paper_reference((last_eval or {}).get("acc_query"), n_done),
                                "seconds": round(seconds, 1), "sec_per_step": seconds / max(n_done, 1)})
     return run
 
@@ -319,10 +321,13 @@ def _evaluate(model, cfg: BijectionConfig, ho: _Heldout) -> tuple[dict, np.ndarr
     return {**ev, "entropy_mae_bits": float(np.abs(ent - ho.h_pos).mean() / math.log(2))}, ent
 
 
-def _keep_geometry(geometry: dict[int, dict], step: int, metrics: dict) -> dict[int, dict]:
-    """The first analysed step's geometry numbers and this step's (the last so far)."""
+def _keep_geometry(geometry: dict[int, dict], step: int, metrics: dict, acc_query: float | None = None
+                   ) -> dict[int, dict]:
+    """The first analysed step's geometry numbers and this step's (the last so far), each with its
+    phase (:mod:`.bijection_phase`: whether the lookup is learned there)."""
     keep = {k: v for k, v in metrics.items() if mn.is_bijection_manifold(k) and
             k.rsplit("/", 1)[-1] in _GEOMETRY}
+    keep["phase"], keep["query_accuracy"] = phase(acc_query), acc_query
     return {k: v for k, v in geometry.items() if k == min(geometry)} | {step: keep}
 
 

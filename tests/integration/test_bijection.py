@@ -67,6 +67,19 @@ def test_geometry_comes_with_baselines_and_step0(run):
         assert geo[f"step{st}"]["manifold/pos_onehot/r2_linear"] == pytest.approx(1.0)
 
 
+def test_paper_i_values_only_at_its_phase(run):
+    """The ci run has not learned the lookup (its query accuracy is near chance): meta.json keeps the
+    phase of each geometry step and no Paper-I values; a step past the threshold gets them."""
+    from dyntool.sims.bijection_phase import LOOKUP_ACCURACY, PAPER_I, paper_reference, phase
+    fin = run.meta["final"]
+    acc = run.metrics.dropna(subset=["heldout/acc_query"]).set_index("step")["heldout/acc_query"]
+    assert fin["geometry"]["step11"]["query_accuracy"] == pytest.approx(acc.loc[11])
+    assert fin["geometry"]["step11"]["phase"] == phase(acc.loc[11]) == "before the lookup"
+    assert fin["paper_i"]["paper_i"] is None and "not shown" in fin["paper_i"]["note"]
+    assert paper_reference(LOOKUP_ACCURACY, 5)["paper_i"] == PAPER_I
+    assert paper_reference(LOOKUP_ACCURACY - 1e-9, 5)["paper_i"] is None and phase(None) == "unknown"
+
+
 def test_same_seed_same_run(run, tmp_path):
     assert main(CI + ["--out", str(tmp_path), "--name", "again"]) == 0
     again = dyntool.open_run(tmp_path / "again")
