@@ -38,6 +38,36 @@ _KEEP = {torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.vi
 _DEPTH = 64                      # autograd nodes walked back from S to its producer
 
 
+def _einsum_as_matmul(args, kwargs, followers):
+    """``(x', y')`` with ``einsum(eq, x, y) == x' @ y'`` exactly in layout, for the two-operand
+    forms attention is written in (``bhid,bhjd->bhij``, ``bhij,bhjd->bhid``, any label names and
+    operand layouts): one contracted label, one free label per operand, the output ordered
+    (batch…, free of x, free of y).  Operands are permuted views, so the matmul reads the same
+    tensors; None for anything else (the einsum then runs as it is, unfollowed)."""
+    if kwargs or len(args) < 2 or not isinstance(args[0], str) or "." in args[0] or "->" not in args[0]:
+        return None
+    ops = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
+    if len(ops) != 2 or not all(torch.is_tensor(t) for t in ops):
+        return None
+    ins, out = args[0].replace(" ", "").split("->")
+    parts = ins.split(",")
+    if len(parts) != 2:
+        return None
+    lx, ly = parts
+    batch, i, j = out[:-2], out[-2], out[-1]
+    c = set(lx) & set(ly) - set(out)
+    if (len(c) != 1 or len(set(lx)) != len(lx) or len(set(ly)) != len(ly) or i not in lx or i in ly
+            or j not in ly or j in lx or set(lx) != set(batch) | {i} | c or set(ly) != set(batch) | {j} | c):
+        return None
+    c = c.pop()
+    x, y = ops
+    px = [lx.index(n) for n in batch + i + c]
+    py = [ly.index(n) for n in batch + c + j]
+    if id(x) in followers and px != list(range(x.dim())):
+        return None                          # α reordered before V: not followed
+    return (x if px == list(range(x.dim())) else x.permute(px)), (y if py == list(range(y.dim())) else y.permute(py))
+
+
 class DataflowRefusal(RuntimeError):
     """This module's attention cannot be recorded exactly; the message says why (one line)."""
 
@@ -66,6 +96,10 @@ class Tracer(TorchFunctionMode):
         kwargs = kwargs or {}
         if (func in _PRODUCTS or func in _BADDBMM) and torch.is_grad_enabled():
             return self._product(func, args, kwargs)
+        if func is torch.einsum and torch.is_grad_enabled():
+            as_matmul = _einsum_as_matmul(args, kwargs, self.followers)
+            if as_matmul is not None:
+                return self._product(torch.matmul, as_matmul, {})
         out = func(*args, **kwargs)
         if not torch.is_grad_enabled():
             return out

@@ -12,9 +12,9 @@ from torch.utils.checkpoint import checkpoint
 class CausalSelfAttention(nn.Module):
     """nanoGPT's non-flash path, written the way research code writes it."""
 
-    def __init__(self, d=16, n_head=2, T=8, dropout=0.0, inplace=False, cross=False):
+    def __init__(self, d=16, n_head=2, T=8, dropout=0.0, inplace=False, cross=False, einsum=False):
         super().__init__()
-        self.n_head, self.inplace, self.cross = n_head, inplace, cross
+        self.n_head, self.inplace, self.cross, self.einsum = n_head, inplace, cross, einsum
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
         self.attn_dropout = nn.Dropout(dropout)
@@ -27,7 +27,10 @@ class CausalSelfAttention(nn.Module):
             _, k, v = self.c_attn(memory).split(C, dim=2)
         Tk = k.shape[1]
         q, k, v = (t.view(B, t.shape[1], self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if self.einsum:                              # k laid out (B, Tk, H, d): labels, not positions
+            att = torch.einsum("bhid,bjhd->bhij", q, k.transpose(1, 2)) * (1.0 / math.sqrt(k.size(-1)))
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         if not self.cross:
             if self.inplace:
                 att.masked_fill_(self.bias[:, :, :T, :T] == 0, float("-inf"))
@@ -37,7 +40,7 @@ class CausalSelfAttention(nn.Module):
             att = att.masked_fill(~pad[:, None, None, :], torch.finfo(att.dtype).min)
         att = F.softmax(att, dim=-1)
         att = self.attn_dropout(att)
-        y = att @ v
+        y = torch.einsum("bhij,bhjd->bhid", att, v) if self.einsum else att @ v
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 

@@ -54,7 +54,8 @@ def kept(classes):
     calls: list = []
     cur: list = []
     real = dict(softmax=F.softmax, matmul=torch.matmul, bmm=torch.bmm, baddbmm=torch.Tensor.baddbmm,
-                mm=torch.Tensor.__matmul__, tmatmul=torch.Tensor.matmul, fbaddbmm=torch.baddbmm)
+                mm=torch.Tensor.__matmul__, tmatmul=torch.Tensor.matmul, fbaddbmm=torch.baddbmm,
+                einsum=torch.einsum)
 
     def keep(*ts):
         for t in ts:
@@ -79,6 +80,14 @@ def kept(classes):
         return out
 
     two = lambda a, kw: (a[0], a[1])                                          # noqa: E731
+
+    def einsum(eq, *ops):
+        out = real["einsum"](eq, *ops)
+        if cur and torch.is_grad_enabled() and len(ops) == 2:
+            keep(*ops, out)
+            cur[-1].append(("product", ops[0], ops[1], out, eq.replace(" ", "")))
+        return out
+    torch.einsum = einsum
     F.softmax = softmax
     torch.matmul, torch.bmm = product(real["matmul"], two), product(real["bmm"], two)
     torch.Tensor.__matmul__ = product(real["mm"], two)
@@ -103,15 +112,24 @@ def kept(classes):
             h.remove()
         F.softmax, torch.matmul, torch.bmm = real["softmax"], real["matmul"], real["bmm"]
         torch.Tensor.__matmul__, torch.Tensor.baddbmm = real["mm"], real["baddbmm"]
-        torch.Tensor.matmul, torch.baddbmm = real["tmatmul"], real["fbaddbmm"]
+        torch.Tensor.matmul, torch.baddbmm, torch.einsum = real["tmatmul"], real["fbaddbmm"], real["einsum"]
 
 
 def truth(events, H: int) -> dict:
     """One attention call's truth, laid out (B, H, T, ·) like dyntool's recording (k/v per k/v head)."""
     i = next(n for n, e in enumerate(events) if e[0] == "softmax")
-    _, q, kt, _ = [e for e in events[:i] if e[0] == "product"][-1]
+    _, q, kt, _, *eq = [e for e in events[:i] if e[0] == "product"][-1]
     _, S, a = events[i]
-    _, _, v, y = next(e for e in events[i + 1:] if e[0] == "product")
+    _, _, v, y, *eq_v = next(e for e in events[i + 1:] if e[0] == "product")
+    qg, ktg, vg = q.grad, kt.grad, v.grad
+    if eq:            # an einsum: its operands' gradients put in matmul layout by einsum itself
+        (lx, ly), lo = eq[0].split("->")[0].split(","), eq[0].split("->")[1]
+        c = (set(lx) & set(ly) - set(lo)).pop()
+        qg, ktg = (torch.einsum(f"{lx}->{lo[:-2]}{lo[-2]}{c}", qg), torch.einsum(f"{ly}->{lo[:-2]}{c}{lo[-1]}", ktg))
+    if eq_v:
+        (lx, ly), lo = eq_v[0].split("->")[0].split(","), eq_v[0].split("->")[1]
+        c = (set(lx) & set(ly) - set(lo)).pop()
+        vg = torch.einsum(f"{ly}->{lo[:-2]}{c}{lo[-1]}", vg)
     T, Tk = a.shape[-2:]
     B = a.numel() // (H * T * Tk)
 
@@ -120,10 +138,10 @@ def truth(events, H: int) -> dict:
         if t.dim() == 4 and t.shape[1] != H:                   # a broadcast k/v head (MQA/GQA)
             return t.expand(B, t.shape[1], n, t.shape[-1])
         return t.reshape(B, H, n, t.shape[-1])
-    k_grad = heads(kt.grad.transpose(-1, -2), Tk)
+    k_grad = heads(ktg.transpose(-1, -2), Tk)
     return dict(attn=a.detach().reshape(B, H, T, Tk).double(), attn_grad=a.grad.reshape(B, H, T, Tk).double(),
                 scores_grad=S.grad.reshape(B, H, T, Tk).double(), y_grad=heads(y.grad, T),
-                q_grad=heads(q.grad, T), k_grad=k_grad, v_grad=heads(v.grad, Tk),
+                q_grad=heads(qg, T), k_grad=k_grad, v_grad=heads(vg, Tk),
                 n_kv=k_grad.shape[1] if k_grad.shape[1] != H else None)
 
 
