@@ -72,8 +72,10 @@ def clip_and_logits(metrics, clip: float) -> dict:
     return out
 
 
-def study_span(out, study, preset, overrides, quiet, name=None, tags=()) -> dict:
-    from .studies import _configs, _mean_std
+def run_span_study(out, study, preset, overrides, quiet, name, tags, configs, mean_std) -> dict:
+    """The study (``configs``/``mean_std``: :mod:`.studies`' config loader and sample mean ± sd,
+    handed in so that this module does not import its caller)."""
+    _configs, _mean_std = configs, mean_std
     arms = pick_arms(study.arms)
     cfgs = _configs({a: "wikitext_span.toml" for a in arms}, {a: v[0] for a, v in arms.items()}, study, preset,
                     overrides)

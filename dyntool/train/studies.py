@@ -25,7 +25,7 @@ from ..config import PosInt, Seed, merge, nest
 from ..stats import mean_std
 from .atlas import study_atlas            # the attention atlas: its presets, probe, events
 from .ls_logits import study_ls_logits    # the LS logit study: its presets, arms, per-head table
-from .span_study import study_span        # the span study: its arms (readings of the paper), clip and logits
+from .span_study import run_span_study    # the span study: its arms (readings of the paper), clip and logits
 
 # no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
 STUDY_DEFAULTS = {"train.checkpoint": False}
@@ -83,6 +83,10 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
     if not xs:
         return float("nan"), float("nan")
     return mean_std(xs)
+
+
+def study_span(out, study: StudyConfig, preset, overrides, quiet, name=None, tags=()) -> dict:
+    return run_span_study(out, study, preset, overrides, quiet, name, tags, _configs, _mean_std)
 
 
 def run_study(which: str, out: str, study: StudyConfig | None = None, preset: str | None = "small",
