@@ -26,12 +26,17 @@ N_PRE_STATS = 2            # Σ D, Σ ‖dO‖²
 N_DQ_STATS = 3             # Σ dS (dP − D), Σ dS², dσ
 N_DKV_STATS = 4            # max c, Σ c log c, Σ c, ‖dV_h‖²
 N_DQ_PROGRAM = N_PRE_STATS + N_DQ_STATS   # what one dq program writes
+# The dq program's two sums are kept per program, not per row: each tile's products are summed in
+# SUM_ROWS groups whose members a thread holds itself (``can_reorder``), so no tile pays the shuffles
+# of a row sum.  256 was the census's best of 32..4096 at 64 × 64 tiles (tiles are ≥ 16 × 16).
+SUM_ROWS = tl.constexpr(256)
 _DQ_SLOTS, _DKV_SLOTS = tl.constexpr(N_DQ_PROGRAM), tl.constexpr(N_DKV_STATS)   # the same, for the kernels
 
 
 @triton.jit
 def _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
-             T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt,
+             T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, BLOCK_M: tl.constexpr,
+             BLOCK_N: tl.constexpr,
              MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
              PRECISION: tl.constexpr):
@@ -59,8 +64,9 @@ def _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, 
     centred = dp - dd[:, None]                                    # b − E_α[b]
     ds = p * centred                                              # ∂L/∂s: the routing law
     if STATS:
-        var += tl.sum(ds * centred, axis=1)
-        ds2 += tl.sum(ds * ds, axis=1)
+        # only the program's totals are kept: each thread sums its own scores (no shuffle per tile)
+        var += tl.sum(tl.reshape(ds * centred, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
+        ds2 += tl.sum(tl.reshape(ds * ds, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
     if HAS_SOFTCAP:
         th = tanh(qk * scale / softcap)
         ds = ds * (1.0 - th * th)                                 # back through c·tanh(l / c)
@@ -108,18 +114,19 @@ def attn_bwd_dq(Q, K, V, O, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
     k_ptrs = K + b * skb + hk * skh + offs_n[:, None] * skt + offs_d[None, :]
     v_ptrs = V + b * svb + hk * svh + offs_n[:, None] * svt + offs_d[None, :]
     dq = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
-    var = tl.zeros([BLOCK_M], dtype=tl.float32)
-    ds2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+    var = tl.zeros([SUM_ROWS], dtype=tl.float32)                  # Σ dS (dP − D), in SUM_ROWS parts
+    ds2 = tl.zeros([SUM_ROWS], dtype=tl.float32)
     km_row = KM + b * skmb
     start, fs, fe, end = key_tiles(q0, T, Tk, lo, hi, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_KM)
     for j0 in range(fs, fe, BLOCK_N):                             # hot loop
         dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
-                                T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, False, EVEN_D,
+                                T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, BLOCK_M, BLOCK_N,
+                                False, EVEN_D,
                                 CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
     for t in range(0, n_masked(start, fs, fe, end, BLOCK_N)):
         dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, masked_tile(t, start, fs, fe, BLOCK_N),
                                 offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope,
-                                skt, svt, True, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS,
+                                skt, svt, BLOCK_M, BLOCK_N, True, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS,
                                 PRECISION)
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
              (dq * scale).to(DQ.dtype.element_ty), mask=qmask)

@@ -6,13 +6,12 @@ views of one (B, T, 3C) projection), every pointer and every stride divisible by
 then read with the wheel's own ``cuobjdump`` (registers, local memory) and ``nvdisasm`` (SASS with
 source lines), and each innermost loop is counted per iteration: total instructions, MUFU (the
 special-function unit: exp2, log2, rcp), FSETP (a float compare: a ``where`` on floats, or the
-non-ftz exp fix-up), ISETP + FSEL (integer compares and selects: masks), LDSM + STSM + BAR (register
-tiles moved through shared memory: a ``tl.trans`` of a register tile), HGMMA (the tensor-core
-instructions, the work itself).  A loop is *hot* when its ``for`` line carries the comment
+non-ftz exp fix-up), ISETP + FSEL (integer compares and selects: masks), LDSM + STSM (register
+tiles moved through shared memory: a ``tl.trans`` of a register tile) and BAR (the barriers around
+them and the pipeline's), HGMMA (the tensor-core instructions, the work itself).  A loop is *hot* when its ``for`` line carries the comment
 ``# hot loop``: the off-band tiles that make up nearly every iteration of a long sequence.
 
-    python -m dyntool.kernels.census              # the table (d = 64 and 128)
-    python bench/kernel_census.py --json out.json # the same, as JSON (and the recorded step's ops)
+    python bench/kernel_census.py [--d 64,128] [--json out.json]   # the table; tests/kernels/test_census.py
 
 The occupancy model is the H100's: 65,536 registers per SM allocated 256 per warp, 228 KiB of
 shared memory (1 KiB reserved per block), 64 warps and 32 blocks per SM.
@@ -31,7 +30,7 @@ REGS_PER_SM, REG_UNIT, SMEM_PER_SM, SMEM_RESERVED, WARPS_PER_SM, BLOCKS_PER_SM =
 HOT_MARK = "# hot loop"
 # the families counted per loop iteration; the keys are the census's public names
 FAMILIES = {"mufu": ("MUFU",), "fsetp": ("FSETP",), "isetp_fsel": ("ISETP", "FSEL"),
-            "ldsm_stsm_bar": ("LDSM", "STSM", "BAR"), "hgmma": ("HGMMA",), "local": ("LDL", "STL")}
+            "ldsm_stsm": ("LDSM", "STSM"), "bar": ("BAR",), "hgmma": ("HGMMA",), "local": ("LDL", "STL")}
 
 
 @dataclasses.dataclass
@@ -168,7 +167,7 @@ def gpt2_ints(T: int = 2048, H: int = 12, D: int = 64, B: int = 4) -> dict[str, 
 
 
 def compile_program(fn, constexprs: dict, *, dtype: str = "bf16", floats: str = "fp64", ints: dict | None = None,
-                    num_warps: int = 4, num_stages: int = 3, arch: int = 90):
+                    num_warps: int = 4, num_stages: int = 3, arch: int = 90, maxnreg: int | None = None):
     """``fn`` compiled for sm_``arch`` as a launch with these arguments would be; the integer arguments
     divisible by 16 are specialised so (Triton's ``tt.divisibility``), as on a GPU."""
     import triton
@@ -196,7 +195,7 @@ def compile_program(fn, constexprs: dict, *, dtype: str = "bf16", floats: str = 
         raise KeyError(f"{fn.__name__}: no value for the switches {sorted(missing)}")
     return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options={"num_warps": num_warps,
-                                                                       "num_stages": num_stages})
+                                                                       "num_stages": num_stages, "maxnreg": maxnreg})
 
 
 def program_census(fn, constexprs: dict, **kw) -> Program:
@@ -207,3 +206,45 @@ def program_census(fn, constexprs: dict, **kw) -> Program:
     sources = {p.name: p.read_text().splitlines() for p in src.glob("*.py")}
     return Program(fn.__name__, regs, local, static_smem + kernel.metadata.shared, kw.get("num_warps", 4),
                    loops(sass(cubin), sources))
+
+
+# ---- the fused attention's programs, as a GPU run of GPT-2's shape compiles them ------------------
+
+# per-iteration bounds of the hot loops (issue 45), with the statistics on
+HOT_BOUNDS = {"attn_fwd": 400, "attn_bwd_dq": 300, "attn_bwd_dkdv": 350}
+
+
+def attention_census(D: int = 64, *, stats: bool = True, T: int = 2048, H: int = 12, arch: int = 90) -> list[Program]:
+    """Every program of :mod:`dyntool.kernels` for the common case a recorded GPT step runs (causal,
+    no padding, soft-cap, ALiBi, window or sinks; bf16), with the tiles, warps and stages
+    :func:`dyntool.kernels.op.tiles` gives a GPU, at head dimension D."""
+    import triton
+    from . import backward as bw
+    from . import forward as fw
+    from . import op
+    t = op.tiles(D, gpu=True)
+    d_pad = max(16, triton.next_power_of_2(D))
+    switches = dict(D_PAD=d_pad, EVEN_D=d_pad == D, GROUPED=False, CAUSAL=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
+                    HAS_ALIBI=False, HAS_KM=False, HAS_SINK=False, STATS=stats, PRECISION="tf32")
+    ints = {**gpt2_ints(T=T, H=H, D=D)}
+    out = []
+    for fn, (bm, bn) in ((fw.attn_fwd, (t.m, t.n)), (bw.attn_bwd_dq, (t.m, t.n)), (bw.attn_bwd_dkdv, (t.kv_m, t.kv))):
+        names = {p.name for p in fn.params if p.is_constexpr}
+        const = {k: v for k, v in {**switches, "BLOCK_M": bm, "BLOCK_N": bn}.items() if k in names}
+        out.append(program_census(fn, const, ints=ints, num_warps=t.warps or 4, num_stages=t.stages or 3,
+                                  arch=arch))
+    return out
+
+
+def table(programs: list[Program], D: int) -> str:
+    lines = [f"d = {D}: program      regs  spill  smem KiB  blocks/SM | hot loop per iteration: "
+             "instr  MUFU  FSETP  ISETP+FSEL  LDSM+STSM  BAR  HGMMA"]
+    for p in programs:
+        hot = p.hot_loops
+        loop = ("  ".join(f"{lp.instructions:5d} {lp.counts['mufu']:5d} {lp.counts['fsetp']:6d} "
+                          f"{lp.counts['isetp_fsel']:11d} {lp.counts['ldsm_stsm']:10d} {lp.counts['bar']:4d} "
+                          f"{lp.counts['hgmma']:6d}"
+                          for lp in hot) or "no hot loop found")
+        lines.append(f"        {p.name:<15} {p.registers:4d} {p.spills:6d} {p.shared_bytes / 1024:9.1f} "
+                     f"{p.blocks_per_sm:10d} | {loop}")
+    return "\n".join(lines)

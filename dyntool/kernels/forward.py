@@ -27,7 +27,7 @@ N_FWD_STATS = 4            # entropy sum, score max, |logit| max, sink-mass sum
 
 
 @triton.jit
-def _tile(acc, m, l, tx, smax, lhi, llo, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
+def _tile(acc, m, l, tx, smax, lmax, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
           T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt,
           MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
           HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
@@ -46,13 +46,16 @@ def _tile(acc, m, l, tx, smax, lhi, llo, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, 
         k = tl.load(k_ptrs + j0 * skt, mask=dmask[None, :], other=0.0)
         v = tl.load(v_ptrs + j0 * svt, mask=dmask[None, :], other=0.0)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                     # (BLOCK_M, BLOCK_N)
+    if MASKED:
+        valid = visible(offs_m[:, None], cols[None, :], T, Tk, lo, hi, window, km_row, CAUSAL, HAS_WINDOW, HAS_KM)
+        if STATS:                                                  # |logit| max: a masked entry counts 0
+            lmax = tl.maximum(lmax, tl.max(tl.where(valid, tl.abs(qk), 0.0), 1))
+    elif STATS:
+        lmax = tl.maximum(lmax, tl.max(tl.abs(qk), 1))             # one FMNMX with |·| per score
     if MASKED or HAS_SOFTCAP or HAS_ALIBI:
         z = log2_scores(qk, offs_m[:, None], cols[None, :], T, Tk, scale, softcap, slope, HAS_SOFTCAP, HAS_ALIBI)
         if MASKED:
-            valid = visible(offs_m[:, None], cols[None, :], T, Tk, lo, hi, window, km_row, CAUSAL, HAS_WINDOW, HAS_KM)
             z = tl.where(valid, z, NEG)
-            if STATS:
-                qk = tl.where(valid, qk, 0.0)                      # |logit| max: a masked entry counts 0
         zmax = tl.max(z, 1)
         m_new = tl.maximum(m, zmax)
         x = z - m_new[:, None]
@@ -64,13 +67,11 @@ def _tile(acc, m, l, tx, smax, lhi, llo, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, 
     alpha = tl.exp2(m - m_new)
     if STATS:
         smax = tl.maximum(smax, zmax)
-        lhi = tl.maximum(lhi, tl.max(qk, 1))
-        llo = tl.minimum(llo, tl.min(qk, 1))
         # tx = Σ p·x; moving m to m_new scales p by α and lowers every x by (m_new − m)
         tx = alpha * (tx - (m_new - m) * l) + tl.sum(p * x, 1)
     l = alpha * l + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l, tx, smax, lhi, llo
+    return acc, m_new, l, tx, smax, lmax
 
 
 @triton.jit
@@ -115,19 +116,18 @@ def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE, WIN,
     l = tl.zeros([BLOCK_M], dtype=tl.float32)                     # Σ p over the real keys
     tx = tl.zeros([BLOCK_M], dtype=tl.float32)
     smax = tl.zeros([BLOCK_M], dtype=tl.float32) + M_INIT
-    lhi = tl.zeros([BLOCK_M], dtype=tl.float32)
-    llo = tl.zeros([BLOCK_M], dtype=tl.float32)
+    lmax = tl.zeros([BLOCK_M], dtype=tl.float32)                 # max |q·k| (|τ q·k| / τ)
     acc = tl.zeros([BLOCK_M, D_PAD], dtype=tl.float32)
     km_row = KM + b * skmb
     start, fs, fe, end = key_tiles(q0, T, Tk, lo, hi, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_KM)
     for j0 in range(fs, fe, BLOCK_N):                             # hot loop
-        acc, m, l, tx, smax, lhi, llo = _tile(
-            acc, m, l, tx, smax, lhi, llo, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
+        acc, m, l, tx, smax, lmax = _tile(
+            acc, m, l, tx, smax, lmax, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
             T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, False, EVEN_D,
             CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
     for t in range(0, n_masked(start, fs, fe, end, BLOCK_N)):
-        acc, m, l, tx, smax, lhi, llo = _tile(
-            acc, m, l, tx, smax, lhi, llo, q, k_ptrs, v_ptrs, masked_tile(t, start, fs, fe, BLOCK_N), offs_m,
+        acc, m, l, tx, smax, lmax = _tile(
+            acc, m, l, tx, smax, lmax, q, k_ptrs, v_ptrs, masked_tile(t, start, fs, fe, BLOCK_N), offs_m,
             offs_n, dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, True, EVEN_D,
             CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
     l_all = l
@@ -149,7 +149,7 @@ def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE, WIN,
         st = ST + (bh * tl.num_programs(0) + pid_m) * 4
         tl.store(st + 0, tl.sum(ent, axis=0))
         tl.store(st + 1, tl.max(tl.where(seen, smax / LOG2E, float("-inf")), axis=0))
-        tl.store(st + 2, tl.max(tl.where(rows, tl.maximum(lhi, -llo), 0.0), axis=0) * scale)
+        tl.store(st + 2, tl.max(tl.where(rows, lmax, 0.0), axis=0) * scale)
         sink = 0.0
         if HAS_SINK:
             sink = tl.sum(tl.where(rows, tl.exp2(sigma2 - m) * inv, 0.0), axis=0)

@@ -12,6 +12,7 @@ Key padding: per-batch visible key range [lo, hi) and/or a (B, Tk) key mask (int
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -51,14 +52,37 @@ def tuning(spec: str | None) -> tuple[int, int, int | None, int | None] | None:
 TUNED = tuning(os.environ.get(TUNING_ENV))
 
 
-def blocks(D: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, D_PAD): 16 under the interpreter (tl.dot's smallest tile, fastest
-    there); 64 × 64 on a GPU (registers for the fp32 accumulators and the statistics); or the
-    tiles of ``DYNTOOL_KERNEL_TILES``."""
-    d_pad = max(16, triton.next_power_of_2(D))
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """Each program's tiles.  ``m`` query rows per forward and dQ program and ``kv`` keys per dK/dV
+    program fix the statistics' partial layout (one per program), so neither depends on the head
+    dimension; ``n`` keys per forward/dQ tile and ``kv_m`` query rows per dK/dV tile may (the
+    tutorial's asymmetric tiles: at d = 128, 64 × 32 keep the fp32 accumulators in registers, see
+    docs/performance.md's census)."""
+    m: int
+    n: int
+    kv: int
+    kv_m: int
+    warps: int | None = None
+    stages: int | None = None
+
+
+def tiles(D: int, gpu: bool | None = None) -> Tiles:
+    """16 everywhere under the interpreter (tl.dot's smallest tile, fastest there); on a GPU 64 × 64
+    with 4 warps and 3 stages up to d = 64, 64 × 32 beyond (checked by the census: no spills, ≥ 2
+    blocks per SM); or ``DYNTOOL_KERNEL_TILES`` (BLOCK_M,BLOCK_N for every program).  ``gpu``: the
+    tiles of a GPU run (True) or of the interpreter (False) whatever this process runs (the census)."""
     if TUNED:
-        return TUNED[0], TUNED[1], d_pad
-    return (16, 16, d_pad) if interpreted() else (64, 64, d_pad)
+        return Tiles(TUNED[0], TUNED[1], TUNED[1], TUNED[0], TUNED[2], TUNED[3])
+    if (not gpu) if gpu is not None else interpreted():
+        return Tiles(16, 16, 16, 16)
+    return Tiles(64, 64, 64, 64, 4, 3) if D <= 64 else Tiles(64, 32, 64, 32, 4, 3)
+
+
+def blocks(D: int) -> tuple[int, int, int]:
+    """(query rows per forward/dQ program, keys per dK/dV program, D_PAD): the partials' layout."""
+    t = tiles(D)
+    return t.m, t.kv, max(16, triton.next_power_of_2(D))
 
 
 def n_blocks(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
@@ -85,7 +109,7 @@ def _flags(q, km, slopes, win, causal, softcap, stats):
                 PRECISION="ieee" if q.dtype == torch.float32 else "tf32")
 
 
-def _launch(kernel, grid, *args, **kw):
+def _launch(kernel, grid, t: Tiles, *args, **kw):
     """``wrap_triton(kernel)[grid](...)``.  Under the interpreter ``wrap_triton`` hands back the
     plain kernel, which cannot run on the fake tensors torch.compile traces with: there the launch
     is skipped (the outputs' shapes are all tracing needs), so compiled code traces on the CPU too."""
@@ -93,12 +117,10 @@ def _launch(kernel, grid, *args, **kw):
         from torch._subclasses.fake_tensor import is_fake
         if any(isinstance(a, torch.Tensor) and is_fake(a) for a in args):
             return
-    else:   # untuned first guess (no GPU measured yet): more warps for the 128-wide accumulators
-        kw["num_warps"] = 4 if kw["D_PAD"] <= 64 else 8
-        if TUNED and TUNED[2]:
-            kw["num_warps"] = TUNED[2]
-        if TUNED and TUNED[3]:
-            kw["num_stages"] = TUNED[3]
+    else:
+        kw["num_warps"] = t.warps or 4
+        if t.stages:
+            kw["num_stages"] = t.stages
     wrap_triton(kernel)[grid](*args, **kw)
 
 
@@ -136,19 +158,20 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
              stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     G, Tk = H // k.shape[1], k.shape[2]
-    bm, bn, d_pad = blocks(D)
-    nqb = triton.cdiv(T, bm)
+    t = tiles(D)
+    d_pad = max(16, triton.next_power_of_2(D))
+    nqb = triton.cdiv(T, t.m)
     out = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device).transpose(1, 2)  # (B, H, T, D) view of
     # (B, T, H, D) memory: the model's `y.transpose(1, 2).contiguous()` is then no copy
     lse = torch.empty(B, H, T, dtype=torch.float32, device=q.device)
     st = torch.empty(B, H, nqb, fw.N_FWD_STATS if stats else 0, dtype=torch.float32, device=q.device)
     dummy = lse                     # a pointer for the absent optional inputs (never read)
-    _launch(fw.attn_fwd, (nqb, B * H),
+    _launch(fw.attn_fwd, (nqb, B * H), t,
         q, k, v, out, lse, st if stats else dummy, lo, hi, dummy if km is None else km,
         dummy if sinks is None else sinks, dummy if slopes is None else slopes, dummy if win is None else win,
         *_strides(q, k, v, out), 0 if km is None else km.stride(0),
         H, G, T, Tk, D, scale, softcap,
-        BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None,
+        BLOCK_M=t.m, BLOCK_N=t.n, D_PAD=d_pad, HAS_SINK=sinks is not None,
         **_flags(q, km, slopes, win, causal, softcap, stats))
     return out, lse, st
 
@@ -162,8 +185,9 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     B, H, T, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     G = H // Hk
-    bm, bn, d_pad = blocks(D)
-    nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
+    t = tiles(D)
+    d_pad = max(16, triton.next_power_of_2(D))
+    nqb, nkb = triton.cdiv(T, t.m), triton.cdiv(Tk, t.kv)
     dev = q.device
     dd = torch.empty(B, H, T, dtype=torch.float32, device=dev)                   # D_i, written by dq
     dqs = torch.empty(B, H, nqb, bw.N_DQ_PROGRAM, dtype=torch.float32, device=dev)
@@ -174,13 +198,13 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     winp = dd if win is None else win
     kmp = dd if km is None else km
     kms = 0 if km is None else km.stride(0)
-    _launch(bw.attn_bwd_dq, (nqb, B * H),
+    _launch(bw.attn_bwd_dq, (nqb, B * H), t,
         q, k, v, o, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
         dd if slopes is None else slopes, winp, *_strides(q, k, v, o, do, dq), kms, *common,
-        BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
-    _launch(bw.attn_bwd_dkdv, (nkb, B * Hk),
+        BLOCK_M=t.m, BLOCK_N=t.n, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
+    _launch(bw.attn_bwd_dkdv, (nkb, B * Hk), t,
         q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
-        *_strides(q, k, v, do, dk, dv), kms, *common, BLOCK_M=bm, BLOCK_N=bn, D_PAD=d_pad, GROUPED=G > 1,
+        *_strides(q, k, v, do, dk, dv), kms, *common, BLOCK_M=t.kv_m, BLOCK_N=t.kv, D_PAD=d_pad, GROUPED=G > 1,
         **flags)
     if sinks is not None:
         dsink = dqs[..., 4].sum(dim=(0, 2)).to(sinks.dtype)     # (H,), a fixed-order reduction

@@ -1,0 +1,52 @@
+"""The fused attention's census on a machine without a GPU (issue 45): every program compiled for
+sm_90 by the Triton wheel's own compiler as a GPT-2-shaped bf16 run would compile it, read with the
+wheel's cuobjdump / nvdisasm (dyntool/kernels/census.py says what is counted and why).
+
+    python bench/kernel_census.py                        # d = 64 and 128, statistics on and off
+    python bench/kernel_census.py --d 64 --json census.json
+
+Run it without TRITON_INTERPRET (the interpreter compiles nothing).  The bounds it prints beside each
+hot loop are the ones tests/kernels/test_census.py holds in CI.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--d", default="64,128", help="head dimensions, comma-separated (default 64,128)")
+    ap.add_argument("--T", type=int, default=2048, help="sequence length of the specialisation (default 2048)")
+    ap.add_argument("--stats", choices=["on", "off", "both"], default="both", help="with the statistics, "
+                    "without, or both (default)")
+    ap.add_argument("--json", default=None, help="also write every number here")
+    args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        print("kernel_census: unset TRITON_INTERPRET (the interpreter compiles nothing)", file=sys.stderr)
+        return 2
+    import triton
+    from dyntool.kernels import census
+    out = {"triton": triton.__version__, "python": platform.python_version(), "target": "sm_90",
+           "T": args.T, "bounds": census.HOT_BOUNDS, "census": []}
+    for D in (int(x) for x in args.d.split(",")):
+        for stats in {"on": (True,), "off": (False,), "both": (True, False)}[args.stats]:
+            progs = census.attention_census(D, stats=stats, T=args.T)
+            print(("with" if stats else "without") + " statistics")
+            print(census.table(progs, D))
+            out["census"].append({"d": D, "stats": stats, "programs": [p.row() | {"spills": p.spills} for p in progs]})
+    print("bounds (statistics on): hot loop " + ", ".join(f"{k} <= {v}" for k, v in census.HOT_BOUNDS.items())
+          + "; no FSETP in a hot loop; no LDSM/STSM in dK/dV's; 0 spills; forward >= 3 blocks/SM at d = 64")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
