@@ -19,8 +19,9 @@ the α·V product and S's producer by what the tensors do.  Then, before any bac
 
 Refused, one line each: reentrant activation checkpointing (the layer runs again inside backward
 with nothing recorded in its first forward), compiled recording steps, a softmax whose output
-never meets V, scores not produced by a matmul/bmm/baddbmm dyntool saw, a factor on q·kᵀ that
-varies (soft-capping), entries α weighs that do not depend on q·kᵀ.
+never meets V, scores not produced by a matmul/bmm/baddbmm/einsum dyntool saw, scores that reach q
+or k outside their product (DeBERTa's relative terms), a factor on q·kᵀ that varies (soft-capping)
+where q and k cannot be hooked for autograd's own dQ/dK.
 """
 from __future__ import annotations
 
@@ -149,8 +150,8 @@ class DataflowAdapter(Adapter):
             raise DataflowRefusal("ran without a last-dimension softmax whose output reaches a matmul with V "
                                   "(through views, casts and dropout only)")
         if f.producer is None:
-            raise DataflowRefusal("its scores come from no matmul/bmm/baddbmm/@ dyntool saw in this module "
-                                  "(an einsum or a fused op), so q and k are unknown")
+            raise DataflowRefusal("its scores come from no matmul/bmm/baddbmm/@/einsum dyntool follows in this "
+                                  "module (a fused op, another einsum form), so q and k are unknown")
         B, H, T, Tk = tr.heads(f.alpha)
         alpha4 = f.alpha.detach().reshape(B, H, T, Tk)
         q4, k4, v4 = _operands(f, B, H, T, Tk)

@@ -87,9 +87,8 @@ class Tracer(TorchFunctionMode):
     def __init__(self, n_heads: int | None):
         super().__init__()
         self.n_heads = n_heads
-        self.products: dict = {}          # autograd node of a product -> (a, b, alpha)
+        self.products: dict = {}          # autograd node of a product -> (a, b, alpha, product, views)
         self.followers: dict = {}         # id(tensor) -> (tensor, Found): α and what keeps it
-        self.softmaxes: list = []         # every last-dim softmax (S, α) seen, attention or not
         self.found: Found | None = None
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -135,7 +134,8 @@ class Tracer(TorchFunctionMode):
                 else:
                     kwargs[k] = t
         out = func(*args, **kwargs)
-        if out.requires_grad and out.grad_fn is not None and a.dim() >= 3:
+        # a score product multiplies two batched operands (a weight is 2-D: a projection, not scores)
+        if out.requires_grad and out.grad_fn is not None and a.dim() >= 3 and b.dim() >= 3:
             alpha = float(kwargs.get("alpha", 1.0)) if baddbmm else 1.0
             self.products[out.grad_fn] = (a, b, alpha, out, views)
             return out.clone()              # in-place score ops act on the clone; `out` stays the product
@@ -166,7 +166,6 @@ class Tracer(TorchFunctionMode):
         if not S.requires_grad:
             return
         found = Found(S, alpha, self._producer_of(S))
-        self.softmaxes.append(found)
         self.followers[id(alpha)] = (alpha, found)
 
     def _producer_of(self, S):
