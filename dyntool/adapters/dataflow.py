@@ -250,6 +250,9 @@ def _only_through_product(f, probe, d) -> None:
     for x, y in zip(full, own):
         if x is None and y is None:
             continue
+        if not all(bool(torch.isfinite(t).all()) for t in (x, y) if t is not None):
+            raise DataflowRefusal("the model's own scores are not finite here (NaN/inf rows: e.g. a float32 "
+                                  "softmax of float64's finfo.min), so nothing about them can be checked")
         err = 1.0 if x is None or y is None else float((x - y).norm() / y.norm().clamp_min(torch.finfo(y.dtype).tiny))
         if not err <= _TAU_TOL.get(y.dtype if y is not None else x.dtype, 1e-5):
             raise DataflowRefusal(f"the scores depend on q or k outside their product q·kᵀ (relative {err:.2g}: a "

@@ -293,3 +293,12 @@ def test_cheap_tier_every_step_works_through_the_tracer(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "c" / "metrics.jsonl").read_text().splitlines()]
     cheap = torch.tensor([[rows[-1][f"logit_max/L{l}H{h}"] for h in range(2)] for l in range(2)])
     torch.testing.assert_close(cheap, full.float(), rtol=1e-5, atol=1e-7)
+
+
+def test_model_whose_own_scores_are_nan_is_refused_in_one_line(float64_default):
+    """MPT in float64 with left padding: its float32 softmax of float64's finfo.min gives NaN rows."""
+    model = _model("mpt")
+    with pytest.raises(CaptureError, match="the model's own scores are not finite here") as e:
+        with Capture(model):
+            model(**R.inputs("left")).loss.backward()
+    assert "\n" not in str(e.value)
