@@ -27,6 +27,8 @@ def cmd_train(args) -> int:
                                       "preset file) or --resume RUN")
     if args.resume is not None:
         args.resume = str(location(args.resume, "--resume"))   # one line for gs://, '', ~nosuchuser
+        from ..train.resume_data import check_trainable
+        check_trainable(args.resume)
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
     if args.resume is not None:                # the data folder the run read, not a new search
         from ..storage import open_backend

@@ -255,6 +255,12 @@ class LocalBackend:
             raise ConfigError(what, "contains a NUL byte")
         if any(len(os.fsencode(part)) > 255 for part in p.parts):    # NAME_MAX: stat() itself would fail
             raise ConfigError(what, "has a folder name longer than the file system allows (255 bytes)")
+        # PATH_MAX, with room for the run's own files below it; said without echoing the path
+        room = 4096 - 200
+        if len(os.fsencode(str(p.absolute()))) > room:
+            raise ConfigError(what, f"is {len(os.fsencode(str(p.absolute())))} bytes long as an absolute path; "
+                                    f"a run's files below it need it under {room} (the file system's "
+                                    "path limit is 4096): use a shorter folder")
         run = inside_run(p.absolute())
         if run is not None:
             raise ConfigError(what, f"{p} is inside the run {run}; runs are never written into "

@@ -1,4 +1,5 @@
-"""Which WikiText a resumed run reads: the folder its first part read, as its meta.json records.
+"""What ``train --resume`` takes from the run it resumes, beyond its config: that it is a training
+run at all, and which WikiText it read (the folder its first part read, as its meta.json records).
 
 A run started with ``$DYNTOOL_WIKITEXT`` (or the shared copy, or the hub's cached snapshot) has an
 empty ``data.path`` in its config.json, so a resume from a new shell would look for the data all
@@ -11,7 +12,24 @@ import sys
 from pathlib import Path
 
 from .. import safeio
+from ..errors import RunError
 from .config import TrainConfig
+
+
+def check_trainable(resume: str) -> None:
+    """A run that ``dyntool train`` did not write (a simulation: its config has no ``train``
+    section) is refused by what it is; its config would otherwise fail as "unknown key steps"."""
+    from ..storage import open_backend
+    run = open_backend(resume, "--resume", root="/")
+    try:
+        config = safeio.loads(run.get("config.json", safeio.MAX_JSON_BYTES) or b"{}", "config.json")
+        meta = safeio.loads(run.get("meta.json", safeio.MAX_JSON_BYTES) or b"{}", "meta.json")
+    except (OSError, ValueError):          # load_config says what is wrong with a damaged run
+        return
+    if isinstance(config, dict) and config and "train" not in config:
+        kind = meta.get("kind", "?") if isinstance(meta, dict) else "?"
+        raise RunError(f"cannot resume {resume}: it is a {kind!r} run, not one `dyntool train` wrote; "
+                       "a simulation keeps no checkpoint, so its own command starts it again")
 
 
 def use_recorded_data(cfg: TrainConfig, run) -> None:

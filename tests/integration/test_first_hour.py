@@ -208,3 +208,24 @@ def test_a_new_run_reads_the_commit_without_locking_the_checkouts_index(monkeypa
     assert status and all(c[:2] == ["git", "--no-optional-locks"] for c in status), calls
     if (REPO / ".git").exists():
         assert got["git_commit"] and isinstance(got["git_dirty"], bool)
+
+
+def test_train_resume_of_a_simulation_run_says_what_it_is(tmp_path, capsys):
+    """Item 11: ``train --resume`` of a simulation run said "unknown key steps"."""
+    from dyntool.cli import main
+    assert main(["sim", "toy", "--steps", "2", "--out", str(tmp_path), "--name", "sim", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "it is a 'toy' run, not one `dyntool train` wrote" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sim"]
+
+
+def test_an_out_path_past_path_max_is_one_short_line(tmp_path, capsys):
+    """Item 11: an ``--out`` past PATH_MAX was an internal error echoing the 5 kB path."""
+    from dyntool.cli import main
+    deep = tmp_path.joinpath(*["d" * 200] * 25)
+    assert main(["sim", "toy", "--steps", "2", "--out", str(deep), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and len(err[0]) < 300 and "path limit is 4096" in err[0], err
+    assert list(tmp_path.iterdir()) == []
