@@ -77,7 +77,7 @@ def accuracy(torch, op, device, T, smoke):
                            1 / math.sqrt(D), max_block_mib=256)
     eager = sums.finish()
     ks = cheap_stats.Sums(H, torch.float64, device)
-    kstats.add_to(ks, kstats.head_sums(fst, token.grad, op.n_blocks(q, k)[1]), B, T)
+    kstats.add_to(ks, kstats.head_sums(fst, token.grad), B, T)
     for n, x in ks.finish().items():
         report("accuracy", f"stat_{n}", "INFO", rel_err=rel(x, eager[n]))
 

@@ -103,9 +103,11 @@ class FlightRecorder(Observer):
         self._fused = fused_path.sites_for(self.adapter, self._paths,
                                            lambda s, *call: self._calls.append((s, *call, self.grad_scale)),
                                            self.kernel)
+        for fs in self._fused.values():
+            fs.seqs = seqs or 0
         if hasattr(self.adapter, "fused"):          # Hugging Face: the dyntool_fused registry entry
             self.adapter.fused = bool(self._fused)
-        self._calls: list = []            # fused forwards: (site, forward partials, token, key blocks, T, sinks?, grad scale)
+        self._calls: list = []            # fused forwards: (site, forward sums, token, sequences, T, sinks?, grad scale)
         self._token_sizes: dict = {}      # site -> the token's length for a compiled step (prepare)
         self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
 
@@ -202,7 +204,7 @@ class FlightRecorder(Observer):
             if call[2] is not None:
                 keep.append(call)
                 continue
-            m = call[1][..., 2].amax(dim=(0, 2))                              # (H,)
+            m = call[1][:, 2]                                                 # (H,)
             per[call[0]] = m if call[0] not in per else torch.maximum(per[call[0]], m)
         self._calls = keep
         if not per:
@@ -297,7 +299,7 @@ class FlightRecorder(Observer):
         from .kernels import stats as kstats
         left, seen = [], set()
         for call in self._calls:
-            site, fst, token, nkb, T, has_sinks, grad_scale = call
+            site, fst, token, seqs, T, has_sinks, grad_scale = call
             if token is None:               # a logits() forward: read by logit_max()
                 left.append(call)
                 continue
@@ -308,9 +310,8 @@ class FlightRecorder(Observer):
             if token.grad is None:          # no backward yet: counted as pending in result()
                 left.append(call)
                 continue
-            B, H = fst.shape[0], fst.shape[1]
-            S = B if self.seqs is None else min(self.seqs, B)
-            parts = kstats.head_sums(fst[:S], token.grad.reshape(B, H, -1)[:S], nkb)
+            S, H = seqs, fst.shape[0]
+            parts = kstats.head_sums(fst, token.grad)
             sums = self._sums.get(site)
             if sums is None:
                 sums = self._sums[site] = cheap_stats.Sums(H, torch.float32, fst.device)

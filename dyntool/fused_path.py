@@ -135,6 +135,7 @@ class _Fused:
         self.last, self.failed = None, None
         self.token: torch.Tensor | None = None
         self.mode = "stats"
+        self.seqs = 0                          # the statistics see the first seqs sequences (0: all)
 
     def run(self, q, k, v, has_sinks=False, **kw):
         if self.failed or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
@@ -147,7 +148,7 @@ class _Fused:
         if self.mode == "stats":
             token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
         try:
-            y, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
+            y, _, fst = op.attention(q, k, v, token=token, stats=True, seqs=self.seqs, **kw)
         except Exception as e:                  # noqa: BLE001  auto: never fail a step for the kernel
             if not self.fallback or isinstance(e, ValueError):
                 raise
@@ -156,17 +157,20 @@ class _Fused:
             warnings.warn(f"dyntool: {self.failed}; this site's cheap tier runs eagerly", RuntimeWarning, 2)
             self.arm(False)
             return None
-        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], has_sinks)
+        self.on_call(fst, token, self._rows(q), q.shape[-2], has_sinks)
         self.last = id(y)
         return y
+
+    def _rows(self, q) -> int:
+        return q.shape[0] if not self.seqs else min(self.seqs, q.shape[0])
 
     def _run_compiled(self, op, q, k, v, has_sinks, kw):
         token = self.token if self.mode == "stats" else None
         if self.mode == "stats" and (token is None or token.numel() != op.bwd_stats_size(q, k)):
             raise ValueError(f"record.kernel: a compiled step of shape {tuple(q.shape)} needs "
                              "FlightRecorder.prepare(batch, T) with that batch and length first")
-        y, _, fst = op.attention(q, k, v, token=token, stats=True, **kw)
-        self.on_call(fst, token, op.n_blocks(q, k)[1], q.shape[-2], has_sinks)
+        y, _, fst = op.attention(q, k, v, token=token, stats=True, seqs=self.seqs, **kw)
+        self.on_call(fst, token, self._rows(q), q.shape[-2], has_sinks)
         return y
 
 

@@ -1,11 +1,12 @@
 """The fused attention as ``torch.library`` custom ops (``triton_op`` + ``wrap_triton``), with autograd.
 
-``dyntool::attn_fwd`` returns (out, lse, forward statistics' partials); ``dyntool::attn_bwd``
-returns (dq, dk, dv, dσ, backward statistics' partials).  Both are functional (no argument is
+``dyntool::attn_fwd`` returns (out, lse·log₂e, the forward statistics' per-head sums);
+``dyntool::attn_bwd`` returns (dq, dk, dv, dσ, the backward statistics' per-head sums): the kernels'
+per-program partials are reduced inside the ops (:mod:`.stats`), in the graph of a compiled step.  Both are functional (no argument is
 mutated), so a compiled step can trace them on a GPU (under the interpreter, where
 ``wrap_triton`` cannot be traced, they are opaque ``custom_op``s: ``_op``).  The backward's statistics leave autograd as the *gradient of a token*: a
 zero tensor passed to the forward with ``requires_grad``; after ``backward()`` its ``.grad`` holds
-the partial sums (a fresh token per forward, so nothing is summed across calls that should not).
+the per-head sums (a fresh token per forward, so nothing is summed across calls that should not).
 
 Layout: q (B, H, T, D), k/v (B, H_kv, Tk, D), any strides with a contiguous last dimension.
 Key padding: per-batch visible key range [lo, hi) and/or a (B, Tk) key mask (int8, 1 = key).
@@ -22,6 +23,7 @@ from torch.library import triton_op, wrap_triton
 
 from . import backward as bw
 from . import forward as fw
+from . import stats as kstats
 
 
 def interpreted() -> bool:
@@ -91,16 +93,14 @@ def n_blocks(q: torch.Tensor, k: torch.Tensor) -> tuple[int, int]:
 
 
 def bwd_stats_size(q: torch.Tensor, k: torch.Tensor) -> int:
-    """Length of the backward partials (and of the token): per (b, h), nQB·(2 + 3) + nKB·4."""
+    """Length of the backward's per-head sums (and of the token): H · 7."""
     return stats_numel(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
 
 
 def stats_numel(B: int, H: int, T: int, Tk: int) -> int:
-    """:func:`bwd_stats_size` from the shapes (a token made before a compiled step: no q, k yet).
-    The block sizes do not depend on the head dimension, only D_PAD does."""
-    bm, bn, _ = blocks(16)
-    nqb, nkb = triton.cdiv(T, bm), triton.cdiv(Tk, bn)
-    return B * H * (nqb * bw.N_DQ_PROGRAM + nkb * bw.N_DKV_STATS)
+    """:func:`bwd_stats_size` from the shapes (a token made before a compiled step: no q, k yet);
+    the sums are per head, reduced inside the op, so only H matters."""
+    return H * len(kstats.BACKWARD_SUMS)
 
 
 def _flags(q, km, slopes, win, causal, softcap, stats):
@@ -155,7 +155,7 @@ def _strides(*ts):
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
              km: torch.Tensor | None, sinks: torch.Tensor | None, slopes: torch.Tensor | None,
              win: torch.Tensor | None, token: torch.Tensor | None, causal: bool, scale: float, softcap: float,
-             stats: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             stats: bool, seqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     G, Tk = H // k.shape[1], k.shape[2]
     t = tiles(D)
@@ -173,14 +173,14 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
         H, G, T, Tk, D, scale, softcap,
         BLOCK_M=t.m, BLOCK_N=t.n, D_PAD=d_pad, HAS_SINK=sinks is not None,
         **_flags(q, km, slopes, win, causal, softcap, stats))
-    return out, lse, st
+    return out, lse, (kstats.forward_sums(st, seqs) if stats else st)
 
 
 @_op("dyntool::attn_bwd")
 def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
              lse: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, km: torch.Tensor | None,
              sinks: torch.Tensor | None, slopes: torch.Tensor | None, win: torch.Tensor | None,
-             causal: bool, scale: float, softcap: float, stats: bool
+             causal: bool, scale: float, softcap: float, stats: bool, seqs: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
@@ -212,24 +212,23 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
         dsink = torch.zeros(H, dtype=torch.float32, device=dev)
     if not stats:
         return dq, dk, dv, dsink, dqs.new_zeros(0)
-    partials = torch.cat([dqs.flatten(2), dkvs.flatten(2)], dim=2).flatten()
-    return dq, dk, dv, dsink, partials
+    return dq, dk, dv, dsink, kstats.backward_sums(dqs, dkvs, seqs).flatten()
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, lo, hi, km, sinks, slopes, win, token, causal, scale, softcap, stats = inputs
+    q, k, v, lo, hi, km, sinks, slopes, win, token, causal, scale, softcap, stats, seqs = inputs
     out, lse, _ = output
     ctx.save_for_backward(q, k, v, out, lse, lo, hi, km, sinks, slopes, win)
-    ctx.args = (causal, scale, softcap, stats and token is not None)
+    ctx.args = (causal, scale, softcap, stats and token is not None, seqs)
 
 
 def _backward(ctx, dout, dlse, dst):
     q, k, v, out, lse, lo, hi, km, sinks, slopes, win = ctx.saved_tensors
-    causal, scale, softcap, stats = ctx.args
-    dq, dk, dv, dsink, partials = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes, win,
-                                           causal, scale, softcap, stats)
+    causal, scale, softcap, stats, seqs = ctx.args
+    dq, dk, dv, dsink, sums = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes, win,
+                                       causal, scale, softcap, stats, seqs)
     return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None, None,
-            partials if stats else None, None, None, None, None)
+            sums if stats else None, None, None, None, None, None)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup)
@@ -253,15 +252,17 @@ def _windows(ws: tuple, device) -> torch.Tensor:
 
 def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window=None,
               softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
-              padding_side: str = "right", key_mask=None, token=None, stats: bool = False):
-    """The fused attention.  Returns ``(out, lse·log₂e, forward partials)`` (B, H, T, D), (B, H, T), (B, H, nQB, 4).
+              padding_side: str = "right", key_mask=None, token=None, stats: bool = False, seqs: int = 0):
+    """The fused attention.  Returns ``(out, lse·log₂e, forward sums)`` (B, H, T, D), (B, H, T), (H, 4)
+    (:data:`.stats.FORWARD_SUMS`; with ``stats=False`` an empty tensor).
 
     ``key_lengths`` (B,): how many keys of each sequence are real, at the end (``padding_side =
     "left"``) or the start (``"right"``); ``key_mask`` (B, Tk) bool: any set of real keys.
     ``window``: keys per query, the query's own included (causal attention), an int or a list of
     ints, one per query head (0 = no window for that head: LS attention's global heads).
-    ``token``: see the module's docstring (the backward's statistics).  Rows with no visible key
-    give 0 (SDPA's semantics)."""
+    ``token``: see the module's docstring (the backward's statistics, (H·7,)).  ``seqs``: only the
+    first ``seqs`` sequences enter the statistics (0: all).  Rows with no visible key give 0 (SDPA's
+    semantics)."""
     B, _, _, D = q.shape
     Tk = k.shape[2]
     if q.shape[1] % k.shape[1]:
@@ -300,4 +301,4 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
         if t.stride(-1) != 1:
             raise ValueError(f"fused attention: {name} needs a contiguous last dimension")
     return attn_fwd(q, k, v, lo, hi, km, sinks, alibi_slopes, win, token, bool(causal),
-                    scale, float(softcap or 0.0), bool(stats))
+                    scale, float(softcap or 0.0), bool(stats), int(seqs))

@@ -1,39 +1,47 @@
-"""The fused kernel's partial sums → the cheap tier's per-head sums (:class:`dyntool.cheap_stats.Sums`).
+"""The fused kernel's partial sums → per-head sums, inside the op; → the cheap tier's
+:class:`dyntool.cheap_stats.Sums`, in the flight recorder.
 
 The kernels write one partial per program (no float atomics: the same inputs give the same bits);
-here they are reduced in a fixed order, in the Sums' dtype.  Per (b, h) the column entropy comes
-from the key blocks' Σ c and Σ c log c without a second pass: H(c / C) = log C − Σ c log c / C.
-U = dO / grad_scale, so the sums of one power of U divide by grad_scale, of two by its square.
+:func:`forward_sums` and :func:`backward_sums` reduce them in a fixed order *inside* the custom ops,
+so a compiled step fuses the reduction into its graph and hands out one (H, 4) and one (H, 7)
+tensor per attention call.  Per (b, h) the column entropy comes from the key blocks' Σ c and
+Σ c log c without a second pass: H(c / C) = log C − Σ c log c / C.  Only the first ``seqs``
+sequences count (0: all), as ``FlightRecorder(seqs=...)`` asks.  U = dO / grad_scale, so the sums
+of one power of U divide by grad_scale, of two by its square (:func:`add_to`).
 """
 from __future__ import annotations
 
 import torch
 
-from . import backward as bw
-from . import forward as fw
+# the per-head sums, in the order the ops return them (forward (H, 4); backward (H, 7))
+FORWARD_SUMS = ("ent", "score_max", "logit_max", "sink")
+BACKWARD_SUMS = ("eb", "u2", "var", "ds2", "colmax", "colent", "dv2")
 
 
-def head_sums(fst: torch.Tensor, bst: torch.Tensor, nkb: int, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """``fst`` (B, H, nQB, 4) forward partials, ``bst`` the token's gradient (flat backward
-    partials) → {Sums field: (H,)} summed (or maxed) over the batch, at grad_scale 1."""
-    B, H, nqb, _ = fst.shape
-    f = fst.to(dtype)
-    per = bst.to(dtype).reshape(B, H, -1)
-    n_dq = nqb * bw.N_DQ_PROGRAM
-    dqp = per[..., :n_dq].reshape(B, H, nqb, bw.N_DQ_PROGRAM)
-    pre, dqs = dqp[..., :bw.N_PRE_STATS], dqp[..., bw.N_PRE_STATS:]
-    dkv = per[..., n_dq:].reshape(B, H, nkb, bw.N_DKV_STATS)
-    c_sum, clogc = dkv[..., 2].sum(-1), dkv[..., 1].sum(-1)                   # (B, H)
-    safe = c_sum.clamp_min(torch.finfo(dtype).tiny)
+def forward_sums(st: torch.Tensor, seqs: int = 0) -> torch.Tensor:
+    """(B, H, nQB, 4) forward partials → (H, 4): Σ entropy, max score, max |logit|, Σ sink mass."""
+    f = st[:seqs] if seqs else st
+    return torch.stack([f[..., 0].sum(dim=(0, 2)), f[..., 1].amax(dim=(0, 2)), f[..., 2].amax(dim=(0, 2)),
+                        f[..., 3].sum(dim=(0, 2))], dim=1)
+
+
+def backward_sums(dqs: torch.Tensor, dkvs: torch.Tensor, seqs: int = 0) -> torch.Tensor:
+    """(B, H, nQB, 5) dq-program and (B, H, nKB, 4) dK/dV-program partials → (H, 7), in
+    :data:`BACKWARD_SUMS` order, at grad_scale 1."""
+    if seqs:
+        dqs, dkvs = dqs[:seqs], dkvs[:seqs]
+    c_sum, clogc = dkvs[..., 2].sum(-1), dkvs[..., 1].sum(-1)                  # (B, H)
+    safe = c_sum.clamp_min(torch.finfo(c_sum.dtype).tiny)
     colent = torch.where(c_sum > 0, safe.log() - clogc / safe, torch.zeros_like(c_sum))
-    assert fw.N_FWD_STATS == 4
-    return {
-        "ent": f[..., 0].sum(dim=(0, 2)), "score_max": f[..., 1].amax(dim=(0, 2)),
-        "logit_max": f[..., 2].amax(dim=(0, 2)), "sink": f[..., 3].sum(dim=(0, 2)),
-        "eb": pre[..., 0].sum(dim=(0, 2)), "u2": pre[..., 1].sum(dim=(0, 2)),
-        "var": dqs[..., 0].sum(dim=(0, 2)), "ds2": dqs[..., 1].sum(dim=(0, 2)),
-        "colmax": dkv[..., 0].amax(-1).sum(0), "colent": colent.sum(0), "dv2": dkv[..., 3].sum(dim=(0, 2)),
-    }
+    per = dqs[..., :4].sum(dim=2)                                               # (B, H, 4)
+    return torch.cat([per.sum(0), dkvs[..., 0].amax(-1).sum(0)[:, None], colent.sum(0)[:, None],
+                      dkvs[..., 3].sum(dim=(0, 2))[:, None]], dim=1)
+
+
+def head_sums(fst: torch.Tensor, bst: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The ops' (H, 4) forward sums and a token's gradient (H·7,) → {Sums field: (H,)}."""
+    b = bst.reshape(fst.shape[0], len(BACKWARD_SUMS))
+    return {**{n: fst[:, i] for i, n in enumerate(FORWARD_SUMS)}, **{n: b[:, i] for i, n in enumerate(BACKWARD_SUMS)}}
 
 
 def add_to(sums, parts: dict[str, torch.Tensor], B: int, T: int, grad_scale: float = 1.0,

@@ -51,7 +51,7 @@ def run(q, k, v, do, kw, slopes, sinks):
     out, _, fst = op.attention(*leaves, alibi_slopes=to(slopes), sinks=sk, token=token, stats=True, **kw)
     out.backward(to(do))
     sums = Sums(q.shape[1], torch.float64, DEV)
-    kstats.add_to(sums, kstats.head_sums(fst, token.grad, op.n_blocks(q, k)[1]), q.shape[0], q.shape[2],
+    kstats.add_to(sums, kstats.head_sums(fst, token.grad), q.shape[0], q.shape[2],
                   has_sinks=sinks is not None)
     return [out.cpu()] + [t.grad.cpu() for t in leaves], {n: x.cpu() for n, x in sums.finish().items()}
 
