@@ -302,3 +302,13 @@ def test_model_whose_own_scores_are_nan_is_refused_in_one_line(float64_default):
         with Capture(model):
             model(**R.inputs("left")).loss.backward()
     assert "\n" not in str(e.value)
+
+
+def test_compiled_recording_step_is_refused(monkeypatch):
+    """Inside a compiled graph the tracer sees no eager calls: refused at the layer's first forward."""
+    m = nano()
+    x, pad = batch()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    with pytest.raises(CaptureError, match="a compiled recording step"):
+        with Capture(m):
+            m(x, pad)
