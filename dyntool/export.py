@@ -129,6 +129,13 @@ def check_readable(run, arrays: list[str] | None, metrics: bool) -> None:
             first = next(iter(bad.values()))
             raise ExportError(f"run {run.id}: {len(bad)} array(s) can't be read ({', '.join(bad)}; {first}); "
                               "nothing exported (export the others with --arrays)")
+        # a missing or damaged chunk: a local read raises on it, an object store's read would give
+        # its fill values, so both are refused here, from the cheap check, before anything is written
+        names = arrays if arrays is not None else st.names()
+        damaged = [p for p in run.problems if any(p.startswith(f"array {n}:") for n in names)]
+        if damaged:
+            raise ExportError(f"run {run.id}: {damaged[0]}{f' (+{len(damaged) - 1} more)' if len(damaged) > 1 else ''}; "
+                              "nothing exported (export the others with --arrays)")
     elif (why := _record_problem(run)) and (arrays or not metrics):
         raise ExportError(f"run {run.id}: {why}; nothing exported")
     if metrics:

@@ -192,3 +192,20 @@ def test_a_writer_whose_endpoint_stays_down_fails_in_one_line(s3, monkeypatch): 
     assert "\n" not in msg and len(msg) < 500 and msg.startswith("recording writer failed: "), msg
     assert "what was committed before is kept" in msg and e.value.exit_code == 1
     proxy.up()
+
+
+def test_export_of_a_remote_run_missing_a_chunk_is_refused_as_locally(s3, tmp_path, capsys):   # noqa: F811
+    """Item 11: ``export`` of a remote run with a missing chunk exited 0 with the array filled in
+    (locally exit 2).  Now exit 2, one line, nothing written; the other arrays still export."""
+    import boto3
+    assert main(["sim", "toy", "--steps", "3", "--out", f"s3://{BUCKET}/exp", "--name", "r", "--quiet"]) == 0
+    c = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    chunk = next(o["Key"] for o in c.list_objects_v2(Bucket=BUCKET, Prefix="exp/r/record.zarr/attn/c/")["Contents"])
+    c.delete_object(Bucket=BUCKET, Key=chunk)
+    capsys.readouterr()
+    assert main(["export", f"s3://{BUCKET}/exp/r", "--to", str(tmp_path / "out"), "--format", "npz"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "array attn: chunk" in err[0] and "is missing" in err[0] and "nothing exported" in err[0], err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+    assert main(["export", f"s3://{BUCKET}/exp/r", "--to", str(tmp_path / "ok"), "--format", "npz",
+                 "--arrays", "compat"]) == 0
