@@ -27,10 +27,32 @@ def _status(r) -> str:
     return "corrupt" if r.corrupt else r.status
 
 
+def _natural(text: str) -> list:
+    """``seed7`` before ``seed42`` before ``seed2024``: digits compare as numbers."""
+    import re
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", text)]
+
+
+def _ordered(runs) -> list:
+    """Runs of one folder (a study's seeds and arms) together, in natural order of their names;
+    the folders newest first, as ``list_runs`` orders runs (the app keeps that order)."""
+    newest: dict[str, str] = {}
+    for r in runs:
+        parent = str(r.path.parent)
+        newest[parent] = max(newest.get(parent, ""), str(r.meta.get("created", "")))
+    return sorted(runs, key=lambda r: (_Desc(newest[str(r.path.parent)]), str(r.path.parent), _natural(r.path.name)))
+
+
+class _Desc(str):
+    """A string that sorts in reverse (newest folder first inside an ascending sort key)."""
+    def __lt__(self, other):
+        return str.__gt__(self, other)
+
+
 def _table(runs, root) -> list[str]:
     from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
-    for r in runs:
+    for r in _ordered(runs):
         last = steps_taken(r.meta, r.metrics)
         rel = str(r.path.relative_to(root)) if r.path.is_relative_to(root) else str(r.path)
         rows.append((rel, r.kind, _status(r), str(last), str(r.steps_written), _human(r.size_bytes()),

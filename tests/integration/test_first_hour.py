@@ -229,3 +229,17 @@ def test_an_out_path_past_path_max_is_one_short_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and len(err[0]) < 300 and "path limit is 4096" in err[0], err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ls_lists_a_studys_runs_together_in_seed_order(tmp_path, capsys):
+    """Item 6: ``ls`` listed a study's runs by creation time to the second (seeds interleaved and
+    ``seed2024`` before ``seed42``); a folder's runs now come together, seeds in numeric order."""
+    from dyntool.cli import main
+    from tests.app import fixtures
+    fixtures.make_sticky_study(tmp_path, name="st", seeds=(42, 2024, 7), steps=2)
+    fixtures.make_toy(tmp_path, "toy-a", steps=3)
+    capsys.readouterr()
+    assert main(["ls", str(tmp_path)]) == 0
+    ids = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:] if ln.strip()]
+    assert ids == ["toy-a", "st/seed7-em", "st/seed7-sgd", "st/seed42-em", "st/seed42-sgd",
+                   "st/seed2024-em", "st/seed2024-sgd"], ids
