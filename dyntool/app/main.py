@@ -25,3 +25,4 @@ PAGES = [
 page = st.navigation(PAGES)
 ui.sidebar()
 page.run()
+ui.say_selection()            # after the page: the Runs page may have changed the selection

@@ -43,9 +43,9 @@ def sidebar() -> None:
         except AppInputError as e:
             st.error(esc(e))
             st.session_state["dt_subdir"] = ""
-        sel = selected()
-        st.caption(f"{len(sel)} run(s) selected on the Runs page" if sel else
-                   "No runs selected: pages offer every run.")
+        # filled after the page body (main.py): the Runs page changes the selection in this very
+        # rerun, and a caption written now would show the previous one
+        st.session_state["_dt_sel_slot"] = st.empty()
         st.selectbox("Figure download format", FORMATS, key="dt_fig_fmt")
         if st.button("Reload runs from disk", help="Clear cached listings and slices"):
             data.clear_caches()
@@ -57,6 +57,18 @@ def sidebar() -> None:
 # errors are all of these kinds.  Anything else is a bug in the app: streamlit shows its traceback, on
 # this page only.
 DATA_ERRORS = (DyntoolError, OSError, LookupError, ValueError)
+
+
+def selection_caption() -> str:
+    sel = selected()
+    return f"{len(sel)} run(s) selected on the Runs page" if sel else "No runs selected: pages offer every run."
+
+
+def say_selection() -> None:
+    """The sidebar's selection line, written after the page ran (main.py)."""
+    slot = st.session_state.get("_dt_sel_slot")
+    if slot is not None:
+        slot.caption(selection_caption())
 
 
 def guard(body: Callable[[], None]) -> None:
