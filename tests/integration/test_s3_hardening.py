@@ -147,7 +147,9 @@ def test_a_writer_rides_out_a_four_second_outage(s3, monkeypatch):   # noqa: F81
     assert c.get_object(Bucket=BUCKET, Key="blip/obj")["Body"].read() == b"kept"
 
 
-@pytest.mark.parametrize("argv", [["ls", "s3://{b}/x"], ["sim", "toy", "--steps", "2", "--out", "s3://{b}/x"]],
+@pytest.mark.parametrize("argv", [["ls", "s3://{b}/x"],
+                                  pytest.param(["sim", "toy", "--steps", "2", "--out", "s3://{b}/x"],
+                                               marks=pytest.mark.slow)],    # the same probe, 8 s more
                          ids=["ls", "sim-toy"])
 def test_a_silent_endpoint_is_refused_in_under_30_s(s3, monkeypatch, capsys, argv):   # noqa: F811
     """Item 7: an endpoint that accepts connections and never answers was refused after 30.6-35 s
