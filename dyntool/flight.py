@@ -45,7 +45,15 @@ from .observe import Fanout, Observer, Site, expand_kv
 from .record import metric_names as mn
 from .selfcheck import SelfCheckError, verify
 
+# the fused ops' per-head sums, by name, without importing Triton (a core install has none)
+from .kernels import stats_names as kstats_names
+
 STATS = mn.CHEAP_TIER           # the statistics' names (= their metric bases), formulas in cheap_stats
+# the block path's backward columns (kernels.stats.BACKWARD_SUMS order) → statistic names; the
+# square roots are of the per-sequence sums of squares (as cheap_stats.Sums.finish)
+_BLOCK_NAMES = (mn.EXPECTED_COMPAT, mn.UPSTREAM_NORM, mn.COMPAT_VAR, mn.SCORE_GRAD_NORM, mn.COLUMN_MAX,
+                mn.COLUMN_ENTROPY, mn.VALUE_GRAD_NORM)
+_SQRT_COLUMNS = torch.tensor([False, True, False, True, False, False, True])
 
 
 class FlightError(RuntimeError):
@@ -110,6 +118,9 @@ class FlightRecorder(Observer):
         self._calls: list = []            # fused forwards: (site, forward sums, token, sequences, T, sinks?, grad scale)
         self._token_sizes: dict = {}      # site -> the token's length for a compiled step (prepare)
         self._device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._pinned: dict = {}          # shape -> pinned host buffers, reused (PendingMetrics)
+        self._divisors: dict = {}        # (grad scale, rows, seqs, device) -> the block path's divisors
+        self._block: tuple | None = None  # (calls it read, result() of the block path), until reset()
 
     def prepare(self, batch: int, T: int) -> None:
         """Make compiled steps of (batch, T) recordable: every site must be on the fused path of
@@ -270,6 +281,10 @@ class FlightRecorder(Observer):
     def result(self) -> dict[str, torch.Tensor]:
         """Statistics since the last :meth:`reset`: name -> (L, nh) tensor, rows in ``sites``
         order (NaN for a site that recorded nothing, e.g. a head count that differs)."""
+        if self._block is None or self._block[0] != len(self._calls):    # new forwards since: again
+            self._block = (len(self._calls), self._fused_block())
+        if self._block[1] is not None:
+            return self._block[1]
         self._reduce_fused()
         waiting = self._pending + sum(c[2] is not None for c in self._calls)
         if waiting:
@@ -293,7 +308,7 @@ class FlightRecorder(Observer):
         return out
 
     def _reduce_fused(self) -> None:
-        """The fused sites' partial sums (forward's, and the backward's in each token's grad) → Sums."""
+        """The fused sites' per-head sums (forward's, and the backward's in each token's grad) → Sums."""
         if all(call[2] is None for call in self._calls):
             return                          # no fused site ran: the eager path works without Triton
         from .kernels import stats as kstats
@@ -318,15 +333,63 @@ class FlightRecorder(Observer):
             kstats.add_to(sums, parts, S, T, grad_scale, has_sinks)
         self._calls = left
 
+    def _fused_block(self) -> dict[str, torch.Tensor] | None:
+        """Every site fused, each forward in rounds of the sites' order with one shape: all sites'
+        statistics from a fixed handful of device ops (two stacks, two reductions, one division, one
+        sqrt), no per-site loop and no host read.  None where that does not hold (the general path)."""
+        calls, L = self._calls, len(self.sites)
+        if (self._sums or self._pending or not calls or len(calls) % L or len(self._fused) != L
+                or any(fs.failed for fs in self._fused.values())):
+            return None
+        first = calls[0]
+        if any(c[0] != self.sites[i % L] or c[2] is None or c[2].grad is None or c[1].shape != first[1].shape
+               or c[3:] != first[3:] for i, c in enumerate(calls)):
+            return None
+        if len({id(c[2]) for c in calls}) != len(calls):
+            raise FlightError("two forwards of one site inside one `with` of a compiled step: "
+                              "enter the flight recorder once per forward")
+        R, H = len(calls) // L, first[1].shape[0]
+        _, _, _, seqs, T, has_sinks, g = first
+        f = torch.stack([c[1] for c in calls]).view(R, L, H, len(kstats_names.FORWARD_SUMS))
+        b = torch.stack([c[2].grad for c in calls]).view(R, L, H, len(kstats_names.BACKWARD_SUMS)).sum(0)
+        fs, fm = f.sum(0), f.amax(0)
+        div, roots = self._block_divisors(g, R * seqs * T, R * seqs, b.device)
+        b = b / div
+        b = torch.where(roots, b.clamp_min(0).sqrt(), b)                # the norms' columns
+        rows = float(R * seqs * T)
+        out = dict(zip(_BLOCK_NAMES, b.unbind(-1)))
+        out.update(score_max=fm[..., 1], logit_max=fm[..., 2], attn_entropy=fs[..., 0] / rows)
+        if has_sinks:
+            out["sink_mass"] = fs[..., 3] / rows
+        return out
+
+    def _block_divisors(self, g: float, rows: int, seqs: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(7,) each: what each backward sum is divided by (its count, times the power of the grad
+        scale U carries) and which take a square root, made once per (g, rows, seqs, device): no
+        host-to-device copy per step."""
+        key = (float(g), rows, seqs, str(device))
+        if key not in self._divisors:
+            per = {"eb": rows * g, "u2": seqs * g * g, "var": rows * g * g, "ds2": seqs * g * g, "colmax": rows,
+                   "colent": seqs, "dv2": seqs * g * g}
+            self._divisors[key] = (torch.tensor([float(per[n]) for n in kstats_names.BACKWARD_SUMS], device=device),
+                                   _SQRT_COLUMNS.to(device))
+        return self._divisors[key]
+
     def metrics(self, result: dict | None = None) -> dict[str, float]:
-        """``{base/L{l}H{h}: value}`` for every statistic (names from record.metric_names)."""
+        """``{base/L{l}H{h}: value}`` for every statistic (names from record.metric_names): one read."""
+        return self.metrics_later(result).get()
+
+    def metrics_later(self, result: dict | None = None) -> "PendingMetrics":
+        """:meth:`metrics` without waiting: the values leave the device by a non-blocking copy into
+        pinned memory (CUDA) and :meth:`PendingMetrics.get` waits for that copy alone, so a trainer
+        launches its optimizer first and reads the row at the step's own sync."""
         res = self.result() if result is None else result
         names = [n for n in STATS if n in res]
-        vals = torch.stack([res[n].double() for n in names]).cpu().tolist()        # one sync
-        return {mn.head(n, l, h): v for n, layers in zip(names, vals)
-                for l, heads in enumerate(layers) for h, v in enumerate(heads)}
+        vals = torch.stack([res[n] for n in names]).to(torch.float64)                  # (n, L, nh)
+        return PendingMetrics(names, vals, self._pinned)
 
     def reset(self) -> None:
+        self._block = None
         self._sums.clear()
         self._calls.clear()
         self._pending = 0
@@ -371,3 +434,30 @@ def full_tier_reduction(qs: dict[str, torch.Tensor], sites: list[dict] | None = 
     if "sink_mass" in qs:
         out["sink_mass"] = qs["sink_mass"].mean(dim=(2, 3))
     return out
+
+
+class PendingMetrics:
+    """A cheap-tier row on its way to the host.  On CUDA the (n, L, nh) values are copied into a
+    pinned buffer with ``non_blocking`` and an event is recorded; :meth:`get` waits on that event
+    only (the copy, queued after the backward), never on work launched after it."""
+
+    def __init__(self, names: list, vals: torch.Tensor, pinned: dict):
+        self.names = names
+        if vals.is_cuda:
+            ring = pinned.setdefault(tuple(vals.shape), [])
+            if len(ring) < 2:                # two buffers: a row may wait while the next is made
+                ring.append(torch.empty(vals.shape, dtype=vals.dtype, pin_memory=True))
+            host = ring.pop(0)
+            ring.append(host)
+            host.copy_(vals, non_blocking=True)
+            self._host, self._event = host, torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host, self._event = vals, None
+
+    def get(self) -> dict[str, float]:
+        if self._event is not None:
+            self._event.synchronize()
+        vals = self._host.tolist()
+        return {mn.head(n, l, h): v for n, layers in zip(self.names, vals)
+                for l, heads in enumerate(layers) for h, v in enumerate(heads)}

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-# the per-head sums, in the order the ops return them (forward (H, 4); backward (H, 7))
-FORWARD_SUMS = ("ent", "score_max", "logit_max", "sink")
-BACKWARD_SUMS = ("eb", "u2", "var", "ds2", "colmax", "colent", "dv2")
+from .stats_names import BACKWARD_SUMS, FORWARD_SUMS     # the ops' (H, 4) and (H, 7), in this order
 
 
 def forward_sums(st: torch.Tensor, seqs: int = 0) -> torch.Tensor:

@@ -84,7 +84,7 @@ class RecordingCallback(Callback):
         self._gn = None             # (group names, their grad norms on the host) of this step
         self._extra: dict = {}      # metrics gathered during the step
         self.flight: FlightRecorder | None = None
-        self._cheap: dict = {}      # the cheap tier's metrics of this step
+        self._cheap = None         # the cheap tier's metrics of this step, on their way (PendingMetrics)
 
     # -- setup ----------------------------------------------------------------------------
     def on_train_start(self, trainer) -> None:
@@ -164,7 +164,7 @@ class RecordingCallback(Callback):
 
     # -- per step -------------------------------------------------------------------------
     def on_step_start(self, step: int) -> None:
-        self._lmax, self._extra, self._cheap, self._gn = None, {}, {}, None
+        self._lmax, self._extra, self._cheap, self._gn = None, {}, None, None
         if self.rec is None or self.cfg.record.batch != "probe" or not self.rec.wants(step):
             return
         model = self.trainer.raw
@@ -226,7 +226,8 @@ class RecordingCallback(Callback):
                 self._lmax = res["logit_max"].float()
             if self.cfg.train.logit_stat != "off":      # logit_max/L{l}H{h} is the per-step statistic's
                 res.pop("logit_max")
-            self._cheap = {**self.flight.metrics(res), "cheap_tier": True}
+            # read at the step's own sync (below), after the optimizer launched: never waited on here
+            self._cheap = self.flight.metrics_later(res)
         if micro == self.cfg.optim.accum - 1 and self.trainer.fsdp and self._logged(step):
             self._grad_norms(self._group_norms())      # sharded: local sums, one all-reduce
 
@@ -303,7 +304,8 @@ class RecordingCallback(Callback):
                 self._gn[2].synchronize()
             for name, v in zip(self._gn[0], self._gn[1].tolist()):
                 metrics[mn.grad_norm(name)] = v
-        metrics.update(self._cheap)
+        if self._cheap is not None:
+            metrics.update(self._cheap.get(), cheap_tier=True)
 
     def on_train_end(self, final: dict) -> None:
         self.trainer.raw.track_qk(False)
