@@ -267,8 +267,8 @@ class RunRecorder:
 
     def _cheap_close(self) -> None:
         step, self._cheap_step = self._cheap_step, None
-        try:
-            row = self.flight.metrics()
+        try:        # on its way to the host: read when the row is written (the user's optimizer first)
+            row = {_CHEAP_LATER: self.flight.metrics_later()}
         finally:
             self.flight.reset()
         if self._pending is not None and self._pending[0] == step:
@@ -285,14 +285,14 @@ class RunRecorder:
         if self._cheap_step == step and not self.flight._attached:
             self._cheap_close()
         if self._pending is not None and self._pending[0] == step:
-            metrics = {**self._pending[1], **metrics}
+            metrics = {**_resolved(self._pending[1]), **metrics}
             self._pending = None
         self._flush_pending()
         self.run.log(step, elapsed_s=time.perf_counter() - self.t0, **metrics)
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
-            self.run.log(self._pending[0], **self._pending[1])
+            self.run.log(self._pending[0], **_resolved(self._pending[1]))
             self._pending = None
 
     def close(self, status: str = "finished") -> None:
@@ -369,3 +369,16 @@ def _model_config(model, attention=None) -> dict:
         out.update({k: d[k] for k in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                       "hidden_size", "sliding_window", "n_layer", "n_head", "n_embd") if k in d})
     return out
+
+
+_CHEAP_LATER = "__cheap_tier_pending__"     # a row's cheap-tier values, still on their way to the host
+
+
+def _resolved(row: dict) -> dict:
+    """``row`` with its pending cheap-tier values read (the one wait, when the row is written); they
+    take precedence over the row's other values, as when they were read at once and merged over it."""
+    if _CHEAP_LATER not in row:
+        return row
+    row = dict(row)
+    cheap = row.pop(_CHEAP_LATER).get()
+    return {**row, **cheap}
