@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import (LOG2E, NEG, fp32_scalars, key_tiles, log2_scores, masked_tile, n_masked, query_tiles,
+from .tiles import (LOG2E, NEG, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked, query_tiles,
                     tanh, visible)
 
 N_PRE_STATS = 2            # Σ D, Σ ‖dO‖²
@@ -41,16 +41,8 @@ def _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, 
              HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
              PRECISION: tl.constexpr):
     cols = j0 + offs_n
-    if MASKED:
-        kvmask = (cols[:, None] < Tk) & dmask[None, :]
-        k = tl.load(k_ptrs + j0 * skt, mask=kvmask, other=0.0)
-        v = tl.load(v_ptrs + j0 * svt, mask=kvmask, other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs + j0 * skt)
-        v = tl.load(v_ptrs + j0 * svt)
-    else:
-        k = tl.load(k_ptrs + j0 * skt, mask=dmask[None, :], other=0.0)
-        v = tl.load(v_ptrs + j0 * svt, mask=dmask[None, :], other=0.0)
+    k = load_rows(k_ptrs + j0 * skt, cols, Tk, dmask, MASKED, EVEN_D)
+    v = load_rows(v_ptrs + j0 * svt, cols, Tk, dmask, MASKED, EVEN_D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                     # (BLOCK_M, BLOCK_N)
     if MASKED or HAS_SOFTCAP or HAS_ALIBI:
         z = log2_scores(qk, offs_m[:, None], cols[None, :], T, Tk, scale, softcap, slope, HAS_SOFTCAP, HAS_ALIBI)
@@ -151,19 +143,12 @@ def _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE_h, DD_h, offs_m, offs
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
                PRECISION: tl.constexpr):
     rows = i0 + offs_m
+    q = load_rows(q_ptrs + i0 * sqt, rows, T, dmask, MASKED, EVEN_D)                     # (BLOCK_M, D_PAD)
+    do = load_rows(do_ptrs + i0 * sdt, rows, T, dmask, MASKED, EVEN_D)
     if MASKED:
-        inb = rows < T
-        q = tl.load(q_ptrs + i0 * sqt, mask=inb[:, None] & dmask[None, :], other=0.0)    # (BLOCK_M, D_PAD)
-        do = tl.load(do_ptrs + i0 * sdt, mask=inb[:, None] & dmask[None, :], other=0.0)
-        lse2 = tl.load(LSE_h + rows, mask=inb, other=float("inf"))
-        dd = tl.load(DD_h + rows, mask=inb, other=0.0)
+        lse2 = tl.load(LSE_h + rows, mask=rows < T, other=float("inf"))
+        dd = tl.load(DD_h + rows, mask=rows < T, other=0.0)
     else:
-        if EVEN_D:
-            q = tl.load(q_ptrs + i0 * sqt)
-            do = tl.load(do_ptrs + i0 * sdt)
-        else:
-            q = tl.load(q_ptrs + i0 * sqt, mask=dmask[None, :], other=0.0)
-            do = tl.load(do_ptrs + i0 * sdt, mask=dmask[None, :], other=0.0)
         lse2 = tl.load(LSE_h + rows)
         dd = tl.load(DD_h + rows)
     # (BLOCK_N, BLOCK_M): keys × queries; the loaded tiles' transposes are how the tensor cores read

@@ -21,7 +21,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .tiles import LOG2E, M_INIT, NEG, fp32_scalars, key_tiles, log2_scores, masked_tile, n_masked, visible
+from .tiles import (LOG2E, M_INIT, NEG, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked,
+                    visible)
 
 N_FWD_STATS = 4            # entropy sum, score max, |logit| max, sink-mass sum
 
@@ -35,16 +36,8 @@ def _tile(acc, m, l, tx, smax, lmax, q, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmas
     """One key tile of the online softmax; ``MASKED`` builds the tile's mask, else every entry is
     visible (and in bounds: no load needs a mask but the padded head dim's)."""
     cols = j0 + offs_n
-    if MASKED:
-        kvmask = (cols[:, None] < Tk) & dmask[None, :]
-        k = tl.load(k_ptrs + j0 * skt, mask=kvmask, other=0.0)
-        v = tl.load(v_ptrs + j0 * svt, mask=kvmask, other=0.0)
-    elif EVEN_D:
-        k = tl.load(k_ptrs + j0 * skt)
-        v = tl.load(v_ptrs + j0 * svt)
-    else:
-        k = tl.load(k_ptrs + j0 * skt, mask=dmask[None, :], other=0.0)
-        v = tl.load(v_ptrs + j0 * svt, mask=dmask[None, :], other=0.0)
+    k = load_rows(k_ptrs + j0 * skt, cols, Tk, dmask, MASKED, EVEN_D)
+    v = load_rows(v_ptrs + j0 * svt, cols, Tk, dmask, MASKED, EVEN_D)
     qk = tl.dot(q, tl.trans(k), input_precision=PRECISION)                     # (BLOCK_M, BLOCK_N)
     if MASKED:
         valid = visible(offs_m[:, None], cols[None, :], T, Tk, lo, hi, window, km_row, CAUSAL, HAS_WINDOW, HAS_KM)

@@ -61,6 +61,18 @@ def visible(ii, jj, T, Tk, lo, hi, window, km_row,
 
 
 @triton.jit
+def load_rows(ptrs, rows, n_rows, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """A (rows, D_PAD) tile: bounds-checked in a masked tile, unchecked in a full one (every row is
+    in range there) but for a head dim padded to a power of two."""
+    if MASKED:
+        return tl.load(ptrs, mask=(rows[:, None] < n_rows) & dmask[None, :], other=0.0)
+    elif EVEN_D:
+        return tl.load(ptrs)
+    else:
+        return tl.load(ptrs, mask=dmask[None, :], other=0.0)
+
+
+@triton.jit
 def log2_scores(qk, ii, jj, T, Tk, scale, softcap, slope, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """q·k (fp32) → z = s·log₂e, where soft-cap or ALiBi make s more than τ q·k."""
     s = qk * scale
