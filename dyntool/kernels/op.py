@@ -208,10 +208,10 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
         **flags)
     if sinks is not None:
         dsink = dqs[..., 4].sum(dim=(0, 2)).to(sinks.dtype)     # (H,), a fixed-order reduction
-    else:
-        dsink = torch.zeros(H, dtype=torch.float32, device=dev)
+    else:                                   # nothing to reduce or fill: autograd hands out None
+        dsink = dqs.new_empty(0)
     if not stats:
-        return dq, dk, dv, dsink, dqs.new_zeros(0)
+        return dq, dk, dv, dsink, dqs.new_empty(0)
     return dq, dk, dv, dsink, kstats.backward_sums(dqs, dkvs, seqs).flatten()
 
 
