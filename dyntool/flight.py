@@ -53,7 +53,7 @@ STATS = mn.CHEAP_TIER           # the statistics' names (= their metric bases), 
 # square roots are of the per-sequence sums of squares (as cheap_stats.Sums.finish)
 _BLOCK_NAMES = (mn.EXPECTED_COMPAT, mn.UPSTREAM_NORM, mn.COMPAT_VAR, mn.SCORE_GRAD_NORM, mn.COLUMN_MAX,
                 mn.COLUMN_ENTROPY, mn.VALUE_GRAD_NORM)
-_SQRT_COLUMNS = torch.tensor([False, True, False, True, False, False, True])
+_SQRT_COLUMNS = (False, True, False, True, False, False, True)
 
 
 class FlightError(RuntimeError):
@@ -372,7 +372,7 @@ class FlightRecorder(Observer):
             per = {"eb": rows * g, "u2": seqs * g * g, "var": rows * g * g, "ds2": seqs * g * g, "colmax": rows,
                    "colent": seqs, "dv2": seqs * g * g}
             self._divisors[key] = (torch.tensor([float(per[n]) for n in kstats_names.BACKWARD_SUMS], device=device),
-                                   _SQRT_COLUMNS.to(device))
+                                   torch.tensor(_SQRT_COLUMNS, device=device))
         return self._divisors[key]
 
     def metrics(self, result: dict | None = None) -> dict[str, float]:
@@ -446,7 +446,7 @@ class PendingMetrics:
         if vals.is_cuda:
             ring = pinned.setdefault(tuple(vals.shape), [])
             if len(ring) < 2:                # two buffers: a row may wait while the next is made
-                ring.append(torch.empty(vals.shape, dtype=vals.dtype, pin_memory=True))
+                ring.append(torch.empty(vals.shape, dtype=vals.dtype, device="cpu", pin_memory=True))
             host = ring.pop(0)
             ring.append(host)
             host.copy_(vals, non_blocking=True)

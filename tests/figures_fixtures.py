@@ -364,3 +364,13 @@ def make_user_run(out, name: str = "user-model", steps: int = 4, L: int = 2, H: 
     run.log(steps * 10, train_runtime=1.0, train_loss=2.7)
     run.finish("finished")
     return run.path
+
+
+def make_atlas_study(out, name: str = "atlas") -> Path:
+    """A real `dyntool study atlas --preset ci` run (one qknorm seed, 6 steps): the atlas figures read
+    per-step probe metrics no synthetic writer here produces."""
+    from dyntool.cli import main
+    rc = main(["study", "atlas", "--preset", "ci", "--seeds", "0", "--arms", "qknorm", "--out", str(out),
+               "--name", name, "--quiet", "--atlas.probe_seqs=2", "--atlas.rep_seqs=2"])
+    assert rc == 0
+    return Path(out) / name

@@ -37,6 +37,7 @@ def root(tmp_path_factory) -> Path:
     fx.make_ls_context_study(d, seeds=(0, 1), steps=20)
     fx.make_span_study(d, seeds=(0, 1), steps=40)
     fx.make_user_run(d)
+    fx.make_atlas_study(d)
     return d
 
 
