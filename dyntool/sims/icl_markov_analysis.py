@@ -136,6 +136,8 @@ def lead(steps: np.ndarray, indicator: np.ndarray, kl_bigram: np.ndarray, max_la
     if max_lag < 1 or len(x) < 10:
         return {"lag_steps": None, "r": None, "p": None}
     r = _lag_corr(x, y, max_lag)
+    if not np.isfinite(r).any():                    # a constant series (a run that did not move): no test
+        return {"lag_steps": None, "r": None, "p": None}
     best = int(np.nanargmax(r))
     if null == "circular":
         shifts = [s_ for s_ in range(len(x)) if min(s_, len(x) - s_) > max_lag]

@@ -19,10 +19,9 @@ from ..config import to_dict
 from ..errors import RunError
 from ..run import open_run
 from ..run_writer import write_json_atomic, ensure_out_dir
-from ..stats import mean_std
 from .icl_markov import run_one
 from .icl_markov_analysis import analyse_run
-from .icl_markov_claims import claims, table_lines
+from .icl_markov_claims import at_step, claims, fmt, ms, table_lines
 from .icl_markov_config import ICLMarkovConfig
 
 CONTROL = "doubly_stochastic"
@@ -90,29 +89,53 @@ def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:
 
 
 def resummarise(studies: list[str | Path]) -> dict:
-    """The summary of one or more finished study folders of the same config but for their seeds
-    (e.g. seeds 0–4 and 5–9 run as two studies), re-analysed from their runs' metrics."""
+    """The summary of one or more study folders of the same config but for their seeds (e.g. seeds
+    0–4 and 5–9 run as two studies), re-analysed from their runs' metrics.  A seed enters only when
+    every training prior's run of it finished (so the priors are compared on the same seeds); the
+    others are listed under ``skipped`` with the reason (a study stopped mid-run keeps its seeds
+    in study.json but not all their runs)."""
     from .. import config as _config
     paths = [Path(s) for s in studies]
     raw = _load_json(paths[0] / "study.json")
     cfg = _config.update(ICLMarkovConfig(), raw["config"])
     per: dict[str, dict[int, dict]] = {}
     seeds: list[int] = []
+    skipped: dict[str, str] = {}
     dense = None
     for study in paths:
         scfg = _load_json(study / "study.json")["config"]
-        seeds += [s for s in scfg["seeds"] if s not in seeds]
-        for prior in study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
-                                  scfg.get("extra_priors", [])):
-            for seed in scfg["seeds"]:
+        priors = study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
+                              scfg.get("extra_priors", []))
+        for seed in scfg["seeds"]:
+            why = [f"{run_name(seed, p)} {_status(study / run_name(seed, p))}" for p in priors]
+            why = [w for w in why if not w.endswith(" finished")]
+            if why:
+                skipped[f"{study.name}/seed{seed}"] = "; ".join(why)
+                continue
+            if seed in seeds:
+                raise RunError(f"seed {seed} is in more than one of the studies; summarise each seed once")
+            seeds.append(seed)
+            for prior in priors:
                 per.setdefault(prior, {})[seed] = _analyse(study / run_name(seed, prior), cfg)
         d = study / run_name(scfg["seeds"][0], scfg["prior"], dense=True)
-        if dense is None and d.exists():
+        if dense is None and d.exists() and scfg["seeds"][0] in seeds:
             first = per[scfg["prior"]][scfg["seeds"][0]]
             bounds = [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None]
             dense = _dense_info(study, scfg["seeds"][0], scfg["prior"], d, bounds, first)
+    if not seeds:
+        raise RunError(f"no seed of {', '.join(map(str, paths))} has all its runs finished; nothing to summarise")
     cfg.seeds = seeds
-    return summarise(cfg, per, dense)
+    out = summarise(cfg, per, dense)
+    out["studies"] = [str(p) for p in paths]
+    out["skipped"] = skipped
+    return out
+
+
+def _status(path: Path) -> str:
+    """'finished', or what a run folder is instead ('missing', 'interrupted', ...)."""
+    if not (path / "meta.json").exists():
+        return "missing"
+    return str(_load_json(path / "meta.json").get("status") or "unknown")
 
 
 def _dense_info(study: Path, seed: int, prior: str, path: Path, bounds: list[int], first: dict) -> dict:
@@ -148,12 +171,6 @@ def _same_metrics(a: Path, b: Path) -> bool:
     return bool(len(ka) == len(kb) and np.allclose(ka, kb, rtol=1e-6, atol=1e-9))
 
 
-def _ms(values) -> dict:
-    vals = [v for v in values if v is not None]
-    m, s = mean_std(vals) if vals else (float("nan"), float("nan"))
-    return {"mean": m, "std": s, "n": len(vals), "of": len(list(values))}
-
-
 def summarise(cfg: ICLMarkovConfig, per: dict[str, dict[int, dict]], dense: dict | None) -> dict:
     """The study's numbers: per prior, per seed and mean ± sd (sample sd), step-0 values beside."""
     out: dict = {"k": cfg.k, "alpha": cfg.alpha, "T": cfg.T, "steps": cfg.steps, "seeds": list(cfg.seeds),
@@ -162,32 +179,34 @@ def summarise(cfg: ICLMarkovConfig, per: dict[str, dict[int, dict]], dense: dict
         seeds = sorted(runs)
         agg: dict = {"per_seed": {str(s): runs[s] for s in seeds}}
         for key in ("unigram_start", "bigram_start"):
-            agg[key] = _ms([runs[s][key] for s in seeds])
+            agg[key] = ms([runs[s][key] for s in seeds])
         agg["orders"] = {str(s): runs[s]["order"] for s in seeds}
         agg["paper_order"] = sum(runs[s]["order"] == ["uniform", "unigram", "bigram"] for s in seeds)
         for strat in ("uniform", "unigram", "bigram"):
-            agg[f"kl_{strat}"] = {w: _ms([runs[s][f"kl_{strat}"][w] for s in seeds]) for w in ("step0", "end", "min")}
+            agg[f"kl_{strat}"] = {w: ms([runs[s][f"kl_{strat}"][w] for s in seeds]) for w in ("step0", "end", "min")}
         first = runs[seeds[0]]["heads"]
-        agg["heads"] = {hd: {q: {w: _ms([runs[s]["heads"][hd][q][w] for s in seeds]) for w in first[hd][q]}
+        agg["heads"] = {hd: {q: {w: ms([runs[s]["heads"][hd][q][w] for s in seeds]) for w in first[hd][q]}
                              for q in first[hd]} for hd in first}
         agg["second_layer_first"] = _layer_order(runs, seeds, cfg)
-        agg["lead"] = {"lag_steps": _ms([runs[s]["lead"]["lag_steps"] for s in seeds]),
-                       "r": _ms([runs[s]["lead"]["r"] for s in seeds]),
+        agg["lead"] = {"lag_steps": ms([runs[s]["lead"]["lag_steps"] for s in seeds]),
+                       "r": ms([runs[s]["lead"]["r"] for s in seeds]),
                        "p_below_0.05": sum((runs[s]["lead"]["p"] or 1) < 0.05 for s in seeds),
 }
         agg["claims"] = claims(runs, cfg.model.n_layer)
         agg["chance"] = runs[seeds[0]]["chance"]
-        agg["bayes_loss"] = _ms([runs[s]["bayes_loss"] for s in seeds])
-        agg["seconds"] = _ms([runs[s]["seconds"] for s in seeds])
+        agg["bayes_loss"] = ms([runs[s]["bayes_loss"] for s in seeds])
+        agg["seconds"] = ms([runs[s]["seconds"] for s in seeds])
         out["priors"][prior] = agg
     out["bigram_payoff"] = payoffs(cfg, list(per))
+    for prior, agg in out["priors"].items():             # beside each prior's stage times, too
+        agg["bigram_payoff"] = out["bigram_payoff"].get(prior)
     ctrl = cfg.control_prior
     if cfg.control and ctrl in per and cfg.prior in per and cfg.prior != ctrl:
         a, b = per[cfg.prior], per[ctrl]
         common = sorted(set(a) & set(b))
         diff = [(b[s]["bigram_start"] - a[s]["bigram_start"]) if None not in (a[s]["bigram_start"],
                 b[s]["bigram_start"]) else None for s in common]
-        out["control"] = {"prior": ctrl, "bigram_start_difference": _ms(diff), "per_seed": dict(zip(map(str, common), diff)),
+        out["control"] = {"prior": ctrl, "bigram_start_difference": ms(diff), "per_seed": dict(zip(map(str, common), diff)),
                           "control_has_unigram_stage": sum(b[s]["unigram_start"] is not None for s in common),
                           "of": len(common)}
     out["dense_rerun"] = dense
@@ -203,7 +222,9 @@ def payoffs(cfg: ICLMarkovConfig, priors: list[str], n: int = 2000) -> dict:
 
 
 def _layer_order(runs, seeds, cfg) -> dict:
-    """Per quantity: in how many seeds the second layer's 10 % step comes before the first's."""
+    """Per quantity, the *same* quantity in both layers: in how many seeds the second layer's 10 %
+    step comes before the first's (the comparison across quantities — L1's induction score against
+    L0's previous-token score — is in ``claims.layer_order.across_quantities``)."""
     if cfg.model.n_layer < 2:
         return {}
     out = {}
@@ -222,17 +243,15 @@ def _layer_order(runs, seeds, cfg) -> dict:
 
 
 _RULES = ("stage = argmin KL(strategy || model) at a logged step; a stage starts at the first logged step from "
-          "which it holds 5 logged steps.  t10 = first logged step from which a series stays >= 10 % of its change "
-          "(first logged value -> mean of the last 5) for 5 logged steps; per-step cheap-tier series averaged per "
-          "logged window.  lead = lag of max corr(diff indicator(t), -diff KL_bigram(t + lag)), |lag| <= 20 "
-          "logged steps; control: 500 time permutations of the indicator's differences.")
-
-
-def _fmt(d: dict, digits: int = 0) -> str:
-    if d is None or d.get("n", 0) == 0:
-        return "never"
-    s = f"{d['mean']:.{digits}f} ± {d['std']:.{digits}f}"
-    return s + (f" ({d['n']}/{d['of']})" if d["n"] != d["of"] else "")
+          "which it holds 5 logged steps.  bigram_mid = the first logged step from which KL(bigram) stays below "
+          "half-way between its highest value after step 0 and its end, for 5 logged steps.  t10 = first logged "
+          "step from which a series stays >= 10 % of its change (first logged value -> mean of the last 5) for 5 "
+          "logged steps; per-step cheap-tier series averaged per logged window.  second_layer_first = the same "
+          "quantity's t10 in L1 before L0.  lead = lag of max corr(diff indicator(t), -diff KL_bigram(t + lag)), "
+          "|lag| <= 20 logged steps; nulls: 500 time permutations of the indicator's differences (lead), every "
+          "circular shift beyond 20 logged steps (claims' lead_circular, lead_over_prev_token).  lift = attention "
+          "mass on a key type / its share of the visible keys; induction_specific = lift(induction) / "
+          "lift(neither).")
 
 
 def table(summary: dict) -> str:
@@ -240,24 +259,26 @@ def table(summary: dict) -> str:
     lines = [f"ICL-MC: k = {summary['k']}, α = {summary['alpha']}, T = {summary['T']}, {summary['steps']} steps, "
              f"seeds {summary['seeds']}  (mean ± sd over seeds; step 0 -> end)"]
     for prior, a in summary["priors"].items():
-        lines.append(f"\n[{prior}]  stage order uniform→unigram→bigram in {a['paper_order']}/{len(a['orders'])} seeds")
-        lines.append(f"  unigram stage starts at step {_fmt(a['unigram_start'])};  bigram stage at step "
-                     f"{_fmt(a['bigram_start'])}")
+        pay = a.get("bigram_payoff")
+        lines.append(f"\n[{prior}]  stage order uniform→unigram→bigram in {a['paper_order']}/{len(a['orders'])} seeds"
+                     + (f";  bigram payoff {pay['over_uniform']:.3f} nats over uniform" if pay else ""))
+        lines.append(f"  unigram stage: {at_step(a['unigram_start'])};  bigram stage: {at_step(a['bigram_start'])}")
         for strat in ("uniform", "unigram", "bigram"):
             k = a[f"kl_{strat}"]
-            lines.append(f"  KL({strat:<7} ‖ model)  {_fmt(k['step0'], 4)} -> {_fmt(k['end'], 4)}  (min {_fmt(k['min'], 4)})")
+            lines.append(f"  KL({strat:<7} ‖ model)  {fmt(k['step0'], 4)} -> {fmt(k['end'], 4)}  (min {fmt(k['min'], 4)})")
         ch = a.get("chance") or {}
         for hd, qs in a["heads"].items():
-            lines.append(f"  {hd}: prev-token {_fmt(qs['prev_token']['step0'], 3)} -> {_fmt(qs['prev_token']['end'], 3)} "
-                         f"(chance {ch.get('prev_token', float('nan')):.3f}, t10 {_fmt(qs['prev_token']['t10'])});  "
-                         f"induction {_fmt(qs['induction']['step0'], 3)} -> {_fmt(qs['induction']['end'], 3)} "
-                         f"(chance {ch.get('induction', float('nan')):.3f}, t10 {_fmt(qs['induction']['t10'])});  "
-                         f"‖∂L/∂S‖ t10 {_fmt(qs['score_grad_norm']['t10'])}, peak {_fmt(qs['score_grad_norm']['peak_step'])}")
+            lines.append(f"  {hd}: prev-token {fmt(qs['prev_token']['step0'], 3)} -> {fmt(qs['prev_token']['end'], 3)} "
+                         f"(chance {ch.get('prev_token', float('nan')):.3f}, t10 {fmt(qs['prev_token']['t10'])});  "
+                         f"induction {fmt(qs['induction']['step0'], 3)} -> {fmt(qs['induction']['end'], 3)} "
+                         f"(chance {ch.get('induction', float('nan')):.3f}, t10 {fmt(qs['induction']['t10'])});  "
+                         f"‖∂L/∂S‖ t10 {fmt(qs['score_grad_norm']['t10'])}, peak {fmt(qs['score_grad_norm']['peak_step'])}")
         for q, v in a["second_layer_first"].items():
-            lines.append(f"  second layer reaches 10 % first ({q}): {v['second_first']}/{v['of']} seeds")
+            lines.append(f"  same quantity in both layers, L1 reaches 10 % of its change before L0 ({q}): "
+                         f"{v['second_first']}/{v['of']} seeds")
         ld = a["lead"]
         lines.append(f"  leading indicator (‖∂L/∂S‖ of the previous-token head vs the bigram transition): lag "
-                     f"{_fmt(ld['lag_steps'])} steps, r {_fmt(ld['r'], 2)}, p < 0.05 (shuffled time) in "
+                     f"{fmt(ld['lag_steps'], none='- (no test)')} steps, r {fmt(ld['r'], 2, none='-')}, p < 0.05 (shuffled time) in "
                      f"{ld['p_below_0.05']}/{len(a['orders'])} seeds")
         lines += table_lines(a["claims"])
     for p, v in (summary.get("bigram_payoff") or {}).items():
@@ -265,9 +286,12 @@ def table(summary: dict) -> str:
                      f"{v['over_unigram']:.3f} over unigram (Monte Carlo, ± {v['over_uniform_se']:.3f})")
     if summary.get("control"):
         c = summary["control"]
-        lines.append(f"\ncontrol prior ({c.get('prior', CONTROL)}): bigram stage starts {_fmt(c['bigram_start_difference'])} steps later than under "
-                     f"the Dirichlet prior (negative: earlier); a unigram stage in {c['control_has_unigram_stage']}/"
+        lines.append(f"\ncontrol prior ({c.get('prior', CONTROL)}): bigram stage starts "
+                     f"{fmt(c['bigram_start_difference'], none='- (not reached under both priors in any seed)')} steps "
+                     f"later than under the Dirichlet prior (negative: earlier); a unigram stage in {c['control_has_unigram_stage']}/"
                      f"{c['of']} seeds")
+    for run, why in (summary.get("skipped") or {}).items():
+        lines.append(f"skipped {run}: {why}")
     if summary.get("dense_rerun"):
         d = summary["dense_rerun"]
         lines.append(f"dense rerun of seed {d['seed']}: {d['full_tier_steps']} full-tier steps around {d['boundaries']}; "

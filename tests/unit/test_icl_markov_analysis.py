@@ -95,7 +95,26 @@ def test_summary_counts_the_second_layer_first():
     d = s["priors"]["dirichlet"]
     assert d["second_layer_first"]["induction"] == {"second_first": 1, "of": 2}
     assert d["bigram_start"]["mean"] == pytest.approx(255) and d["paper_order"] == 2
-    assert "bigram stage at step 255 ± 7" in table(s)
+    assert "bigram stage: starts at step 255 ± 7" in table(s)
+    assert d["bigram_payoff"] == s["bigram_payoff"]["dirichlet"] and d["bigram_payoff"]["over_uniform"] > 0.1
+    assert f"bigram payoff {d['bigram_payoff']['over_uniform']:.3f} nats over uniform" in table(s)
+
+
+def test_a_stage_never_reached_is_said_so():
+    """Issue 50: the table said "starts at step never"."""
+    from dyntool.sims.icl_markov_config import ICLMarkovConfig
+    from dyntool.sims.icl_markov_study import summarise, table
+    t = np.arange(40)
+    df = frame({"uniform": np.full(40, 0.01), "unigram": np.full(40, 0.3), "bigram": np.full(40, 0.4)})
+    for l in range(2):
+        for q in ("prev_token", "induction"):
+            df[mn.head(mn.icl_score(q), l, 0)] = 0.1 + 0.001 * t
+        df[mn.head(mn.SCORE_GRAD_NORM, l, 0)] = 1.0
+    run = {**an.analyse_run(df, 2, 1), "chance": {"prev_token": 0.05, "induction": 0.3}, "bayes_loss": 0.9,
+           "seconds": 1.0}
+    out = table(summarise(ICLMarkovConfig(seeds=[0], control=False), {"dirichlet": {0: run}}, None))
+    assert "unigram stage: never reached;  bigram stage: never reached" in out
+    assert "midpoint: never reached" in out and "step never" not in out
 
 
 def test_kl_midpoint_is_half_way_down_the_drop_not_the_argmin_crossing():
@@ -155,7 +174,8 @@ def test_claims_compare_the_same_quantity_and_across_quantities():
 def test_resummarise_two_studies_adds_their_seeds(tmp_path):
     from dyntool import config
     from dyntool.sims.icl_markov_config import ICLMarkovConfig
-    from dyntool.sims.icl_markov_study import resummarise, run_study
+    from dyntool.errors import RunError
+    from dyntool.sims.icl_markov_study import resummarise, run_study, table
     cfg = config.load(ICLMarkovConfig, "icl_markov.toml", "ci", values={"steps": 12, "control": False})
     a = run_study(cfg, tmp_path, name="a", quiet=True)
     b = run_study(config.update(cfg, {"seeds": [3]}), tmp_path, name="b", quiet=True)
@@ -164,6 +184,16 @@ def test_resummarise_two_studies_adds_their_seeds(tmp_path):
     import json
     one = json.loads((a / "summary.json").read_text())
     assert one["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"] == s["priors"]["dirichlet"]["per_seed"]["0"]["kl_bigram"]
+    # a study stopped mid-run: its unfinished seed is skipped, with the reason, not summarised
+    meta = b / "seed3-dirichlet" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "status": "interrupted"}))
+    s = resummarise([a, b])
+    assert s["seeds"] == [0] and s["skipped"] == {"b/seed3": "seed3-dirichlet interrupted"}
+    assert "skipped b/seed3: seed3-dirichlet interrupted" in table(s)
+    with pytest.raises(RunError, match="seed 0 is in more than one"):
+        resummarise([a, a])
+    with pytest.raises(RunError, match="nothing to summarise"):
+        resummarise([b])
 
 
 def test_dense_steps_cover_each_boundary_on_a_grid():
