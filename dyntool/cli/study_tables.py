@@ -47,7 +47,11 @@ def _atlas(s: dict) -> str:
 
 def _span(s: dict) -> str:
     """Per seed: both arms' final validation loss and the span arm's relative change, then the
-    mean ± std over seeds (the table ``dyntool study span`` prints)."""
+    mean ± std over seeds (the table ``dyntool study span`` prints; a study with ``arms``, every
+    reading it ran, by the study's own table)."""
+    if "arms" in s:
+        from ..train.span_study import table
+        return table(s)
     def f(x, w, p=4):
         return f"{x:{w}.{p}f}" if isinstance(x, (int, float)) and math.isfinite(x) else " " * (w - 1) + "-"
     lines = [f"{'seed':>4}  {'baseline val':>12}  {'span val':>10}  {'Δ% final':>9}  {'Δ% best':>8}"]

@@ -120,31 +120,36 @@ def run_span_study(out, study, preset, overrides, quiet, name, tags, configs, me
                        rel_change_best_pct_std=s["rel_change_best_pct_std"])
         for r in rows:
             r["rel_change_pct"], r["rel_change_best_pct"] = r["span"]["rel_change_pct"], r["span"]["rel_change_best_pct"]
-    _print(d, arms, rows, per_arm)
+    print("\n" + table(summary))
     return summary
 
 
-def _print(d, arms, rows, per_arm) -> None:
-    f = lambda x, w, p=4: f"{x:{w}.{p}f}" if x is not None else " " * (w - 1) + "-"   # noqa: E731
-    pct = lambda x, e: f"{x:+.3f} ± {e:.3f} %" if math.isfinite(x) else "-"            # noqa: E731
-    print(f"\nstudy span ({d}); none of these readings is known to be the paper's method")
-    for arm, v in per_arm.items():
-        print(f"  {arm}: {v['reading']}")
-    print(f"{'seed':>4}  {'arm':>9}  {'val loss':>9}  {'Δ% final':>9}  {'Δ% best':>8}  {'clip mean':>9}  {'bound':>6}")
+def table(summary: dict) -> str:
+    """The table the study prints, from its summary (also ``dyntool info STUDY``): each arm's
+    reading, per seed and arm the validation loss, Δ against the baseline and the clip factor, then
+    each arm's mean Δ."""
+    per_arm, rows = summary["arms"], summary["seeds"]
+    arms = ["baseline", *per_arm]
+    f = lambda x, w, p=4: f"{x:{w}.{p}f}" if isinstance(x, (int, float)) and math.isfinite(x) else " " * (w - 1) + "-"   # noqa: E731
+    pct = lambda x, e: f"{x:+.3f} ± {e:.3f} %" if isinstance(x, (int, float)) and math.isfinite(x) else "-"            # noqa: E731
+    lines = [f"study span ({summary.get('dir')}); none of these readings is known to be the paper's method"]
+    lines += [f"  {arm}: {v['reading']}" for arm, v in per_arm.items()]
+    lines.append(f"{'seed':>4}  {'arm':>9}  {'val loss':>9}  {'Δ% final':>9}  {'Δ% best':>8}  {'clip mean':>9}  {'bound':>6}")
     for r in rows:
         for arm in arms:
             a = r[arm]
             c = a.get("clip") or {}
-            print(f"{r['seed']:>4}  {arm:>9}  {f(a['final_val_loss'], 9)}  {f(a.get('rel_change_pct'), 9, 3)}  "
-                  f"{f(a.get('rel_change_best_pct'), 8, 3)}  {f(c.get('mean'), 9, 3)}  {f(c.get('bound_share'), 6, 2)}")
+            lines.append(f"{r['seed']:>4}  {arm:>9}  {f(a['final_val_loss'], 9)}  {f(a.get('rel_change_pct'), 9, 3)}  "
+                         f"{f(a.get('rel_change_best_pct'), 8, 3)}  {f(c.get('mean'), 9, 3)}  {f(c.get('bound_share'), 6, 2)}")
     if all(r[a]["final_val_loss"] is None for r in rows for a in arms):   # e.g. final_eval=off, eval_every=0
-        print("relative validation-loss change: - (no run evaluated on the validation split; "
-              "train.final_eval or train.eval_every turns it on); paper: -0.56 %")
+        lines.append("relative validation-loss change: - (no run evaluated on the validation split; "
+                     "train.final_eval or train.eval_every turns it on); paper: -0.56 %")
     else:
         for arm, v in per_arm.items():
-            print(f"relative validation-loss change, {arm}: {pct(v['rel_change_pct_mean'], v['rel_change_pct_std'])} "
-                  f"(final), {pct(v['rel_change_best_pct_mean'], v['rel_change_best_pct_std'])} (best); paper: -0.56 %")
-    bounded = [r[a]["final_eval_tokens"]["valid"] for r in rows for a in arms if r[a]["final_eval"] == "bounded"]
+            lines.append(f"relative validation-loss change, {arm}: {pct(v['rel_change_pct_mean'], v['rel_change_pct_std'])} "
+                         f"(final), {pct(v['rel_change_best_pct_mean'], v['rel_change_best_pct_std'])} (best); paper: -0.56 %")
+    bounded = [r[a]["final_eval_tokens"]["valid"] for r in rows for a in arms if r[a].get("final_eval") == "bounded"]
     if bounded:                        # short runs: say that "final" is an estimate on part of the split
-        print(f"final = bounded final evaluation (first {max(bounded):,} validation tokens; these runs trained "
-              f"on fewer tokens than the splits hold); --train.final_eval=full reads the whole splits")
+        lines.append(f"final = bounded final evaluation (first {max(bounded):,} validation tokens; these runs trained "
+                     f"on fewer tokens than the splits hold); --train.final_eval=full reads the whole splits")
+    return "\n".join(lines)

@@ -153,8 +153,14 @@ def test_an_interrupted_simulation_says_how_to_go_on(argv, target, tmp_path, mon
     monkeypatch.setattr(target, interrupted)
     assert main([*argv, "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
+    # toy and bijection checkpoint (tests/integration/test_sim_resume.py), but not before they start
+    why = "it stopped before its first checkpoint" if argv[1] in ("toy", "bijection") else \
+        "a simulation keeps no checkpoint"
     assert err == [f"dyntool: interrupted; the run was flushed and marked 'interrupted'; see it with: dyntool ls "
-                   f"{tmp_path}; a simulation keeps no checkpoint, so the same command starts it again, into a new folder"]
+                   f"{tmp_path}; {why}, so the same command starts it again, into a new folder"]
+    # with --name: that folder is kept, so the same command would be refused (issue 50, item 6)
+    assert main([*argv, "--out", str(tmp_path), "--name", "n1"]) == 130
+    assert "the same command with another --name (or none; n1 is kept) starts it again" in capsys.readouterr().err
 
 
 def test_span_study_arms_are_the_readings_they_name(tmp_path, capsys):
@@ -180,7 +186,13 @@ def test_span_study_arms_are_the_readings_they_name(tmp_path, capsys):
     for arm in ("baseline", "ab2"):
         assert row[arm]["clip"]["bound_share"] == 1.0 and 0 < row[arm]["clip"]["min"] < 1e-6   # a tiny clip binds
         assert row[arm]["logit_max"] and all(v["max"] >= v["last"] > 0 for v in row[arm]["logit_max"].values())
-    assert "none of these readings is known to be the paper's method" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "none of these readings is known to be the paper's method" in printed
+    # dyntool info shows the same table, every arm's row and reading (the two-arm table needs "span")
+    from dyntool.cli.study_tables import study_table
+    lines = study_table(s)
+    assert lines and "\n".join(lines) in printed and "  ab2: " + ARMS["ab2"][1] in lines
+    assert sum(line.split()[:2] == ["0", "ab2"] for line in lines) == 1
 
 
 def test_clip_factor_from_grad_norms():
