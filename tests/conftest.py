@@ -95,3 +95,11 @@ def pytest_terminal_summary(terminalreporter):
     if len(_TIERS["seconds"]) > 1:
         terminalreporter.write_line("time per tier: " + ", ".join(
             f"{t} {_clock(s)}" for t, s in _TIERS["seconds"].items()))
+        # CPU time beside the wall clock (the README quotes both): this process and the
+        # subprocesses it waited for (the CLI, torchrun, the app's server), user + system
+        import resource
+        cpu = sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                    resource.getrusage(resource.RUSAGE_CHILDREN)))
+        wall = _time.monotonic() - _TIERS["t0"] if _TIERS["t0"] is not None else 0.0
+        terminalreporter.write_line(f"wall clock {_clock(wall)}, CPU time {_clock(cpu)} (user + system, "
+                                    "with the subprocesses the tests waited for)")
