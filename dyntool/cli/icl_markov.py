@@ -14,7 +14,7 @@ def cmd_icl_markov(args) -> int:
     from ..sims.icl_markov_config import ICLMarkovConfig
     from ..sims.icl_markov_study import run_study, table
     cfg = config.load(ICLMarkovConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out):
+    with restart_hint(args.out, args.name):
         study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     print(table(json.loads((study / "summary.json").read_text())))
     print(f"study written to {study}")

@@ -32,7 +32,7 @@ def cmd_sticky(args) -> int:
         if args.preset is None and "seeds" not in values and not _user_seeds(args):
             values["seeds"] = CONTROL_SEEDS
             values.setdefault("record_seeds", 2)
-    cfg = config.load(StickyConfig, args.config, args.preset, args.overrides, values=values)
+    cfg = config.load(StickyConfig, _config_file(args), args.preset, args.overrides, values=values)
     with restart_hint(args.out, args.name):
         study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
     summary = json.loads((study / "summary.json").read_text())
@@ -54,31 +54,92 @@ def _user_seeds(args) -> bool:
 
 
 def cmd_sim_toy(args) -> int:
-    from .. import config
     from ..sims.toy import ToyConfig, run_toy
-    cfg = config.load(ToyConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out, args.name):
-        run = run_toy(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    cfg, start = _config_or_resume(args, ToyConfig, "toy")
+    if start is None:
+        return 0
+    out, name = start["out"], start["name"]
+    with _guarded(args, out), restart_hint(out, name, resumable=True):
+        run = run_toy(cfg, out, name=name, tags=args.tag, quiet=args.quiet, resume=start["ckpt"],
+                      resumed_from=start["from"])
     print(f"toy run written to {run.path}")
     return 0
 
 
 def cmd_bijection(args) -> int:
-    from .. import config
     from ..sims.bijection import BijectionConfig, run_bijection
-    cfg = config.load(BijectionConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out, args.name):
-        run = run_bijection(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    cfg, start = _config_or_resume(args, BijectionConfig, "bijection", reset={"stop_at_step": 0})
+    if start is None:
+        return 0
+    out, name = start["out"], start["name"]
+    with _guarded(args, out), restart_hint(out, name, resumable=True):
+        run = run_bijection(cfg, out, name=name, tags=args.tag, quiet=args.quiet, resume=start["ckpt"],
+                            resumed_from=start["from"])
     print(json.dumps(run.meta.get("final", {}), indent=1, default=float))
     print(f"bijection run written to {run.path}")
+    nxt = run.meta.get("final", {}).get("next_step")
+    if nxt:
+        print(nxt)
     return 0
 
 
+def _config_or_resume(args, schema: str | type, kind: str, reset: dict | None = None):
+    """(config, start) of a sim with ``--resume`` (:mod:`dyntool.sims.resume`, as ``dyntool train
+    --resume``): the config is the run's config.json ← overrides (``reset`` first: e.g. a resumed run
+    goes on past the old stop_at_step), the run goes beside it as ``RUN-resumeSTEP`` unless --out/--name
+    say otherwise.  Without --resume: the config file ← preset ← overrides.  ``start`` is None when the
+    checkpoint is already at ``steps`` (nothing to do, said in one line)."""
+    from .. import config
+    from ..errors import ConfigError
+    if args.resume is None:
+        cfg = config.load(schema, _config_file(args), args.preset, args.overrides, values=config_values(args))
+        return cfg, {"out": args.out or args.default_out, "name": args.name, "ckpt": None, "from": None}
+    from ..location import location
+    from ..sims import resume
+    if args.config is not None or args.preset is not None:
+        raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
+                                      "(overrides like --steps=N still apply)")
+    base, ckpt, name, parent = resume.load(args.resume, kind)
+    cfg = config.load(schema, base={**base, **(reset or {})}, overrides=args.overrides, values=config_values(args))
+    if ckpt["step"] >= cfg.steps:
+        print(f"dyntool: {args.resume} is already at step {ckpt['step']} = steps: nothing to do "
+              f"(to train on, pass --steps N with N > {ckpt['step']})")
+        return cfg, None
+    return cfg, {"out": args.out or parent, "name": args.name or name, "ckpt": ckpt,
+                 "from": str(location(args.resume))}
+
+
+def _guarded(args, out: str):
+    """The generic --out guard (cli/__init__) for an --out this command chose itself (beside the run
+    it resumes, or the default): checked, and cleaned up on a refusal."""
+    import contextlib
+
+    from .. import paths
+    if args.out is not None:
+        return contextlib.nullcontext()
+    paths.check_out(out)
+    return paths.cleanup_on_reject(out)
+
+
+def _config_file(args) -> str:
+    return args.config if args.config is not None else args.default_config
+
+
 def _config_file_options(p, default: str) -> None:
-    p.add_argument("--config", default=default, metavar="FILE",
+    p.add_argument("--config", default=None, metavar="FILE",
                    help=f"TOML config: a path or a packaged preset file name (default: {default}, "
                         "shipped in dyntool/presets/)")
     p.add_argument("--preset", default=None, metavar="NAME", help="a [preset.NAME] table of the config file")
+    p.set_defaults(default_config=default)
+
+
+def _resume_options(p, kind: str, default_out: str) -> None:
+    """--resume RUN, and --out's default chosen in the command (beside the resumed run)."""
+    p.add_argument("--resume", default=None, metavar="RUN",
+                   help=f"continue RUN (a stopped or finished {kind} run) from its checkpoint.pt into a new run "
+                        "RUN-resumeSTEP beside it, equal to the uninterrupted run; its config is RUN's "
+                        "(overrides like --steps=N or --time_limit_min=M still apply)")
+    p.set_defaults(default_out=default_out)
 
 
 def register(sub, simsub) -> None:
@@ -91,7 +152,8 @@ def register(sub, simsub) -> None:
     config_option(toy, ToyConfig, "steps", help="training steps (default 500)")
     config_option(toy, ToyConfig, "seed", help="RNG seed of the initialisation (default 0)")
     _config_file_options(toy, "toy.toml")
-    common_output_options(toy, os.path.join("runs", "toy"))
+    common_output_options(toy, None, default_says="runs/toy, or the folder of the --resume run")
+    _resume_options(toy, "toy", os.path.join("runs", "toy"))
     toy.set_defaults(fn=cmd_sim_toy, takes_overrides=True, writes=True)
 
     p = simsub.add_parser(
@@ -136,5 +198,6 @@ def register(sub, simsub) -> None:
                   "held-out set live; data is drawn on the CPU either way.  A missing GPU is refused before "
                   "anything is written")
     _config_file_options(b, "bijection.toml")
-    common_output_options(b, os.path.join("runs", "bijection"))
+    common_output_options(b, None, default_says="runs/bijection, or the folder of the --resume run")
+    _resume_options(b, "bijection", os.path.join("runs", "bijection"))
     b.set_defaults(fn=cmd_bijection, takes_overrides=True, writes=True)

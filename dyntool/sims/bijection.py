@@ -30,10 +30,18 @@ final normed hidden state at the value positions as an extra read-out in bits; w
 ``with_replacement`` that is ``--preset authors`` (docs/wind_tunnel_differences.md).
 
 ``device`` (cpu | cuda | cuda:N, default cpu): the model, the training batches and the held-out
-tensors live there; every sequence is still drawn from the same CPU generators (a CUDA run sees the
-data a CPU run sees), and whatever numpy reads is moved to the CPU first.  ``cpu`` is the run as it
-was before the key existed, byte for byte.  One CUDA run so far: the paper preset, 13.8k steps on an
-H200 (docs/results.md).
+tensors live there.  The training batches are drawn on that device from a generator seeded with
+``seed`` (no host→device copy per step; a CUDA run's batches are not the CPU run's), the held-out
+set on the CPU (its exact posterior is computed there) and moved once; whatever numpy reads is moved
+to the CPU first.  ``cpu`` is the run as it was before the key existed, byte for byte.  ``compile``
+(auto | on | off): the training step compiled and, on CUDA, replayed as CUDA graphs
+(:mod:`.bijection_step`; auto = on CUDA only).  One CUDA run so far: the paper preset, 13.8k steps
+on an H200 (docs/results.md).
+
+Checkpoints and ``--resume`` (:mod:`.resume`, the mechanism every sim shares): a run stopped by
+Ctrl-C/SIGTERM, ``time_limit_min`` or ``stop_at_step`` writes ``checkpoint.pt`` (also at the end and
+every ``checkpoint_every`` steps), and ``dyntool sim bijection --resume RUN`` continues it into a
+new run ``RUN-resumeSTEP`` whose rows from that step on are the uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -44,18 +52,24 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..config import NonNegFloat, NonNegInt, PosFloat, PosInt, Seed
+from typing import Annotated
+
+from ..config import NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Seed
 from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, schedule
 from ..recorder import Recorder
-from ..run_writer import RunWriter, ensure_out_dir
+from ..run_writer import RunWriter, critical_section, ensure_out_dir
 from . import bijection_data as data
+from . import resume as ckpt
 from .bijection_analysis import analyze, evaluate
 from .bijection_phase import paper_reference, phase
+from .bijection_step import Step, lr_at, wants_compile  # noqa: F401  (lr_at: its old home was here)
 from .bijection_task import BijectionTask, task_loss, value_scores
 from .device import SimDevice, resolve
+
+COMPILE = Pattern("auto|on|off", "auto, on or off")
 
 
 @dataclass
@@ -78,7 +92,8 @@ class BijectionModel:
 @dataclass
 class BijectionConfig:
     seed: Seed = 42
-    device: SimDevice = "cpu"       # cpu | cuda | cuda:N; data is drawn on the CPU either way
+    device: SimDevice = "cpu"       # cpu | cuda | cuda:N; the training batches are drawn there
+    compile: Annotated[str, COMPILE] = "auto"     # the training step compiled (auto: on CUDA only)
     V: int = 20
     L: int = 19
     with_replacement: bool = False
@@ -100,6 +115,8 @@ class BijectionConfig:
                                     # stopping step is evaluated, analysed and recorded
     stop_at_step: NonNegInt = 0          # the same stop at a fixed step (0: none), e.g. to repeat a run
                                     # that the time limit stopped: the lr schedule still uses `steps`
+    checkpoint_every: NonNegInt = 0      # also write checkpoint.pt every N steps (0: only when stopped
+                                    # by a signal, the time limit or stop_at_step, and at the end)
     model: BijectionModel = field(default_factory=BijectionModel)
     task: BijectionTask = field(default_factory=BijectionTask)     # the authors' task, as options
     record: RecordConfig = field(default_factory=lambda: RecordConfig(
@@ -149,13 +166,6 @@ def build_model(cfg: BijectionConfig):
     return GPT(mc, vocab_size=2 * cfg.V, block_size=data.seq_len(cfg.L))
 
 
-def lr_at(cfg: BijectionConfig, step: int) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    t = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
-
-
 def heldout(cfg: BijectionConfig):
     g = torch.Generator().manual_seed(cfg.seed + cfg.heldout_seed_offset)
     return data.sample(cfg.heldout_seqs, cfg.V, cfg.L, g, cfg.with_replacement)
@@ -183,9 +193,11 @@ def _declare(store, readout: str = "resid_keys") -> None:
 
 
 def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
-                  tags: list[str] | None = None, quiet: bool = False) -> RunWriter:
+                  tags: list[str] | None = None, quiet: bool = False, resume: dict | None = None,
+                  resumed_from: str | None = None) -> RunWriter:
     """Train and record one wind-tunnel run; ``cfg.threads`` applies to torch and to BLAS (the
-    analyses) for the duration of the run only."""
+    analyses) for the duration of the run only.  ``resume``: a checkpoint from
+    :func:`dyntool.sims.resume.load` (of the run ``resumed_from``) to continue from."""
     dev = resolve(cfg.device)                                # before any folder is made
     cfg.check_memory()                                       # (it counts host memory, also for a GPU run)
     prev, limits = torch.get_num_threads(), None
@@ -197,7 +209,7 @@ def run_bijection(cfg: BijectionConfig, out_dir: str, name: str | None = None,
             pass
         torch.set_num_threads(cfg.threads)
     try:
-        return _run(cfg, dev, out_dir, name, tags, quiet)
+        return _run(cfg, dev, out_dir, name, tags, quiet, resume, resumed_from)
     finally:            # reverse order: the BLAS/OpenMP limits also hold torch's OpenMP pool
         if limits is not None:
             limits.restore_original_limits()
@@ -209,7 +221,8 @@ _GEOMETRY = ("r2_linear", "r_pc1", "r_best", "ordering_score", mn.R2_PARTIAL, mn
              mn.ORDERING_NULL_P)
 
 
-def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quiet: bool) -> RunWriter:
+def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quiet: bool,
+         resume: dict | None = None, resumed_from: str | None = None) -> RunWriter:
     m = cfg.model
     T, hs = data.seq_len(cfg.L), m.n_embd // m.n_head
     check_budget(cfg.record, len(schedule(cfg.record, cfg.steps)), ensure_out_dir(out_dir),
@@ -221,57 +234,88 @@ def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quie
         return task_loss(value_scores(mdl, x, cfg.V, task.head), x, y, cfg.V, task)
     opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
     ho = _Heldout.of(cfg, dev)
-    gen = torch.Generator().manual_seed(cfg.seed)          # on the CPU: a GPU run draws the same batches
+    gen = torch.Generator(device=dev).manual_seed(cfg.seed)      # the batches are drawn on the device
+    start, kept = 0, {}
+    if resume is not None:
+        start, kept = ckpt.restore(resume, model, opt, {"batches": gen}), resume["extra"]
+    train_step = Step(model, opt, cfg, loss_of, compiled=wants_compile(cfg.compile, dev))
     from ..config import to_dict
+    meta = {"record_batch": f"probe: first {cfg.record.seqs} held-out sequences", "n_params": model.num_params(),
+            "bayes_loss": ho.bayes_loss, "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho.h),
+            "compiled_step": train_step.compiled}
+    if resumed_from is not None:
+        meta["resumed_from"] = {"run": resumed_from, "step": start}
     run = RunWriter.create(out_dir, "bijection", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                           device=str(dev),
-                           extra_meta={"record_batch": f"probe: first {cfg.record.seqs} held-out sequences",
-                                       "n_params": model.num_params(), "bayes_loss": ho.bayes_loss,
-                                       "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho.h)})
+                           device=str(dev), extra_meta=meta)
+    saver = ckpt.Checkpointer(run, "bijection", cfg.checkpoint_every)
     t0 = time.perf_counter()
     with run:
         store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
                                attrs={"task": "bijection", "V": cfg.V, "L": cfg.L})
         _write_statics(store, cfg, ho)
         rec = Recorder(store, cfg.record, cfg.steps, T)
-        last_eval, stop_at = None, None
-        geometry: dict[int, dict] = {}          # analysed step -> geometry numbers (first and last kept)
+        last_eval, stop_at = kept.get("last_eval"), None
+        # analysed step -> geometry numbers (first and last kept)
+        geometry: dict[int, dict] = {int(k): v for k, v in kept.get("geometry", {}).items()}
         check_now, nonfinite = checks_loss_each_step(dev), torch.zeros((), dtype=torch.bool, device=dev)
-        for step in progress(range(cfg.steps), desc="bijection", disable=quiet):
-            row: dict = {}
-            over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
-                (0 < cfg.stop_at_step == step)
-            if over:
-                stop_at = step
-            if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
-                last_eval, ent = _evaluate(model, cfg, ho)
-                row.update({mn.bijection_heldout(k): v for k, v in last_eval.items()})
-                row[mn.bijection_heldout("excess_loss")] = last_eval["loss"] - ho.bayes_loss
-            if rec.wants(step) or over:
-                an = analyze(model, ho.an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=ho.an_h, readout=task.readout)
-                row.update(an["metrics"])
-                geometry = _keep_geometry(geometry, step, an["metrics"], last_eval["acc_query"])
-                extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
-                extra["bij_model_entropy"] = ent
-                rec.record_probe(model, lambda mdl: loss_of(mdl, ho.pr_tok, ho.pr_tgt), step, extra)
-            if over:                 # time limit: this step is the last one evaluated; no update
-                run.log(step, elapsed_s=time.perf_counter() - t0, **row)
-                break
-            loss, lr, gnorm = _train_step(model, opt, cfg, step, gen, loss_of, dev, check_now)
-            if not check_now:
-                nonfinite |= ~torch.isfinite(loss)
-            if row or step % cfg.log_every == 0:
-                if not check_now and nonfinite.item():
-                    raise NonFiniteLossError(step, "a loss since the previous logged step was not finite "
-                                                   "(on a GPU the check is read on logged steps)")
-                run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
-                        elapsed_s=time.perf_counter() - t0, **row)
+        done, consistent = start, True          # steps taken; whether model and optimizer agree with it
+
+        def save(at: int) -> None:
+            saver.save(at, model, opt, {"batches": gen}, {"last_eval": last_eval, "geometry": geometry})
+        try:
+            for step in progress(range(start, cfg.steps), desc="bijection", disable=quiet, initial=start,
+                                 total=cfg.steps):
+                with critical_section():       # a SIGTERM/SIGINT lands between steps
+                    consistent = False
+                    row: dict = {}
+                    over = (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min) or \
+                        (0 < cfg.stop_at_step == step)
+                    if over:
+                        stop_at = step
+                    if rec.wants(step) or over or step % cfg.eval_every == 0 or step == cfg.steps - 1:
+                        last_eval, ent = _evaluate(model, cfg, ho)
+                        row.update({mn.bijection_heldout(k): v for k, v in last_eval.items()})
+                        row[mn.bijection_heldout("excess_loss")] = last_eval["loss"] - ho.bayes_loss
+                    if rec.wants(step) or over:
+                        an = analyze(model, ho.an_tok, cfg.V, n_plot=cfg.plot_seqs, h_bayes=ho.an_h,
+                                     readout=task.readout)
+                        row.update(an["metrics"])
+                        geometry = _keep_geometry(geometry, step, an["metrics"], last_eval["acc_query"])
+                        extra = {f"bij_{k}": v for k, v in an["arrays"].items()}
+                        extra["bij_model_entropy"] = ent
+                        rec.record_probe(model, lambda mdl: loss_of(mdl, ho.pr_tok, ho.pr_tgt), step, extra)
+                    if over:                 # time limit: this step is the last one evaluated; no update
+                        run.log(step, elapsed_s=time.perf_counter() - t0, **row)
+                        consistent = True
+                        break
+                    loss, lr, gnorm = train_step(step, gen, check_now)
+                    if not check_now:
+                        nonfinite |= ~torch.isfinite(loss)
+                    if row or step % cfg.log_every == 0:
+                        if not check_now and nonfinite.item():
+                            raise NonFiniteLossError(step, "a loss since the previous logged step was not finite "
+                                                           "(on a GPU the check is read on logged steps)")
+                        run.log(step, loss=loss.item(), lr=lr, grad_norm=float(gnorm),
+                                elapsed_s=time.perf_counter() - t0, **row)
+                    done, consistent = step + 1, True
+                    if saver.due(done) and done < cfg.steps:
+                        save(done)
+        except KeyboardInterrupt as e:          # Ctrl-C / SIGTERM: a checkpoint, and how to go on
+            if consistent:
+                save(done)
+            e.next_step = ckpt.continue_command("bijection", run.path, saver.step) if saver.step is not None \
+                else f"stopped at step {done} with no checkpoint (the step was cut off by a second signal)"
+            raise
         n_done = stop_at if stop_at is not None else cfg.steps
+        save(n_done)
         seconds = time.perf_counter() - t0
-        run.update_meta(final={**(last_eval or {}), "bayes_loss": ho.bayes_loss, "steps_done": n_done,
-                               "geometry": _final_geometry(geometry), "stopped_early": stop_at is not None,
-                               "paper_i": paper_reference((last_eval or {}).get("acc_query"), n_done),
-                               "seconds": round(seconds, 1), "sec_per_step": seconds / max(n_done, 1)})
+        final = {**(last_eval or {}), "bayes_loss": ho.bayes_loss, "steps_done": n_done,
+                 "geometry": _final_geometry(geometry), "stopped_early": stop_at is not None,
+                 "paper_i": paper_reference((last_eval or {}).get("acc_query"), n_done),
+                 "seconds": round(seconds, 1), "sec_per_step": seconds / max(n_done - start, 1)}
+        if stop_at is not None:
+            final["next_step"] = ckpt.continue_command("bijection", run.path, n_done)
+        run.update_meta(final=final)
     return run
 
 
@@ -336,24 +380,3 @@ def _final_geometry(geometry: dict[int, dict]) -> dict | None:
     if not geometry:
         return None
     return {"steps": sorted(geometry), **{f"step{k}": v for k, v in geometry.items()}}
-
-
-def _train_step(model, opt, cfg: BijectionConfig, step: int, gen, loss_of, dev: torch.device | None = None,
-                check: bool = True):
-    """One AdamW step on a fresh batch (scheduled lr, clipped gradients), drawn from the CPU generator
-    ``gen`` and moved to ``dev``; with ``check`` a non-finite loss stops the run before the update.
-    Returns (loss, lr, grad norm) with loss and norm as tensors: read only on logged steps (a GPU sync)."""
-    lr = lr_at(cfg, step)
-    for g in opt.param_groups:
-        g["lr"] = lr
-    x, y = data.sample(cfg.batch_size, cfg.V, cfg.L, gen, cfg.with_replacement)
-    if dev is not None:
-        x, y = x.to(dev), y.to(dev)
-    loss = loss_of(model, x, y)
-    if check and not torch.isfinite(loss):
-        raise NonFiniteLossError(step)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
-    return loss, lr, gnorm

@@ -36,23 +36,25 @@ def target_positions(L: int) -> np.ndarray:
 
 
 def sample(n: int, V: int, L: int, generator: torch.Generator, with_replacement: bool = False):
-    """``n`` sequences -> (tokens (n, 2L+1) int64, targets (n, 2L+1) int64, IGNORE off-target)."""
+    """``n`` sequences -> (tokens (n, 2L+1) int64, targets (n, 2L+1) int64, IGNORE off-target), drawn
+    on the generator's device (a CUDA generator: no host→device copy; its stream differs from the CPU's)."""
     if not with_replacement and L > V:
         raise ValueError(f"L={L} distinct keys need V >= L (V={V})")
-    perm = torch.rand(n, V, generator=generator).argsort(-1)                     # π: (n, V)
+    dev = generator.device
+    perm = torch.rand(n, V, generator=generator, device=dev).argsort(-1)                  # π: (n, V)
     if with_replacement:
-        keys = torch.randint(V, (n, L), generator=generator)
+        keys = torch.randint(V, (n, L), generator=generator, device=dev)
     else:
-        keys = torch.rand(n, V, generator=generator).argsort(-1)[:, :L]          # (n, L) distinct
-    qi = torch.randint(L, (n, 1), generator=generator)
+        keys = torch.rand(n, V, generator=generator, device=dev).argsort(-1)[:, :L]       # (n, L) distinct
+    qi = torch.randint(L, (n, 1), generator=generator, device=dev)
     q = keys.gather(1, qi)                                                       # (n, 1)
     vals = perm.gather(1, keys)                                                  # (n, L)
     T = seq_len(L)
-    tok = torch.empty(n, T, dtype=torch.long)
+    tok = torch.empty(n, T, dtype=torch.long, device=dev)
     tok[:, 0:2 * L:2] = keys
     tok[:, 1:2 * L:2] = vals + V
     tok[:, 2 * L] = q[:, 0]
-    tgt = torch.full((n, T), IGNORE, dtype=torch.long)
+    tgt = torch.full((n, T), IGNORE, dtype=torch.long, device=dev)
     tgt[:, 0:2 * L:2] = vals
     tgt[:, 2 * L] = perm.gather(1, q)[:, 0]
     return tok, tgt

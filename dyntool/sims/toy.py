@@ -12,6 +12,9 @@ its held-out set is the same positions and labels with perturbed inputs, x'_j = 
 measure how robust the learned routing is to input noise, not generalisation to new positions.
 Every step also logs the D10 gradient-energy shares ``diag_share_qk/v/o`` (routing, values,
 readout), which the frame–precision measures use.
+
+``--resume RUN`` continues a stopped run from its ``checkpoint.pt`` (:mod:`.resume`, the mechanism
+every sim shares) into a new run whose rows from that step on are the uninterrupted run's.
 """
 from __future__ import annotations
 
@@ -28,8 +31,9 @@ from ..errors import ConfigError, NonFiniteLossError
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget
 from ..recorder import Recorder
-from ..run_writer import RunWriter, ensure_out_dir
+from ..run_writer import RunWriter, critical_section, ensure_out_dir
 from ..progress import progress
+from . import resume as ckpt
 
 
 @dataclass
@@ -103,46 +107,65 @@ def _shares(model) -> dict:
 
 
 def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
-            quiet: bool = False) -> RunWriter:
+            quiet: bool = False, resume: dict | None = None, resumed_from: str | None = None) -> RunWriter:
+    """Train and record the toy head; ``resume``: a checkpoint (:func:`dyntool.sims.resume.load`) of
+    the run ``resumed_from`` to continue from."""
     model, x, y = build(cfg)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
+    start = ckpt.restore(resume, model, opt, {}) if resume is not None else 0
     x_ho = heldout_inputs(cfg)
     m = cfg.model
     check_budget(cfg.record, cfg.steps, ensure_out_dir(out_dir),
                  L=1, H=1, T=m.T, d_k=m.d_k, d_v=m.d_v)
     from ..config import to_dict
-    run = RunWriter.create(out_dir, "toy", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                           extra_meta={"record_batch": "train (full batch)"})
+    meta = {"record_batch": "train (full batch)"}
+    if resumed_from is not None:
+        meta["resumed_from"] = {"run": resumed_from, "step": start}
+    run = RunWriter.create(out_dir, "toy", to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags, extra_meta=meta)
+    saver = ckpt.Checkpointer(run, "toy")
     with run:
         store = run.open_store(cfg.record.chunk_steps, cfg.record.flush_seconds,
                                attrs={"task": "toy", "labels": list(m.labels)})
         rec = Recorder(store, cfg.record, cfg.steps, m.T)
-        opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-        for step in progress(range(cfg.steps), desc="toy", disable=quiet):
-            cap = rec.capture(model) if rec.wants(step) else None
-            with cap if cap is not None else nullcontext():
-                logits = model(x)                                           # (1, T, C)
-                loss = F.cross_entropy(logits.view(-1, m.n_classes), y.view(-1))
-                if not torch.isfinite(loss):
-                    raise NonFiniteLossError(step)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-            norms = {mn.grad_norm(n): p.grad.norm().item() for n, p in model.named_parameters()}
-            with torch.no_grad():
-                acc = (logits.argmax(-1) == y).float().mean().item()
-            metrics = {"loss": loss.item(), "accuracy": acc, **norms, **_shares(model)}
-            if x_ho is not None:
-                with torch.no_grad():
-                    lo = model(x_ho)
-                    metrics["heldout_loss"] = F.cross_entropy(lo.view(-1, m.n_classes), y.view(-1)).item()
-                    metrics["heldout_accuracy"] = (lo.argmax(-1) == y).float().mean().item()
-            if cap is not None:
-                qs = cap.compute()
-                rec.record(step, qs)
-                metrics[mn.ATTN_ENTROPY] = qs["attn_entropy"].mean().item()     # metric column = array name
-            run.log(step, **metrics)
-            opt.step()
+        done = start
+        try:
+            for step in progress(range(start, cfg.steps), desc="toy", disable=quiet, initial=start, total=cfg.steps):
+                with critical_section():            # a SIGTERM/SIGINT lands between steps
+                    _step(model, opt, x, y, x_ho, rec, run, step, m.n_classes)
+                    done = step + 1
+        except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: a checkpoint, and how to go on
+            saver.save(done, model, opt, {})
+            e.next_step = ckpt.continue_command("toy", run.path, done)
+            raise
+        saver.save(cfg.steps, model, opt, {})
         with torch.no_grad():
             final = F.cross_entropy(model(x).view(-1, m.n_classes), y.view(-1)).item()
         run.update_meta(final={"loss": final, "steps": cfg.steps})
     return run
 
+
+def _step(model, opt, x, y, x_ho, rec, run, step: int, n_classes: int) -> None:
+    """One full-batch step: forward (captured on a recorded step), its row, then the update."""
+    cap = rec.capture(model) if rec.wants(step) else None
+    with cap if cap is not None else nullcontext():
+        logits = model(x)                                           # (1, T, C)
+        loss = F.cross_entropy(logits.view(-1, n_classes), y.view(-1))
+        if not torch.isfinite(loss):
+            raise NonFiniteLossError(step)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    norms = {mn.grad_norm(n): p.grad.norm().item() for n, p in model.named_parameters()}
+    with torch.no_grad():
+        acc = (logits.argmax(-1) == y).float().mean().item()
+    metrics = {"loss": loss.item(), "accuracy": acc, **norms, **_shares(model)}
+    if x_ho is not None:
+        with torch.no_grad():
+            lo = model(x_ho)
+            metrics["heldout_loss"] = F.cross_entropy(lo.view(-1, n_classes), y.view(-1)).item()
+            metrics["heldout_accuracy"] = (lo.argmax(-1) == y).float().mean().item()
+    if cap is not None:
+        qs = cap.compute()
+        rec.record(step, qs)
+        metrics[mn.ATTN_ENTROPY] = qs["attn_entropy"].mean().item()     # metric column = array name
+    run.log(step, **metrics)
+    opt.step()

@@ -61,9 +61,10 @@ def test_the_gpu_deferred_loss_check_changes_no_number(default_run, tmp_path, mo
 
 
 def test_the_loop_moves_model_batches_and_heldout_to_the_resolved_device(tmp_path, monkeypatch):
-    """Every tensor the run feeds the model comes through ``.to(dev)`` with the device the config
-    resolved to (a distinct ``torch.device`` object, told apart by identity): the model once, the
-    held-out tokens and targets once, each step's batch (tokens, targets) once."""
+    """Every tensor the run feeds the model is on the device the config resolved to (a distinct
+    ``torch.device`` object, told apart by identity): the model and the held-out tokens and targets
+    come through ``.to(dev)`` once; the training batches are drawn there (issue 46: no copy per step),
+    from a generator made on that device."""
     dev = torch.device("cpu")
     monkeypatch.setattr(bijection, "resolve", lambda name: dev)
     moved, modules = [], []
@@ -80,12 +81,18 @@ def test_the_loop_moves_model_batches_and_heldout_to_the_resolved_device(tmp_pat
         return module_to(self, *a, **kw)
     monkeypatch.setattr(torch.Tensor, "to", spy_tensor)
     monkeypatch.setattr(torch.nn.Module, "to", spy_module)
+    gens, generator = [], torch.Generator
+
+    def spy_generator(device="cpu"):
+        gens.append(device)
+        return generator(device=device)
+    monkeypatch.setattr(bijection.torch, "Generator", spy_generator)
     assert main(CI + ["--out", str(tmp_path), "--name", "spy", "--device=cpu"]) == 0
     T = 2 * 19 + 1
     assert modules == ["GPT"]
     assert moved.count((24, T)) == 2                       # held-out tokens and targets (heldout_seqs 24)
-    assert moved.count((8, T)) == 2 * 12                   # each of the 12 steps' batch (batch_size 8)
-    assert len(moved) == 2 + 2 * 12
+    assert len(moved) == 2                                 # no batch is copied
+    assert gens == ["cpu", dev]        # the held-out set's on the CPU, the batches' on the device
     assert dyntool.open_run(tmp_path / "spy").meta["device"] == "cpu"
 
 
