@@ -78,15 +78,18 @@ def common_output_options(p: argparse.ArgumentParser, out_default: str | None, w
 
 
 @contextlib.contextmanager
-def restart_hint(out: str, name: str | None = None):
+def restart_hint(out: str, name: str | None = None, resumable: bool = False):
     """A simulation stopped by Ctrl-C says what is kept and how to go on (the message the CLI prints
-    after "interrupted;"): simulations keep no checkpoint, so the command starts again, into a new
-    folder; with ``--name`` that folder now exists (kept), so the same command would be refused."""
+    after "interrupted;").  One that checkpoints (``resumable``: toy, bijection; dyntool/sims/resume.py)
+    has already said ``--resume RUN`` when it got that far; before its first checkpoint, and for a
+    simulation without one, the command starts again, into a new folder; with ``--name`` that folder
+    now exists (kept), so the same command would be refused."""
     try:
         yield
     except KeyboardInterrupt as e:
         if getattr(e, "next_step", None) is None:
             again = ("the same command starts it again, into a new folder" if not name else
                      f"the same command with another --name (or none; {name} is kept) starts it again")
-            e.next_step = f"see it with: dyntool ls {out}; a simulation keeps no checkpoint, so {again}"
+            why = "it stopped before its first checkpoint" if resumable else "a simulation keeps no checkpoint"
+            e.next_step = f"see it with: dyntool ls {out}; {why}, so {again}"
         raise
