@@ -31,19 +31,26 @@ records its own shard of the probe (:mod:`dyntool.integrations.ranked`).
 """
 from __future__ import annotations
 
+import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from ..adapters import AdapterError, find_adapter
 from ..capture import Capture
 from ..flight import FlightRecorder
-from ..record import metric_names as mn
-from ..record.policy import RecordConfig, check_budget, cheap_wants, crops, schedule
+from ..record.policy import RecordConfig, crops
+from ..record.selection import parse_heads, resolve
 from ..recorder import Recorder, plan
+from ..recording_session import CHEAP, RecordingSession, Shard, resolved
+from ..run_writer import RankRun, RunWriter
+from ..stream import size
+from ..train.fsdp import all_reduce
+from . import ranked
 
 
 def rank() -> int:
@@ -78,7 +85,6 @@ class RunRecorder:
             raise ValueError("batch='probe' needs a probe batch (probe=...)")
         _check_heads(model, self.cfg.heads, attention)
         self.max_steps = int(max_steps)
-        from . import ranked
         self.world, self.rank = ranked.world_rank()
         self.sharded = self.world > 1 and ranked.is_sharded(model)   # FSDP2: every rank records
         if self.sharded:
@@ -88,65 +94,57 @@ class RunRecorder:
             self.probe = ranked.split_probe(probe, self.rank, self.world, seqs)
         self.active = self.sharded or rank() == 0
         self.writes_metrics = self.rank == 0 or not self.sharded
-        self.run = self.rec = None
+        self.run = self.rec = self.session = None
         self.tokens = tokens
-        self._wanted = set(int(s) for s in schedule(self.cfg, self.max_steps))
         self._attrs_done = False
         self._pending = None
         self.flight: FlightRecorder | None = None
         self._cheap_step: int | None = None       # the step the cheap tier is accumulating
+        self._cheap_attached = False              # cheap_begin attached it; cheap_end detaches
         self._cheap_opened = 0                    # steps the cheap tier watched (0: never wired up)
         self._cheap_warned = False
         if not self.active:
             return
+        record = asdict(self.cfg)                              # the run's config: the whole probe's
+        shard = None
+        if self.sharded:                                       # this rank's sequences
+            per = seqs // self.world
+            self.cfg = replace(self.cfg, seqs=per)
+            shard = Shard(self.rank, self.world, per, self.rank * per, all_reduce)
+        # the run comes after the flight recorder: a model it can't record is refused before
+        self.session = RecordingSession(None, self.cfg, self.max_steps, shard)
         if self.cfg.cheap_every > 0 and self.writes_metrics:    # under FSDP: rank 0's batch
-            self.flight = FlightRecorder(model, seqs=self.cfg.cheap_seqs or None, max_block_mib=self.cfg.max_block_mib,
-                                         attention=attention, kernel=self.cfg.kernel)
-        from ..run_writer import RunWriter
+            self.flight = self.session.open_flight(model, attention=attention)
         full = {"source": type(model).__name__, "max_steps": self.max_steps,
-                "model": _model_config(model, attention), "record": asdict(self.cfg), **(config or {})}
+                "model": _model_config(model, attention), "record": record, **(config or {})}
         # the kind says how the run was recorded ("loop", "hf-callback", "lightning"): `dyntool ls`
         # shows it and the figures pick by it (a user's model is not a `dyntool train` run)
         self.t0 = time.perf_counter()
         if not self.sharded:
             self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
-            if self.flight is not None:     # which path each site's cheap tier takes, and why
-                self.run.update_meta(attention_paths=self.flight.paths())
-            return
-        from dataclasses import replace
-        from ..run_writer import RankRun
-        full["world_size"], full["parallel"] = self.world, "fsdp"
-        self.run, path = ranked.create_run(self.rank, lambda: RunWriter.create(
-            out_dir, kind, full, name=name, device=_device(model),
-            extra_meta={"world_size": self.world, "parallel": "fsdp"}))
-        if self.run is None:
-            self.run = RankRun(path, self.rank)
-        self.cfg = replace(self.cfg, seqs=seqs // self.world)      # this rank's sequences
+        else:
+            full["world_size"], full["parallel"] = self.world, "fsdp"
+            self.run, path = ranked.create_run(self.rank, lambda: RunWriter.create(
+                out_dir, kind, full, name=name, device=_device(model),
+                extra_meta={"world_size": self.world, "parallel": "fsdp"}))
+            if self.run is None:
+                self.run = RankRun(path, self.rank)
+        self.session.bind(self.run)         # which path each site's cheap tier takes, and why: meta
 
     # -- schedule -------------------------------------------------------------------------
     def wants(self, step: int) -> bool:
-        return self.active and int(step) in self._wanted
+        return self.active and self.session.wants(step)
 
     def _recorder(self, cap: Capture) -> Recorder:
         if self.rec is None:
-            from ..stream import size
             slot, T = next(iter(cap.slots.values())), size(cap)
             (_, _), (k0, k1) = crops(self.cfg, T)
             sel, _ = plan(self.cfg, cap, k1 - k0)    # a bad selection or budget: refused before the store
             dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=slot.q.shape[-1], d_v=slot.v.shape[-1])
-            check_budget(self.cfg, len(self._wanted), self.run.path, **dims)
-            attrs = {"task": "custom", "record_batch": self.cfg.batch, "block_size": T}
-            if self.sharded:
-                from .ranked import rank_attrs
-                attrs.update(rank_attrs(self.rank, self.world, self.cfg.seqs))
-            store = self.run.open_store(self.cfg.chunk_steps, self.cfg.flush_seconds, attrs=attrs)
-            if self.sharded:
-                from ..record.ranks import declare_reducers
-                declare_reducers(store)
-            if self.tokens and self.rank == 0:     # under FSDP rank 0 labels the merged view
-                store.group.attrs.update({"probe_tokens": self.tokens[: self.cfg.seqs * self.world]})
-            self.rec = Recorder(store, self.cfg, self.max_steps, T)
-            self.rec._wanted = self._wanted
+            # every rank's words (rank 0 labels the merged view; a rank's own store, its own rows)
+            tokens = self.tokens[: self.cfg.seqs * self.world] if self.tokens else None
+            self.rec = self.session.open_recorder(T, dims, tokens=tokens, attrs={
+                "task": "custom", "record_batch": self.cfg.batch, "block_size": T})
         return self.rec
 
     def _store(self, step: int, cap: Capture, extra: dict | None = None, grad_scale: float = 1.0):
@@ -157,18 +155,12 @@ class RunRecorder:
                 self.run.update_meta(adapter=cap.attrs.get("adapter"))
             self._attrs_done = True
         qs = rec.record_capture(step, cap, extra=extra, grad_scale=grad_scale)
-        ent = qs["attn_entropy"].float().mean(dim=(2, 3))               # (L, nh)
-        lmax = qs["logit_max"].float()
-        if self.sharded:                                   # every rank: small all-reduces
-            from .ranked import combine_row
-            ent, lmax, loss = combine_row(ent, lmax, (extra or {}).get("probe_loss", 0.0))
-            if extra and "probe_loss" in extra:
-                extra = {**extra, "probe_loss": loss}
-            if not self.writes_metrics:
-                return
-        row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, h, v in rec.head_values(ent.tolist())}
-        row.update({mn.head(mn.LOGIT_MAX, l, h): v for l, h, v in rec.head_values(lmax.tolist())})
-        row["recorded_logit_max"] = max(v for _, _, v in rec.head_values(lmax.tolist()))
+        row = self.session.recorded_row(qs, logit_max=True)     # under FSDP: small all-reduces, every rank
+        if extra and "probe_loss" in extra:             # the whole probe's (FSDP: the mean over the ranks)
+            extra = {**extra, "probe_loss": self.session.mean_over_ranks(extra["probe_loss"],
+                                                                         qs["attn_entropy"].device)}
+        if not self.writes_metrics:
+            return
         row.update(extra or {})
         self._flush_pending()
         self._pending = (step, row)         # merged into this step's log() row
@@ -229,7 +221,7 @@ class RunRecorder:
 
     # -- the cheap tier for loops this class does not wrap (Trainer callbacks) -------------
     def _cheap_wants(self, step: int) -> bool:
-        return self.active and self.flight is not None and cheap_wants(self.cfg, int(step))
+        return self.active and self.session.cheap_wants(step)
 
     def _cheap_open(self, step: int, grad_scale: float) -> None:
         if self._cheap_step is not None and self._cheap_step != step:
@@ -242,7 +234,6 @@ class RunRecorder:
         per-step statistics can't be taken, and saying nothing would leave the user guessing."""
         if self._cheap_warned or self._cheap_opened or self.flight is None:
             return
-        import sys
         self._cheap_warned = True
         print(f"dyntool: warning: RunRecorder(cheap_every={self.cfg.cheap_every}) recorded no per-step "
               f"statistics (step {step} had none): wrap each step's forward and backward in "
@@ -256,6 +247,7 @@ class RunRecorder:
             return False
         self._cheap_open(step, grad_scale)
         self.flight.__enter__()
+        self._cheap_attached = True
         return True
 
     def cheap_end(self, step: int) -> None:
@@ -263,14 +255,13 @@ class RunRecorder:
         if self._cheap_step != step or self.flight is None:
             return
         self.flight.__exit__(None, None, None)
+        self._cheap_attached = False
         self._cheap_close()
 
     def _cheap_close(self) -> None:
         step, self._cheap_step = self._cheap_step, None
-        try:        # on its way to the host: read when the row is written (the user's optimizer first)
-            row = {_CHEAP_LATER: self.flight.metrics_later()}
-        finally:
-            self.flight.reset()
+        # on its way to the host: read when the row is written (the user's optimizer first)
+        row = {CHEAP: self.session.cheap_read()}
         if self._pending is not None and self._pending[0] == step:
             self._pending = (step, {**self._pending[1], **row})
         else:
@@ -282,17 +273,17 @@ class RunRecorder:
             return
         if self._cheap_wants(step) and not self._cheap_opened:
             self._warn_cheap_unused(step)
-        if self._cheap_step == step and not self.flight._attached:
+        if self._cheap_step == step and not self._cheap_attached:
             self._cheap_close()
         if self._pending is not None and self._pending[0] == step:
-            metrics = {**_resolved(self._pending[1]), **metrics}
+            metrics = {**resolved(self._pending[1]), **metrics}
             self._pending = None
         self._flush_pending()
         self.run.log(step, elapsed_s=time.perf_counter() - self.t0, **metrics)
 
     def _flush_pending(self) -> None:
         if self._pending is not None:
-            self.run.log(self._pending[0], **_resolved(self._pending[1]))
+            self.run.log(self._pending[0], **resolved(self._pending[1]))
             self._pending = None
 
     def close(self, status: str = "finished") -> None:
@@ -300,6 +291,7 @@ class RunRecorder:
             if status == "finished" and self.max_steps > 0:
                 self._warn_cheap_unused(self.max_steps - 1)
             self.flight.__exit__(None, None, None)
+            self._cheap_attached = False
             if self._cheap_step is not None and status == "finished":
                 self._cheap_close()
         if self.active and self.run is not None and not self.writes_metrics:   # rank > 0 of FSDP
@@ -326,8 +318,6 @@ class RunRecorder:
 def _check_heads(model, heads: str, attention=None) -> None:
     """Selectors past the model's layers (or heads, when its config says how many) are refused
     before the run directory exists; the first capture checks the rest (dyntool.recorder.plan)."""
-    from ..adapters import AdapterError, find_adapter
-    from ..record.selection import parse_heads, resolve
     if parse_heads(heads) is None:
         return
     try:
@@ -348,7 +338,6 @@ def _device(model) -> str:
 def _model_config(model, attention=None) -> dict:
     """What the run's config says about a user's model: its real class, the classes holding the
     recorded attention, the attention implementation and the adapter that reaches it."""
-    from ..adapters import AdapterError, find_adapter
     cfg = getattr(model, "config", None)
     out: dict = {"class": type(model).__name__}
     try:
@@ -369,16 +358,3 @@ def _model_config(model, attention=None) -> dict:
         out.update({k: d[k] for k in ("model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                       "hidden_size", "sliding_window", "n_layer", "n_head", "n_embd") if k in d})
     return out
-
-
-_CHEAP_LATER = "__cheap_tier_pending__"     # a row's cheap-tier values, still on their way to the host
-
-
-def _resolved(row: dict) -> dict:
-    """``row`` with its pending cheap-tier values read (the one wait, when the row is written); they
-    take precedence over the row's other values, as when they were read at once and merged over it."""
-    if _CHEAP_LATER not in row:
-        return row
-    row = dict(row)
-    cheap = row.pop(_CHEAP_LATER).get()
-    return {**row, **cheap}

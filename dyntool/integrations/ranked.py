@@ -10,7 +10,8 @@ loss, exact when every shard holds the same number of loss tokens), so its U is 
 process records for those sequences on the whole probe.  Rank 0 creates the run and writes
 ``record.zarr``, rank ``r`` writes ``record.rank{r}.zarr`` into it (:mod:`dyntool.record.ranks`,
 which also merges them for every reader); the few per-head numbers of the metrics row are
-combined with small all-reduces (attention entropy: mean, max|logit|: max, probe loss: mean).
+combined with small all-reduces (attention entropy: mean, max|logit|: max, probe loss: mean: the
+recording session's, :mod:`dyntool.recording_session`).
 Nothing T×T leaves a rank.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import RunError
+from ..train.fsdp import broadcast
 
 
 class ShardError(ValueError):
@@ -84,7 +86,6 @@ def create_run(rank: int, make):
     """Rank 0 runs ``make()`` (a :class:`~dyntool.run_writer.RunWriter`); every rank gets
     ``(run or None, path)``: ranks > 0 the path rank 0 created, or rank 0's error raised on every
     rank (so no rank waits on a run that was never made)."""
-    from ..train.fsdp import broadcast
     run, msg = None, None
     if rank == 0:
         try:
@@ -97,17 +98,3 @@ def create_run(rank: int, make):
     if msg is None or msg[0] != "ok":
         raise RunError(msg[1] if msg else "rank 0 could not create the run")
     return run, msg[1]
-
-
-def rank_attrs(rank: int, world: int, per: int) -> dict:
-    return {"rank": rank, "world_size": world, "shard_axis": "seq", "seq_offset": rank * per,
-            "parallel": "fsdp"}
-
-
-def combine_row(ent: torch.Tensor, lmax: torch.Tensor, loss: float) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(entropy mean, max|logit| max, probe loss mean) over the ranks (three small all-reduces)."""
-    from ..train.fsdp import all_reduce
-    ent = all_reduce(ent.double().contiguous(), "mean")
-    lmax = all_reduce(lmax.double().contiguous(), "max")
-    loss = float(all_reduce(torch.tensor([float(loss)], dtype=torch.float64, device=ent.device), "mean"))  # nccl: a GPU tensor
-    return ent, lmax, loss

@@ -34,6 +34,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -42,11 +43,13 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from ..data.wikitext import fixed_batch
+from ..errors import ConfigError
+from ..flight import FlightError, FlightRecorder, KernelRefused
 from ..record import metric_names as mn
-from ..flight import FlightRecorder
-from ..record.policy import check_budget, cheap_wants
-from ..recorder import Recorder
 from ..record.selection import resolve
+from ..recorder import Recorder
+from ..recording_session import RecordingSession, Shard
+from .gpt import group_norms_of
 from .trainer import Callback
 
 
@@ -78,6 +81,7 @@ def logit_bound(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
 class RecordingCallback(Callback):
     def __init__(self, run, cfg):
         self.run, self.cfg = run, cfg
+        self.session: RecordingSession | None = None    # recorder, flight recorder, schedule, reads
         self.rec: Recorder | None = None
         self.trainer = None
         self._lmax = None           # (L, nh) running max over this step's micro-steps
@@ -86,42 +90,42 @@ class RecordingCallback(Callback):
         self.flight: FlightRecorder | None = None
         self._cheap = None         # the cheap tier's metrics of this step, on their way (PendingMetrics)
 
+    def _shard(self) -> Shard | None:
+        """This rank's part of the recording (FSDP: ShardedRecordingCallback); None: all of it."""
+        return None
+
     # -- setup ----------------------------------------------------------------------------
     def on_train_start(self, trainer) -> None:
         self.trainer = tr = trainer
         cfg, model = self.cfg, trainer.raw
         m, T = cfg.model, cfg.data.block_size
         rc = cfg.record
+        shard = self._shard()
+        if shard is not None:                   # the Recorder captures this rank's own sequences
+            rc = dataclasses.replace(rc, seqs=shard.seqs)
+        self.session = s = RecordingSession(self.run, rc, cfg.train.max_steps, shard)
+        self.probe_divisor = shard.world if shard is not None else 1   # each rank: its share of the probe mean loss
         if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
             sel = resolve(rc.heads, m.n_layer, m.n_head)      # checked by TrainConfig.validate
-            self.rec_dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=m.n_embd // m.n_head,
-                                 d_v=m.n_embd // m.n_head)
-            from ..record.policy import schedule
-            n = len(schedule(rc, cfg.train.max_steps))
-            check_budget(rc, n, self.run.path, **self.rec_dims)
-            store = self.run.open_store(rc.chunk_steps, rc.flush_seconds, attrs={
+            dims = dict(L=len(sel.layers), H=sel.slots, T=T, d_k=m.n_embd // m.n_head, d_v=m.n_embd // m.n_head)
+            words = None
+            if rc.batch == "probe":
+                d = cfg.data
+                x, y = fixed_batch(tr.corpus.split(d.probe_split), cfg.record.seqs, T, d.probe_offset, tr.device)
+                # the probe's words label the matrix axes in the app (one list per sequence)
+                words = [[tr.corpus.vocab[int(t)] for t in row] for row in x.tolist()]
+                own = slice(shard.offset, shard.offset + shard.seqs) if shard is not None else slice(None)
+                self.probe = (x[own], y[own])
+            self.rec = s.open_recorder(T, dims, tokens=words, attrs={
                 "task": "wikitext", "attention": m.attention, "record_batch": rc.batch,
                 "grad_scale": tr.grad_scale, "accum": cfg.optim.accum, "block_size": T,
                 # span's backward rescales dQ/dK: query_grad/key_grad hold the applied ones
                 "adapter": "dyntool", "qk_grads": "applied" if m.attention == "span" else "standard"})
-            self.rec = Recorder(store, rc, cfg.train.max_steps, T)
-            if rc.batch == "probe":
-                d = cfg.data
-                self.probe = fixed_batch(tr.corpus.split(d.probe_split), rc.seqs, T,
-                                         d.probe_offset, tr.device)
-                # the probe's words label the matrix axes in the app (one list per sequence)
-                vocab = tr.corpus.vocab
-                store.group.attrs.update({"probe_tokens": [[vocab[int(t)] for t in row]
-                                                           for row in self.probe[0].tolist()]})
         if rc.enabled and rc.cheap_every > 0:
-            from ..errors import ConfigError
-            from ..flight import KernelRefused
             try:
-                self.flight = FlightRecorder(model, grad_scale=tr.grad_scale, seqs=rc.cheap_seqs or None,
-                                             max_block_mib=rc.max_block_mib, kernel=rc.kernel)
+                self.flight = s.open_flight(model, grad_scale=tr.grad_scale)    # paths -> meta.json
             except KernelRefused as e:
                 raise ConfigError("record.kernel", str(e).removeprefix("record.kernel=")) from None
-            self.run.update_meta(attention_paths=self.flight.paths())   # which path, and why
         self.groups = model.grad_groups()
         self.cores = [blk.attn.core for blk in model.h]
         model.track_qk(cfg.train.logit_stat != "off")
@@ -134,7 +138,6 @@ class RecordingCallback(Callback):
         fused kernel when every site takes it (else its steps run eager), and the per-step
         max |logit| from the kernel's forward statistics, or from the q, k the compiled graph hands
         out (one QKᵀ pass after the forward, as on eager steps)."""
-        from ..flight import FlightError
         d, rc, how = self.cfg.data, self.cfg.record, {}
         if self.flight is not None:
             try:
@@ -158,7 +161,7 @@ class RecordingCallback(Callback):
         return how
 
     def wants_eager(self, step: int) -> bool:
-        if self.flight is not None and cheap_wants(self.cfg.record, step) and not self.flight.compilable:
+        if self.session.cheap_wants(step) and not self.flight.compilable:
             return True                     # the observer seam is skipped inside compiled code
         return self.rec is not None and self.rec.wants(step)
 
@@ -175,15 +178,11 @@ class RecordingCallback(Callback):
                 (loss / self.probe_divisor).backward()
             qs = self.rec.record_capture(step, cap, extra={"probe_loss": loss.item()})
             self._summarise(qs)
-            self._extra["probe_loss"] = self._probe_loss(loss)
+            self._extra["probe_loss"] = self.session.mean_over_ranks(loss.item(), loss.device)   # the whole probe's
         finally:
             model.zero_grad(set_to_none=True)
 
-    probe_divisor = 1         # the probe loss is split over this many processes (FSDP ranks: sharded.py)
-
-    def _probe_loss(self, loss) -> float:
-        """The probe loss of the whole probe (one process: its own)."""
-        return loss.item()
+    probe_divisor = 1         # the probe loss is split over this many processes (FSDP ranks: on_train_start)
 
     def micro_step_context(self, step: int, micro: int):
         return self._micro(step, micro)
@@ -194,7 +193,7 @@ class RecordingCallback(Callback):
         cap = None
         if rec is not None and self.cfg.record.batch == "train" and micro == 0 and rec.wants(step):
             cap = rec.capture(tr.raw, grad_scale=tr.grad_scale)
-        flight = self.flight if self.flight is not None and cheap_wants(self.cfg.record, step) else None
+        flight = self.flight if self.session.cheap_wants(step) else None
         # a compiled step without the cheap tier: the max |logit| from the kernel's forward
         tap = self.logit_tap if flight is None and getattr(tr, "step_compiled", False) else None
         try:
@@ -221,20 +220,16 @@ class RecordingCallback(Callback):
             self._logit_stat()
         if flight is not None and micro == self.cfg.optim.accum - 1:
             res = flight.result()
-            flight.reset()
             if covered:
                 self._lmax = res["logit_max"].float()
-            if self.cfg.train.logit_stat != "off":      # logit_max/L{l}H{h} is the per-step statistic's
-                res.pop("logit_max")
-            # read at the step's own sync (below), after the optimizer launched: never waited on here
-            self._cheap = self.flight.metrics_later(res)
+            # logit_max/L{l}H{h} is the per-step statistic's unless that is off; the row is read at
+            # the step's own sync (on_step_end), after the optimizer launched: never waited on here
+            self._cheap = self.session.cheap_read(res, drop=("logit_max",) if self.cfg.train.logit_stat != "off" else ())
         if micro == self.cfg.optim.accum - 1 and self.trainer.fsdp and self._logged(step):
             self._grad_norms(self._group_norms())      # sharded: local sums, one all-reduce
 
     def _summarise(self, qs: dict) -> None:
-        ent = qs["attn_entropy"].float().mean(dim=(2, 3))           # (L, nh): over seqs, queries
-        for l, h, v in self.rec.head_values(ent.tolist()):            # the model's layer/head numbers
-            self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
+        self._extra.update(self.session.recorded_row(qs))          # attention entropy per head (all ranks')
         self._extra["recorded"] = True
 
     def _logit_stat(self) -> None:
@@ -265,13 +260,12 @@ class RecordingCallback(Callback):
         t = self.cfg.train
         return step % t.log_every == 0 or bool(t.eval_every and step and step % t.eval_every == 0) or \
             (self.rec is not None and self.rec.wants(step)) or \
-            (self.flight is not None and cheap_wants(self.cfg.record, step))
+            (self.flight is not None and self.session.cheap_wants(step))
 
     def on_gradients(self, step: int, params: list, norms: torch.Tensor) -> None:
         """Per-group norms from the trainer's per-parameter norm pass (the one clipping uses)."""
         if not self._logged(step):
             return
-        from .gpt import group_norms_of
         self._grad_norms(group_norms_of(self.groups, params, norms))
 
     @torch.no_grad()

@@ -15,15 +15,13 @@ entropy: mean over ranks; max|logit|: max; per-group gradient norms from the loc
 """
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
 
 from ..errors import ConfigError, RunError
 from ..location import URLPath, location
-from ..record import metric_names as mn
-from ..record.ranks import declare_reducers
+from ..recording_session import Shard
 from . import fsdp
 from .recording import RecordingCallback
 
@@ -51,53 +49,12 @@ class ShardedRecordingCallback(RecordingCallback):
         super().__init__(run, cfg)
         self.dist = dist
 
-    def on_train_start(self, trainer) -> None:
-        world, rank = self.dist.world, self.dist.rank
-        rc = self.cfg.record
+    def _shard(self) -> Shard:
+        """The probe: ``seqs // world`` sequences each, in rank order; the training batch: the first
+        ``seqs`` of this rank's own micro-batch."""
+        world, rank, rc = self.dist.world, self.dist.rank, self.cfg.record
         per = rc.seqs // world if rc.batch == "probe" else rc.seqs
-        full_cfg = self.cfg
-        # the Recorder captures this rank's own sequences: `per` of them
-        self.cfg = dataclasses.replace(full_cfg, record=dataclasses.replace(rc, seqs=per))
-        orig_open = self.run.open_store
-
-        def open_store(chunk_steps, flush_seconds, attrs=None):
-            off = rank * per if rc.batch == "probe" else rank * rc.seqs
-            st = orig_open(chunk_steps, flush_seconds, attrs={
-                **(attrs or {}), "rank": rank, "world_size": world, "shard_axis": "seq",
-                "seq_offset": off, "parallel": "fsdp"})
-            declare_reducers(st)
-            return st
-        self.run.open_store = open_store
-        try:
-            super().on_train_start(trainer)
-        finally:
-            self.run.open_store = orig_open
-        self.cfg = full_cfg
-        if self.rec is not None and rc.batch == "probe":
-            from ..data.wikitext import fixed_batch
-            d = full_cfg.data
-            x, y = fixed_batch(trainer.corpus.split(d.probe_split), rc.seqs, d.block_size,
-                               d.probe_offset, trainer.device)
-            vocab = trainer.corpus.vocab
-            words = [[vocab[int(t)] for t in row] for row in x.tolist()]
-            # rank 0 labels every sequence of the merged view; a rank's own store, its own rows
-            self.rec.store.group.attrs.update({"probe_tokens": words if rank == 0 else
-                                               words[rank * per:(rank + 1) * per]})
-            self.probe = (x[rank * per:(rank + 1) * per], y[rank * per:(rank + 1) * per])
-
-    @property
-    def probe_divisor(self) -> int:
-        return self.dist.world            # each rank backpropagates its shard's share of the probe mean loss
-
-    def _probe_loss(self, loss) -> float:
-        return float(fsdp.all_reduce(loss.detach().double().reshape(1), "mean"))
-
-    def _summarise(self, qs: dict) -> None:
-        ent = fsdp.all_reduce(qs["attn_entropy"].double().mean(dim=(2, 3)), "mean")   # equal shards
-        for l, row in enumerate(ent.tolist()):
-            for h, v in enumerate(row):
-                self._extra[mn.head(mn.ATTN_ENTROPY, l, h)] = v
-        self._extra["recorded"] = True
+        return Shard(rank, world, per, rank * per, fsdp.all_reduce)
 
     def _group_norms(self) -> dict:
         return fsdp.group_grad_norms(self.groups)
