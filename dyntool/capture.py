@@ -48,14 +48,19 @@ from .selfcheck import SelfCheckError, verify
 
 class _Slot:
     __slots__ = ("q", "k", "v", "u", "ds", "dq", "dk", "allowed", "scale", "n_kv", "bias", "softcap",
-                 "sinks", "uniform_rows")
+                 "sinks", "uniform_rows", "no_qk")
 
     def __init__(self):
         self.q = self.k = self.v = self.u = self.ds = self.dq = self.dk = self.allowed = None
         self.n_kv = self.bias = self.softcap = self.sinks = self.uniform_rows = None
+        self.no_qk = False
 
 
 class Capture(Observer):
+    # takes grads="unavailable": q, k unknown (zeros, the scores passed whole as ``bias``), so
+    # queries, keys, dQ, dK and the τ q·k statistics are recorded as NaN (the dataflow adapter)
+    qk_optional = True
+
     def __init__(self, model: torch.nn.Module, seqs: int | None = None, grad_scale: float = 1.0,
                  residual: bool = True, attention=None):
         from .adapters import AdapterError, find_adapter
@@ -126,6 +131,7 @@ class Capture(Observer):
             bias = bias if bias.dim() == 4 else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
             slot.bias = bias[sl] if bias.shape[0] > 1 else bias             # (S|1, nh|1, T|1, Tk)
         slot.softcap = float(softcap) if softcap else None
+        slot.no_qk = grads == "unavailable"
         if sinks is not None:
             slot.sinks = sinks.detach().reshape(1, -1, 1, 1)                # (1, nh, 1, 1)
         if out_map is None:
@@ -207,6 +213,9 @@ class Capture(Observer):
                 if slot.n_kv is not None:   # a kv head's gradient is shared by its query heads
                     dk = expand_kv(dk, q.shape[0])
                 qs["key_grad"] = dk.transpose(0, 1)
+            if slot.no_qk:
+                for name in ("queries", "keys", "query_grad", "key_grad", "logit_max", "logit_norm"):
+                    qs[name] = torch.full_like(qs[name], float("nan"))
         return qs
 
 

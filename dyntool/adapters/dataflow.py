@@ -34,7 +34,7 @@ from ..observe import Site, expand_kv
 from ..quantities import compute_dtype
 from .base import Adapter, AdapterError
 from .dataflow_check import BackwardCheck, check_forward
-from .dataflow_trace import DataflowRefusal, Tracer
+from .dataflow_trace import DataflowRefusal, NoQK, Tracer
 from .hf import site_kind          # the same self/cross naming as the registry adapter
 
 _HEAD_ATTRS = ("num_heads", "n_head", "n_heads", "num_attention_heads", "nheads")
@@ -98,6 +98,7 @@ class DataflowAdapter(Adapter):
         self._seen: set = set()
         self.residuals: dict[int, tuple[float, float]] = {}
         self.qk_grads = "standard"          # "autograd" once a site's dQ/dK came from hooks on q and k
+        self.no_qk: str | None = None       # why q, k are unavailable ("unavailable": at some site)
 
     def sites(self):
         return [Site(i, id(m), type(m).__name__, *site_kind(n, m), name=n)
@@ -149,21 +150,22 @@ class DataflowAdapter(Adapter):
         if f is None:
             raise DataflowRefusal("ran without a last-dimension softmax whose output reaches a matmul with V "
                                   "(through views, casts and dropout only)")
-        if f.producer is None:
-            raise DataflowRefusal("its scores come from no matmul/bmm/baddbmm/@/einsum dyntool follows in this "
-                                  "module (a fused op, another einsum form), so q and k are unknown")
         B, H, T, Tk = tr.heads(f.alpha)
         alpha4 = f.alpha.detach().reshape(B, H, T, Tk)
-        q4, k4, v4 = _operands(f, B, H, T, Tk)
+        v4 = _heads_of(f.value.detach(), B, H, Tk, "V")
         check_forward(_where(site), alpha4, v4, f.out4, f.dropout_p)
         allowed = alpha4 > 0
-        tau, uniform = _tau(f, allowed, (B, H, T, Tk))
-        scale, grads = tau * f.producer[2], "standard"
-        if not uniform:
-            # e.g. a row with no visible key whose uniform α includes entries masked by a product
-            # (OpenAI-GPT, GPT-Neo, XGLM under left padding): dQ, dK straight from autograd
-            q4, k4, grads = _hooked(f.producer[4], q4, k4, H)
-            self.qk_grads = "autograd"
+        try:
+            q4, k4, scale, grads = self._qk(f, allowed, (B, H, T, Tk))
+        except NoQK as e:
+            # α, V, U (so B, ∂L/∂S, dV) need no q or k: S itself is recorded as the scores' bias
+            # over zero q, k, and the observer marks dQ, dK and the logit statistics unavailable
+            if not getattr(observer, "qk_optional", False):
+                raise DataflowRefusal(f"{e}, and this recorder needs q and k") from None
+            q4 = v4.new_zeros(B, H, T, v4.shape[-1])
+            k4 = v4.new_zeros(B, v4.shape[1], Tk, v4.shape[-1])
+            scale, grads, self.qk_grads = 1.0, "unavailable", "unavailable"
+            self.no_qk = str(e)
         dt = compute_dtype(torch.promote_types(q4.dtype, f.S.dtype))
         with torch.no_grad():
             logits = torch.matmul(q4.to(dt), expand_kv(k4.to(dt), H).transpose(-1, -2)) * scale
@@ -171,11 +173,30 @@ class DataflowAdapter(Adapter):
             # a float64 finfo.min row over float32 q·k (GPT-Neo) must stay finite where it is recorded
             bias = bias.clamp_min(torch.finfo(compute_dtype(q4.dtype)).min / 4)
             # only rounding left (no ALiBi, no mask values): record plain τ q·k
-            if float(bias.abs().max()) <= 16 * torch.finfo(dt).eps * max(float(logits.abs().max()), 1.0):
+            if grads != "unavailable" and float(bias.abs().max()) <= 16 * torch.finfo(dt).eps * max(
+                    float(logits.abs().max()), 1.0):
                 bias = None
         observer.observe(site, q4, k4, v4, f.out4, allowed, scale, bias=bias, grads=grads)
         if check_backward:
             self._checks.append(BackwardCheck(_where(site), f.S, f.alpha, f.out4, v4, (B, H, T, Tk)))
+
+    def _qk(self, f, allowed, shape):
+        """(q4, k4, τ, grads) from S's producer; :class:`NoQK` where they cannot be had exactly."""
+        if f.producer is None:
+            raise NoQK("its scores come from no matmul/bmm/baddbmm/@/einsum dyntool follows in this module "
+                       "(a fused op, another einsum form), so q and k are unknown")
+        B, H, T, Tk = shape
+        q4 = _heads_of(f.producer[0].detach(), B, H, T, "q", NoQK)
+        k4 = _heads_of(f.producer[1].detach().transpose(-1, -2), B, H, Tk, "k", NoQK)
+        tau, uniform = _tau(f, allowed, shape)
+        grads = "standard"
+        if not uniform:
+            # e.g. a row with no visible key whose uniform α includes entries masked by a product
+            # (OpenAI-GPT, GPT-Neo, XGLM under left padding): dQ, dK straight from autograd
+            q4, k4, grads = _hooked(f.producer[4], q4, k4, H)
+            if self.qk_grads != "unavailable":
+                self.qk_grads = "autograd"
+        return q4, k4, tau * f.producer[2], grads
 
     def detach(self) -> None:
         for h in self._handles:
@@ -189,8 +210,11 @@ class DataflowAdapter(Adapter):
 
     def attrs(self):
         cfg = getattr(self.model, "config", None)
-        return {"adapter": self.name, "qk_grads": self.qk_grads, "model_type": getattr(cfg, "model_type", None),
-                "attention": sorted({type(m).__name__ for m in self.modules})}
+        out = {"adapter": self.name, "qk_grads": self.qk_grads, "model_type": getattr(cfg, "model_type", None),
+               "attention": sorted({type(m).__name__ for m in self.modules})}
+        if self.no_qk:
+            out["qk_unavailable"] = self.no_qk
+        return out
 
 
 def _where(site: Site) -> str:
@@ -198,22 +222,14 @@ def _where(site: Site) -> str:
     return f"layer {site.layer}" + (f" ({what})" if what else "")
 
 
-def _heads_of(t, B, H, n, what) -> torch.Tensor:
+def _heads_of(t, B, H, n, what, error=DataflowRefusal) -> torch.Tensor:
     """(B, H|H_kv, n, d) from a product operand: (B·H, n, d), (B, H, n, d) or a broadcast (B|1, H_kv, n, d)."""
     d = t.shape[-1]
     if t.shape[-2] == n and t.numel() == B * H * n * d:
         return t.reshape(B, H, n, d)
     if t.dim() == 4 and t.shape[-2] == n and t.shape[0] in (1, B) and H % t.shape[1] == 0:
         return t.expand(B, t.shape[1], n, d)
-    raise DataflowRefusal(f"{what} of shape {tuple(t.shape)} does not unfold to (B={B}, H={H}, {n}, d)")
-
-
-def _operands(f, B, H, T, Tk):
-    a, b = f.producer[0], f.producer[1]
-    q4 = _heads_of(a.detach(), B, H, T, "q")
-    k4 = _heads_of(b.detach().transpose(-1, -2), B, H, Tk, "k")
-    v4 = _heads_of(f.value.detach(), B, H, Tk, "V")
-    return q4, k4, v4
+    raise error(f"{what} of shape {tuple(t.shape)} does not unfold to (B={B}, H={H}, {n}, d)")
 
 
 def _tau(f, allowed, shape) -> tuple[float, bool]:
@@ -225,14 +241,14 @@ def _tau(f, allowed, shape) -> tuple[float, bool]:
     probe = (1 + torch.rand(f.S.shape, generator=g, dtype=torch.float64)).to(f.S.device, f.S.dtype)
     (d,) = torch.autograd.grad(f.S, P, probe, retain_graph=True)
     if d.numel() != probe.numel():
-        raise DataflowRefusal("the scores are not a reshape of the q·kᵀ product (their element counts differ)")
+        raise NoQK("the scores are not a reshape of the q·kᵀ product (their element counts differ)")
     _only_through_product(f, probe, d)
     tau_map = (d.to(torch.float64).reshape(shape) / probe.to(torch.float64).reshape(shape))[allowed]
     if tau_map.numel() == 0:
         raise DataflowRefusal("α weighs no key")
     tau = float(tau_map.median())
     if tau == 0:
-        raise DataflowRefusal("the scores α weighs do not depend on q·kᵀ")
+        raise NoQK("the scores α weighs do not depend on q·kᵀ")
     spread = float(((tau_map - tau).abs() / abs(tau)).max())
     return tau, spread <= _TAU_TOL.get(P.dtype, 1e-5)
 
@@ -255,16 +271,16 @@ def _only_through_product(f, probe, d) -> None:
                                   "softmax of float64's finfo.min), so nothing about them can be checked")
         err = 1.0 if x is None or y is None else float((x - y).norm() / y.norm().clamp_min(torch.finfo(y.dtype).tiny))
         if not err <= _TAU_TOL.get(y.dtype if y is not None else x.dtype, 1e-5):
-            raise DataflowRefusal(f"the scores depend on q or k outside their product q·kᵀ (relative {err:.2g}: a "
-                                  "relative-position term such as DeBERTa's c2p/p2c), so dQ/dK would miss it")
+            raise NoQK(f"the scores depend on q or k outside their product q·kᵀ (relative {err:.2g}: a "
+                       "relative-position term such as DeBERTa's c2p/p2c), so dQ/dK would miss it")
 
 
 def _hooked(views, q4, k4, H):
     """q, k as the hookable views the product read (:meth:`Tracer._graph_views`), for dQ/dK by autograd."""
     if views is None or views[0].shape != q4.shape or views[1].shape[1] != H:
-        raise DataflowRefusal("the factor on q·kᵀ is not one number over the entries α weighs (soft-capping, a "
-                              "per-entry scale, a masked row weighted uniformly) and q, k cannot be hooked here "
-                              "(fewer k/v heads, or 3-D operands without a head count)")
+        raise NoQK("the factor on q·kᵀ is not one number over the entries α weighs (soft-capping, a "
+                   "per-entry scale, a masked row weighted uniformly) and q, k cannot be hooked here "
+                   "(fewer k/v heads, or 3-D operands without a head count)")
     return views[0], views[1], "applied"
 
 

@@ -39,11 +39,13 @@ _DEPTH = 64                      # autograd nodes walked back from S to its prod
 
 
 def _einsum_as_matmul(args, kwargs, followers):
-    """``(x', y')`` with ``einsum(eq, x, y) == x' @ y'`` exactly in layout, for the two-operand
-    forms attention is written in (``bhid,bhjd->bhij``, ``bhij,bhjd->bhid``, any label names and
-    operand layouts): one contracted label, one free label per operand, the output ordered
-    (batch…, free of x, free of y).  Operands are permuted views, so the matmul reads the same
-    tensors; None for anything else (the einsum then runs as it is, unfollowed)."""
+    """``(x', y', perm)`` with ``einsum(eq, x, y) == (x' @ y').permute(perm)`` (perm None: no
+    permute) for the two-operand forms attention is written in (``bhid,bhjd->bhij``,
+    ``bhij,bhjd->bhid``, XLNet's ``ibnd,jbnd->bnij`` and ``bnij,jbnd->ibnd``, any label names and
+    operand layouts): one contracted label, one free label per operand, the other labels on both
+    operands and the output.  Operands are permuted views, so the matmul reads the same tensors.
+    The output may be reordered only for α·V (its x a follower of α); scores must come out
+    (batch…, i, j), the layout S keeps.  None for anything else (the einsum then runs unfollowed)."""
     if kwargs or len(args) < 2 or not isinstance(args[0], str) or "." in args[0] or "->" not in args[0]:
         return None
     ops = args[1] if len(args) == 2 and isinstance(args[1], (list, tuple)) else args[1:]
@@ -54,22 +56,34 @@ def _einsum_as_matmul(args, kwargs, followers):
     if len(parts) != 2:
         return None
     lx, ly = parts
-    batch, i, j = out[:-2], out[-2], out[-1]
     c = set(lx) & set(ly) - set(out)
-    if (len(c) != 1 or len(set(lx)) != len(lx) or len(set(ly)) != len(ly) or i not in lx or i in ly
-            or j not in ly or j in lx or set(lx) != set(batch) | {i} | c or set(ly) != set(batch) | {j} | c):
+    fx, fy = set(lx) - set(ly), set(ly) - set(lx)
+    if (len(c) != 1 or len(fx) != 1 or len(fy) != 1 or len(set(lx)) != len(lx) or len(set(ly)) != len(ly)
+            or len(set(out)) != len(out) or set(out) != (set(lx) | set(ly)) - c):
         return None
-    c = c.pop()
+    (c,), (i,), (j,) = c, fx, fy
+    batch = "".join(n for n in out if n not in (i, j))
     x, y = ops
+    follows = id(x) in followers
     px = [lx.index(n) for n in batch + i + c]
     py = [ly.index(n) for n in batch + c + j]
-    if id(x) in followers and px != list(range(x.dim())):
+    canon = batch + i + j
+    if follows and px != list(range(x.dim())):
         return None                          # α reordered before V: not followed
-    return (x if px == list(range(x.dim())) else x.permute(px)), (y if py == list(range(y.dim())) else y.permute(py))
+    if canon != out and not follows:
+        return None
+    perm = None if canon == out else [canon.index(n) for n in out]
+    return ((x if px == list(range(x.dim())) else x.permute(px)),
+            (y if py == list(range(y.dim())) else y.permute(py)), perm)
 
 
 class DataflowRefusal(RuntimeError):
     """This module's attention cannot be recorded exactly; the message says why (one line)."""
+
+
+class NoQK(DataflowRefusal):
+    """q and k cannot be had exactly (no product seen, a relative term on q or k): α, V, U, B and
+    ∂L/∂S still can, and are recorded where the observer takes dQ/dK as unavailable."""
 
 
 class Found:
@@ -98,7 +112,8 @@ class Tracer(TorchFunctionMode):
         if func is torch.einsum and torch.is_grad_enabled():
             as_matmul = _einsum_as_matmul(args, kwargs, self.followers)
             if as_matmul is not None:
-                return self._product(torch.matmul, as_matmul, {})
+                out = self._product(torch.matmul, as_matmul[:2], {})
+                return out if as_matmul[2] is None else out.permute(as_matmul[2])   # a view: U still reaches out4
         out = func(*args, **kwargs)
         if not torch.is_grad_enabled():
             return out

@@ -33,8 +33,12 @@ def verdict(family: str, padding: str, model) -> str:
     H = n_heads(next(m for m in model.modules() if type(m).__name__ == cls))
     try:
         tol = R.TOL.get(family, 1e-8)
-        R.compare(model, R.inputs(padding), {cls}, H, tol=tol)
-        return "exact" if tol <= 1e-8 else "exact to float32 (its softmax is float32)"
+        attrs = R.compare(model, R.inputs(padding), {cls}, H, tol=tol)
+        what = ("exact" if tol <= 1e-8 else "exact to float32 (a float32 model: it fails in float64)"
+                if family in R.DTYPE else "exact to float32 (its softmax is float32)")
+        if attrs.get("qk_grads") == "unavailable":
+            what += "; dQ/dK unavailable: " + _short(attrs["qk_unavailable"])
+        return what
     except CaptureError as e:
         return "refused: " + _short(str(e))
     except AssertionError as e:

@@ -17,7 +17,7 @@ import transformers
 
 from dyntool.capture import Capture
 
-from .hf_reference import float64_softmax
+from .hf_reference import _crop, float64_softmax
 from .reference import check, per_layer
 
 V = 61
@@ -42,8 +42,11 @@ FAMILIES = {
                                                                  vocab_size=V)),
 }
 # MPT takes its softmax of S.float(): α is float32's, in a float64 model
-# GPT-Neo casts q and k to float32 before q·kᵀ; XLM takes the softmax of S.float()
-TOL = {"mpt": 1e-6, "gpt_neo": 1e-5, "xlm": 1e-6}
+# GPT-Neo casts q and k to float32 before q·kᵀ; XLM and Funnel take the softmax of S.float()
+TOL = {"mpt": 1e-6, "gpt_neo": 1e-5, "xlm": 1e-6, "funnel": 1e-6, "xlnet": 1e-4}
+# XLNet fails in float64 by itself (its relative positions are float32): built in float32, its
+# truth is float32 autograd on the same tensors
+DTYPE = {"xlnet": torch.float32}
 QK = ("query_key_value", "Wqkv", "q_proj", "k_proj", "c_attn", "c_q", "c_k", "query", "key", "q_lin", "k_lin", "q", "k",
       "project_q", "project_k", "q_head", "k_head", "query_proj", "key_proj")
 
@@ -55,7 +58,7 @@ def kept(classes):
     cur: list = []
     real = dict(softmax=F.softmax, matmul=torch.matmul, bmm=torch.bmm, baddbmm=torch.Tensor.baddbmm,
                 mm=torch.Tensor.__matmul__, tmatmul=torch.Tensor.matmul, fbaddbmm=torch.baddbmm,
-                einsum=torch.einsum)
+                einsum=torch.einsum, tsoftmax=torch.softmax)
 
     def keep(*ts):
         for t in ts:
@@ -79,6 +82,9 @@ def kept(classes):
             cur[-1].append(("softmax", x, out))
         return out
 
+    def tsoftmax(x, dim, dtype=None):                     # torch.softmax (Funnel)
+        return softmax(x, dim=dim, dtype=dtype)
+
     two = lambda a, kw: (a[0], a[1])                                          # noqa: E731
 
     def einsum(eq, *ops):
@@ -88,7 +94,7 @@ def kept(classes):
             cur[-1].append(("product", ops[0], ops[1], out, eq.replace(" ", "")))
         return out
     torch.einsum = einsum
-    F.softmax = softmax
+    F.softmax, torch.softmax = softmax, tsoftmax
     torch.matmul, torch.bmm = product(real["matmul"], two), product(real["bmm"], two)
     torch.Tensor.__matmul__ = product(real["mm"], two)
     torch.Tensor.matmul = product(real["tmatmul"], two)
@@ -111,26 +117,31 @@ def kept(classes):
         for h in handles:
             h.remove()
         F.softmax, torch.matmul, torch.bmm = real["softmax"], real["matmul"], real["bmm"]
+        torch.softmax = real["tsoftmax"]
         torch.Tensor.__matmul__, torch.Tensor.baddbmm = real["mm"], real["baddbmm"]
         torch.Tensor.matmul, torch.baddbmm, torch.einsum = real["tmatmul"], real["fbaddbmm"], real["einsum"]
 
 
-def truth(events, H: int) -> dict:
-    """One attention call's truth, laid out (B, H, T, ·) like dyntool's recording (k/v per k/v head)."""
+def _labels(eq: str):
+    """(lx, ly, lo, batch, i, j, c) of a two-operand einsum x·y: i free in x, j free in y, c contracted."""
+    (lx, ly), lo = eq.split("->")[0].split(","), eq.split("->")[1]
+    c = (set(lx) & set(ly) - set(lo)).pop()
+    i, j = (set(lx) - set(ly)).pop(), (set(ly) - set(lx)).pop()
+    return lx, ly, lo, "".join(n for n in lo if n not in (i, j)), i, j, c
+
+
+def truth(events, H: int, qk: bool = True) -> dict:
+    """One attention call's truth, laid out (B, H, T, ·) like dyntool's recording (k/v per k/v head).
+    ``qk=False``: no q, k (the recording says them unavailable), so no score product is needed."""
     i = next(n for n, e in enumerate(events) if e[0] == "softmax")
-    _, q, kt, _, *eq = [e for e in events[:i] if e[0] == "product"][-1]
     _, S, a = events[i]
     _, _, v, y, *eq_v = next(e for e in events[i + 1:] if e[0] == "product")
-    qg, ktg, vg = q.grad, kt.grad, v.grad
-    if eq:            # an einsum: its operands' gradients put in matmul layout by einsum itself
-        (lx, ly), lo = eq[0].split("->")[0].split(","), eq[0].split("->")[1]
-        c = (set(lx) & set(ly) - set(lo)).pop()
-        qg, ktg = (torch.einsum(f"{lx}->{lo[:-2]}{lo[-2]}{c}", qg), torch.einsum(f"{ly}->{lo[:-2]}{c}{lo[-1]}", ktg))
-    if eq_v:
-        (lx, ly), lo = eq_v[0].split("->")[0].split(","), eq_v[0].split("->")[1]
-        c = (set(lx) & set(ly) - set(lo)).pop()
-        vg = torch.einsum(f"{ly}->{lo[:-2]}{c}{lo[-1]}", vg)
+    vg, yg = v.grad, y.grad
+    if eq_v:          # an einsum: gradients put in matmul layout (batch…, n, d) by einsum itself
+        lx, ly, lo, bt, qi, d, c = _labels(eq_v[0])
+        vg, yg = torch.einsum(f"{ly}->{bt}{c}{d}", vg), torch.einsum(f"{lo}->{bt}{qi}{d}", yg)
     T, Tk = a.shape[-2:]
+    H = a.shape[1] if a.dim() == 4 else H
     B = a.numel() // (H * T * Tk)
 
     def heads(t, n):
@@ -138,11 +149,20 @@ def truth(events, H: int) -> dict:
         if t.dim() == 4 and t.shape[1] != H:                   # a broadcast k/v head (MQA/GQA)
             return t.expand(B, t.shape[1], n, t.shape[-1])
         return t.reshape(B, H, n, t.shape[-1])
-    k_grad = heads(ktg.transpose(-1, -2), Tk)
-    return dict(attn=a.detach().reshape(B, H, T, Tk).double(), attn_grad=a.grad.reshape(B, H, T, Tk).double(),
-                scores_grad=S.grad.reshape(B, H, T, Tk).double(), y_grad=heads(y.grad, T),
-                q_grad=heads(qg, T), k_grad=k_grad, v_grad=heads(vg, Tk),
-                n_kv=k_grad.shape[1] if k_grad.shape[1] != H else None)
+    v_grad = heads(vg, Tk)
+    out = dict(attn=a.detach().reshape(B, H, T, Tk).double(), attn_grad=a.grad.reshape(B, H, T, Tk).double(),
+               scores_grad=S.grad.reshape(B, H, T, Tk).double(), y_grad=heads(yg, T), v_grad=v_grad,
+               q_grad=None, k_grad=None, n_kv=v_grad.shape[1] if v_grad.shape[1] != H else None)
+    if qk:
+        # the first product before the softmax of α's size: q·kᵀ (relative terms come after it:
+        # Funnel, DeBERTa, XLNet); one product only elsewhere
+        _, q, kt, _, *eq = next(e for e in events[:i] if e[0] == "product" and e[3].numel() == a.numel())
+        qg, ktg = q.grad, kt.grad
+        if eq:
+            lx, ly, lo, bt, qi, kj, c = _labels(eq[0])
+            qg, ktg = torch.einsum(f"{lx}->{bt}{qi}{c}", qg), torch.einsum(f"{ly}->{bt}{c}{kj}", ktg)
+        out.update(q_grad=heads(qg, T), k_grad=heads(ktg.transpose(-1, -2), Tk))
+    return out
 
 
 _ENC = dict(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
@@ -174,6 +194,8 @@ MORE = {
     "funnel": ("FunnelRelMultiheadAttention", lambda: transformers.FunnelConfig(
         d_model=16, n_head=2, d_head=8, d_inner=32, block_sizes=[1, 1], vocab_size=V, hidden_dropout=0.0,
         attention_dropout=0.0, activation_dropout=0.0), "AutoModelForMaskedLM"),
+    "xlnet": ("XLNetRelativeAttention", lambda: transformers.XLNetConfig(
+        d_model=16, n_layer=2, n_head=2, d_inner=32, vocab_size=V, dropout=0.0), "XLNetLMHeadModel"),
     "cpmant": ("CpmAntAttention", lambda: transformers.CpmAntConfig(
         hidden_size=16, num_hidden_layers=2, num_attention_heads=2, dim_head=8, dim_ff=32, vocab_size=V,
         dropout_p=0.0), "AutoModelForCausalLM"),
@@ -198,18 +220,29 @@ def make(family: str, target: float = 30.0, **overrides):
     cls = getattr(transformers, model_cls)
     build = cls.from_config if model_cls.startswith("Auto") else cls._from_config
     with torch.device("cpu"):
-        m = build(cfg, dtype=torch.float64).eval()
-    params = [p for n, p in m.named_parameters() if n.split(".")[-2] in QK and n.split(".")[-1] == "weight"]
+        m = build(cfg, dtype=DTYPE.get(family, torch.float64)).eval()
+    params = [p for n, p in m.named_parameters()            # XLNet's q, k are parameters themselves
+              if (n.split(".")[-2] in QK and n.split(".")[-1] == "weight") or n.split(".")[-1] in ("q", "k")]
     x = inputs("right")
     for _ in range(3):                              # logits are bilinear in W_q, W_k: scale both by √ratio
         with Capture(m) as cap:
             m(**x).loss.backward()
         m.zero_grad()
-        ratio = target / float(cap.compute()["logit_max"].max())
+        ratio = target / logit_max(cap.compute())
         with torch.no_grad():
             for p in params:
                 p.mul_(ratio ** 0.5)
     return m
+
+
+def logit_max(got: dict) -> float:
+    """max |τ q·k|; where q, k are unavailable (recorded NaN), max |S| on the entries α weighs, mask
+    values (|S| ≥ 1e4: a fully masked row's finfo.min, which α weighs uniformly) left out."""
+    lm = got["logit_max"]
+    if not bool(lm.isnan().all()):
+        return float(lm.max())
+    s = got["scores"].abs().nan_to_num(0.0)
+    return float(s.masked_fill(s >= 1e4, 0.0).max())
 
 
 def inputs(padding: str, B: int = 2, T: int = 7):
@@ -224,28 +257,35 @@ def inputs(padding: str, B: int = 2, T: int = 7):
     return dict(input_ids=x, attention_mask=mask, labels=x.masked_fill(mask == 0, -100))
 
 
-def compare(model, x, classes, H: int, tol: float = 1e-8, min_logit: float = 20.0) -> dict:
-    """Record one forward/backward with Capture, then the truth of the same forward; assert equal."""
+def compare(model, x, classes, H: int | None, tol: float = 1e-8, min_logit: float = 20.0, run=None) -> dict:
+    """Record one forward/backward with Capture, then the truth of the same forward; assert equal.
+    ``run(model)`` gives the loss (default: ``model(**x).loss``); ``H`` None: α is 4-D."""
+    run = run or (lambda m: m(**x).loss)
     with float64_softmax():
-        return _compare(model, x, classes, H, tol, min_logit)
+        return _compare(model, run, classes, H, tol, min_logit)
 
 
-def _compare(model, x, classes, H, tol, min_logit):
+def _compare(model, run, classes, H, tol, min_logit):
     with Capture(model) as cap:
-        loss = model(**x).loss
+        loss = run(model)
         loss.backward()
     model.zero_grad()
     got = cap.compute(torch.float64)            # GPT-Neo's q, k are float32: compare in float64
-    assert float(got["logit_max"].max()) >= min_logit, "test must run at trained-size logits"
+    assert logit_max(got) >= min_logit, "test must run at trained-size logits"
+    qk = cap.attrs.get("qk_grads") != "unavailable"
     with kept(classes) as (calls, attach):
         attach(model)
-        ref_loss = model(**x).loss
+        ref_loss = run(model)
         ref_loss.backward()
     model.zero_grad()
     torch.testing.assert_close(ref_loss.detach(), loss.detach(), rtol=1e-12, atol=0)
     assert len(calls) == got["attn"].shape[0]
-    for i, (_, events) in enumerate(calls):
-        ref = truth(events, H)
+    index = {s.key: i for i, s in enumerate(cap.sites)}            # calls run in forward order
+    for m, events in calls:
+        i = index[id(m)]
+        ref = truth(events, H, qk)
         n_kv = ref.pop("n_kv")
-        check(per_layer(got, i), ref, ref["attn"] > 0, n_kv, name=f"{type(model).__name__} L{i}", tol=tol)
+        T, Tk = ref["attn"].shape[-2:]            # sites of other sizes are padded (Funnel's pooled queries)
+        layer = {k: _crop(k, t, T, Tk) for k, t in per_layer(got, i).items()}
+        check(layer, ref, ref["attn"] > 0, n_kv, name=f"{type(model).__name__} L{i}", tol=tol, qk=qk)
     return cap.attrs
