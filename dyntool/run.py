@@ -51,7 +51,7 @@ class Run:
 
     @property
     def remote(self):
-        """The object store of a run in object storage (:class:`~dyntool.record.object_store.Remote`)."""
+        """The object store of a run in object storage (:class:`~dyntool.storage.remote.Remote`)."""
         return getattr(self.backend, "remote", None)
 
     @property

@@ -144,8 +144,9 @@ def _main(argv: list[str]) -> int:
         return _run(parser, argv)
     except SystemExit as e:              # parser.error() after parsing
         return int(e.code or 0)
-    except DyntoolError as e:
-        print(f"dyntool: error: {e}", file=sys.stderr)
+    except DyntoolError as e:            # next_step: what continues a run the storage lost
+        nxt = getattr(e, "next_step", None)
+        print(f"dyntool: error: {e}" + (f"; {nxt}" if nxt else ""), file=sys.stderr)
         return e.exit_code
     except BrokenPipeError:              # e.g. `dyntool figures --list | head`
         sys.stderr.close()

@@ -7,7 +7,7 @@ import argparse
 import contextlib
 import functools
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StorageError
 
 DEFAULT_RUNS = "runs"
 CFG = "cfg:"          # argparse dest prefix of flags that set a config key
@@ -86,7 +86,7 @@ def restart_hint(out: str, name: str | None = None, resumable: bool = False):
     now exists (kept), so the same command would be refused."""
     try:
         yield
-    except KeyboardInterrupt as e:
+    except (KeyboardInterrupt, StorageError) as e:     # StorageError: the object store stayed down
         if getattr(e, "next_step", None) is None:
             again = ("the same command starts it again, into a new folder" if not name else
                      f"the same command with another --name (or none; {name} is kept) starts it again")

@@ -26,6 +26,7 @@ import numpy as np
 import zarr
 from zarr.codecs import Crc32cCodec, ZstdCodec
 
+from ..errors import StorageError
 from . import names
 
 FORMAT = "dyntool-record"
@@ -49,6 +50,20 @@ def chunk_shape(per_step: tuple[int, ...], itemsize: int, chunk_steps: int,
     per = max(1, math.prod(inner) * itemsize)
     steps = int(max(1, min(chunk_steps, target // per)))
     return (steps, *inner)
+
+
+def _new_array(group, name: str, **kw) -> Any:
+    """``group.create_array``, undone when it fails: a full disk between the array's folder and
+    its ``zarr.json`` left a folder without metadata, and readers then called the whole record
+    corrupt; without it the record reads as it was before the failure (up to its last commit)."""
+    try:
+        return group.create_array(name, **kw)
+    except BaseException:
+        try:
+            pass  # del group[name]                # its folder (or prefix), however far it got
+        except Exception:                  # noqa: BLE001 - the creation's own error is the one to report
+            pass
+        raise
 
 
 class StoreWriter:
@@ -140,8 +155,8 @@ class StoreWriter:
         if len(dims) != data.ndim:
             raise ValueError(f"static/{name}: {len(dims)} dimension names for {data.ndim} axes")
         grp = self.group.require_group("static")
-        arr = grp.create_array(name, shape=data.shape, dtype=data.dtype, dimension_names=list(dims),
-                               compressors=COMPRESSORS, config={"write_empty_chunks": True})
+        arr = _new_array(grp, name, shape=data.shape, dtype=data.dtype, dimension_names=list(dims),
+                         compressors=COMPRESSORS, config={"write_empty_chunks": True})
         arr[...] = data
 
     def write_rows(self, name: str, index: int, where: tuple, data: np.ndarray, per_step: tuple[int, ...],
@@ -156,8 +171,8 @@ class StoreWriter:
         arr = self._arrays.get(name)
         if arr is None:
             data = np.asarray(data)
-            arr = self._arrays[name] = self.group.create_array(
-                name, shape=(0, *per_step), dtype=data.dtype, chunks=(1, *chunks), fill_value=np.nan,
+            arr = self._arrays[name] = _new_array(
+                self.group, name, shape=(0, *per_step), dtype=data.dtype, chunks=(1, *chunks), fill_value=np.nan,
                 dimension_names=list(self._dims.get(name) or names.dims(name)), compressors=COMPRESSORS,
                 attributes=self._array_attrs.get(name, {}), config={"write_empty_chunks": True})
         if arr.shape[0] <= index:
@@ -182,14 +197,8 @@ class StoreWriter:
         e = self._error
         if e is None:
             return
-        remote = e
-        while remote is not None and type(remote).__module__.split(".")[0] != "obstore":
-            remote = remote.__cause__ or remote.__context__
-        if remote is not None:             # an object store's message is a page of request debug
-            from ..errors import StorageError
-            from .object_store import RIDE_OUT, short
-            raise StorageError(f"recording writer failed: {short(remote)} (retried for {RIDE_OUT['retry_timeout']} s); the run "
-                               "is marked failed, what was committed before is kept") from e
+        if isinstance(e, StorageError):    # the storage's one line (an object store that stayed down)
+            raise StorageError(f"recording writer failed: {e}; what was committed before is kept") from e
         raise RuntimeError(f"recording writer failed: {e}") from e
 
     def _flush_timer(self) -> None:
@@ -238,8 +247,8 @@ class StoreWriter:
         if len(dims) != data.ndim:
             dims = (names.STEP,) + tuple(f"dim_{i}" for i in range(1, data.ndim))
         fill = np.nan if np.issubdtype(dtype, np.floating) else 0
-        arr = self.group.create_array(
-            name, shape=(0, *per_step), dtype=dtype,
+        arr = _new_array(
+            self.group, name, shape=(0, *per_step), dtype=dtype,
             chunks=chunk_shape(per_step, dtype.itemsize, self.chunk_steps),
             fill_value=fill, dimension_names=list(dims), compressors=COMPRESSORS,
             attributes=self._array_attrs.get(name, {}),

@@ -1,5 +1,5 @@
 """The object-store backend: a run is a prefix ``s3://bucket/prefix/RUN`` (or ``file:///path/RUN``)
-reached through :class:`dyntool.record.object_store.Remote` (obstore).
+reached through :class:`dyntool.storage.remote.Remote` (obstore).
 
 An object is written by one PUT, visible whole or not at all, so every ``put`` is atomic as a
 local rename is.  An object can't be appended to: :class:`ObjectLines` keeps a run's rows in memory
@@ -23,7 +23,7 @@ from typing import Iterator
 from .. import safeio
 from ..errors import RunError
 from ..location import URLPath, join
-from ..record.object_store import Remote, short
+from .remote import Remote, short
 from .base import POLL_SECONDS, RUN_FILES, Outside
 
 CREATED: list["ObjectStoreBackend"] = []   # runs created by this process (deleted again on a rejection)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from .. import safeio
-from ..errors import ConfigError, RunError
+from ..errors import ConfigError, DyntoolError, RunError, StorageError
 from ..location import location
 from ..run_files import read_json
 from ..storage import open_backend
@@ -271,6 +271,14 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
     except KeyboardInterrupt as e:             # Ctrl-C / SIGTERM: say how to go on
         if run is not None:
             e.next_step = next_step(run.path, ck_path, trainer.step)
+        raise
+    except StorageError as e:                  # the object store stayed down past the ride-out
+        if run is not None:
+            try:                               # its checkpoint is asked for once, quickly
+                e.next_step = next_step(run.path, ck_path, trainer.step)
+            except DyntoolError:
+                e.next_step = (f"stopped at step {trainer.step}; once the storage answers, continue from the last "
+                               f"checkpoint (if one was written) with: dyntool train --resume {run.path}")
         raise
 
 

@@ -133,7 +133,7 @@ def test_a_writer_rides_out_a_four_second_outage(s3, monkeypatch):   # noqa: F81
 
     import boto3
 
-    from dyntool.record.object_store import Remote
+    from dyntool.storage.remote import Remote
     proxy = FlakyProxy(s3["AWS_ENDPOINT_URL"])
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     remote = Remote(f"s3://{BUCKET}/blip")          # the endpoint answered once: the probe passed
@@ -156,8 +156,8 @@ def test_a_silent_endpoint_is_refused_in_under_30_s(s3, monkeypatch, capsys, arg
     (writers 33-59 s); now one line, exit 2, well under 30 s."""
     import socket
     import time
-    from dyntool.record import object_store
-    monkeypatch.setattr(object_store, "_ANSWERED", set(), raising=False)
+    from dyntool.storage import remote
+    monkeypatch.setattr(remote, "_ANSWERED", set(), raising=False)
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
@@ -177,9 +177,10 @@ def test_a_writer_whose_endpoint_stays_down_fails_in_one_line(s3, monkeypatch): 
     import numpy as np
 
     from dyntool.errors import StorageError
-    from dyntool.record import object_store
     from dyntool.run_writer import RunWriter
-    monkeypatch.setitem(object_store.RIDE_OUT, "retry_timeout", 2)
+    from dyntool.storage import remote
+    monkeypatch.setenv("DYNTOOL_S3_RIDE_OUT", "2")
+    monkeypatch.setattr(remote, "_DOWN", set())
     proxy = FlakyProxy(s3["AWS_ENDPOINT_URL"])
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     run = RunWriter.create(f"s3://{BUCKET}/down", "synthetic", {"n": 1}, name="r")

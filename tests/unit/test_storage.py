@@ -247,7 +247,7 @@ def test_local_is_dir_and_ensure_dir(tmp_path):
 
 def test_an_s3_error_says_its_code_and_message_first():
     """Was: '... 404 Not Found: <?xml version="1.0" encoding="utf-8"?>', the reason cut off."""
-    from dyntool.record.object_store import short
+    from dyntool.storage.remote import short
     body = ('<?xml version="1.0" encoding="utf-8"?>\n<Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
             'Access Key Id you provided does not exist in our records.</Message><AWSAccessKeyId>AKIASECRET'
             '</AWSAccessKeyId></Error>')

@@ -1,0 +1,111 @@
+"""A whole command through an object-store outage (issue 50 item 7), against the local S3 server of
+``test_s3.py`` behind a proxy that goes down on the run's first record chunk: a few seconds' outage
+and the run completes as if nothing happened; a longer one (the ride-out shortened by
+``DYNTOOL_S3_RIDE_OUT``) is one line, exit 1, naming what continues the run, and what was committed
+before stays readable."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.integration.test_s3 import BUCKET, s3  # noqa: F401  (the module's local S3 server)
+from tests.integration.test_s3_hardening import FlakyProxy
+
+from dyntool.cli import main  # noqa: E402
+from dyntool.run import open_run  # noqa: E402
+
+CHUNK = b"/record.zarr/attn/c/"        # in a PUT's request line: a record chunk
+
+
+class OutageProxy(FlakyProxy):
+    """Goes down when the first request naming ``trigger`` passes, for ``seconds`` (None: until
+    :meth:`up` is called), so the outage falls in the middle of a run, wherever its timing lands."""
+
+    def __init__(self, target: str, trigger: bytes, seconds: float | None):
+        self.trigger, self.seconds, self.fired = trigger, seconds, threading.Event()
+        super().__init__(target)
+
+    def _pipe(self, a, b) -> None:                # type: ignore[override]
+        try:
+            while data := a.recv(65536):
+                line = data.split(b"\r\n", 1)[0]          # a request line (responses never start "PUT ")
+                if line.startswith(b"PUT ") and self.trigger in line and not self.fired.is_set():
+                    self.fired.set()
+                    self.down()                   # this request is cut too: it must be retried
+                    if self.seconds is not None:
+                        threading.Timer(self.seconds, self.up).start()
+                    return
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for x in (a, b):
+                try:
+                    x.shutdown(2)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def proxied(s3, monkeypatch):   # noqa: F811
+    from dyntool.storage import remote
+    monkeypatch.setattr(remote, "_DOWN", set())
+    made = []
+
+    def make(seconds):
+        p = OutageProxy(s3["AWS_ENDPOINT_URL"], CHUNK, seconds)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
+        made.append(p)
+        return p
+    yield make
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["AWS_ENDPOINT_URL"])
+    for p in made:
+        if p.fired.is_set():
+            try:
+                p.up()
+            except OSError:                       # already back up
+                pass
+
+
+TOY = ["sim", "toy", "--steps", "12", "--record.chunk_steps=2", "--quiet"]
+
+
+def test_sim_toy_rides_out_a_four_second_outage(proxied, capsys):
+    """``sim toy`` was killed by a 4-second blip; now it waits the outage out and finishes, every
+    step recorded and the run checks ok."""
+    proxy = proxied(4.0)
+    assert main([*TOY, "--out", f"s3://{BUCKET}/outage", "--name", "blip"]) == 0
+    assert proxy.fired.is_set()                   # the outage did happen, mid-run
+    url = f"s3://{BUCKET}/outage/blip"
+    run = open_run(url)
+    assert run.status == "finished" and run.steps_written == 12 and not run.problems, (run, run.problems)
+    assert main(["check", url]) == 0
+
+
+def test_sim_toy_past_the_ride_out_is_one_line(proxied, monkeypatch, capsys):
+    """Past the ride-out a simulation's writer died with ``internal error: RuntimeError: recording
+    writer failed`` and a 37-line Rust debug dump; now one line, exit 1, saying how the run goes on;
+    what was committed before the outage stays readable once the store is back."""
+    monkeypatch.setenv("DYNTOOL_S3_RIDE_OUT", "2")
+    proxy = proxied(None)
+    capsys.readouterr()
+    assert main([*TOY, "--out", f"s3://{BUCKET}/outage", "--name", "down"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dyntool: error: "), err
+    # the record's chunk, or a checkpoint written on the way out (then after one quick try)
+    assert "can't be written" in err[0] and ("(retried for 2 s)" in err[0] or "ride-out of 2 s" in err[0]), err
+    assert "retries" not in err[0], err                    # obstore's own count is not ours
+    assert "dyntool ls" in err[0] or "--resume" in err[0], err       # how the run goes on
+    assert "internal error" not in err[0] and len(err[0]) < 600, err
+    proxy.up()
+    run = open_run(f"s3://{BUCKET}/outage/down")
+    assert run.steps_written < 12 and all("chunk" not in p for p in run.problems), run.problems
+
+
+def test_a_bad_ride_out_setting_is_one_line(s3, monkeypatch, capsys):   # noqa: F811
+    monkeypatch.setenv("DYNTOOL_S3_RIDE_OUT", "soon")
+    capsys.readouterr()
+    assert main([*TOY, "--out", f"s3://{BUCKET}/outage", "--name", "bad"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "DYNTOOL_S3_RIDE_OUT='soon'" in err[0], err
