@@ -60,7 +60,7 @@ def _new_array(group, name: str, **kw) -> Any:
         return group.create_array(name, **kw)
     except BaseException:
         try:
-            pass  # del group[name]                # its folder (or prefix), however far it got
+            del group[name]                # its folder (or prefix), however far it got
         except Exception:                  # noqa: BLE001 - the creation's own error is the one to report
             pass
         raise

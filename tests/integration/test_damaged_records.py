@@ -97,3 +97,30 @@ def test_a_run_that_never_said_what_it_wrote_is_not_held(tmp_path, capsys):
     (tmp_path / "old" / "meta.json").write_text(json.dumps(meta))
     shutil.rmtree(tmp_path / "old" / "record.zarr")
     assert main(["check", str(tmp_path / "old")]) == 0
+
+
+def test_a_full_disk_while_the_record_makes_its_arrays_leaves_it_readable(tmp_path, monkeypatch, capsys):
+    """Item 11: the disk filled between the step array's folder and its ``zarr.json``; the message
+    said what was recorded is kept, but the record then read as corrupt (metadata missing).  The
+    half-made array is taken away: ``check`` says ok, ``info`` says failed and why."""
+    import errno
+
+    import zarr.storage._local as local
+    real = local._put
+
+    def full_at_step_metadata(path, value, exclusive=False):
+        if path.parent.name == "step" and path.name == "zarr.json":
+            path.parent.mkdir(parents=True, exist_ok=True)      # as far as a real full disk gets
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, value, exclusive=exclusive)
+    monkeypatch.setattr(local, "_put", full_at_step_metadata)
+    assert main(["sim", "toy", "--steps", "3", "--out", str(tmp_path), "--name", "full", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("dyntool: error: the disk is full"), err
+    monkeypatch.setattr(local, "_put", real)
+    assert not (tmp_path / "full" / "record.zarr" / "step").exists()
+    assert main(["check", str(tmp_path / "full")]) == 0
+    assert capsys.readouterr().out.strip() == f"{tmp_path / 'full'}: ok (0 steps committed)"
+    assert main(["info", str(tmp_path / "full")]) == 0
+    rows = {ln[:9].strip(): ln[9:] for ln in capsys.readouterr().out.splitlines() if ln[:1].strip()}
+    assert rows["status"] == "failed" and "No space left on device" in rows["stopped"], rows
