@@ -109,15 +109,16 @@ def speed(torch, op, device, Ts, B, rounds, smoke):
         q, k, v, do = inputs(torch, B, H, T, D, dtype, device)
         leaves = [t.requires_grad_() for t in (q, k, v)]
 
-        def fused(stats):
+        def fused(stats, dq="split"):
             token = torch.zeros(op.bwd_stats_size(q, k), device=device, requires_grad=True) if stats else None
-            op.attention(*leaves, token=token, stats=stats)[0].backward(do)
+            op.attention(*leaves, token=token, stats=stats, dq=dq)[0].backward(do)
 
         def sdpa():
             ctx = sdpa_kernel(SDPBackend.FLASH_ATTENTION) if device.type == "cuda" else sdpa_kernel(SDPBackend.MATH)
             with ctx:
                 F.scaled_dot_product_attention(*leaves, is_causal=True).backward(do)
-        fns = {"fused_stats": lambda: fused(True), "fused_nostats": lambda: fused(False), "sdpa": sdpa}
+        fns = {"fused_stats": lambda: fused(True), "fused_nostats": lambda: fused(False),
+               "fused_stats_atomic_dq": lambda: fused(True, "atomic"), "sdpa": sdpa}   # both dQ policies
         times = {n: [] for n in fns}
         for f in fns.values():
             f()                                  # warm-up (and Triton's compilation)
@@ -134,6 +135,8 @@ def speed(torch, op, device, Ts, B, rounds, smoke):
         status = "INFO" if device.type == "cuda" else "SMOKE"
         report("speed", f"T{T}", status, ms_fused_stats=med["fused_stats"], ms_fused=med["fused_nostats"],
                ms_sdpa=med["sdpa"], fused_vs_sdpa=med["fused_stats"] / med["sdpa"],
+               ms_fused_stats_atomic_dq=med["fused_stats_atomic_dq"],
+               atomic_dq_vs_sdpa=med["fused_stats_atomic_dq"] / med["sdpa"],
                stats_on_vs_off=med["fused_stats"] / med["fused_nostats"])
 
 

@@ -26,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=2048, help="sequence length of the specialisation (default 2048)")
     ap.add_argument("--stats", choices=["on", "off", "both"], default="both", help="with the statistics, "
                     "without, or both (default)")
+    ap.add_argument("--dq", choices=["split", "atomic", "both"], default="both", help="the backward's dQ "
+                    "policy (DYNTOOL_KERNEL_DQ): the deterministic split, FA2's atomic adds, or both (default)")
     ap.add_argument("--json", default=None, help="also write every number here")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -34,14 +36,18 @@ def main(argv=None) -> int:
     import triton
     from dyntool.kernels import census
     out = {"triton": triton.__version__, "python": platform.python_version(), "target": "sm_90",
-           "T": args.T, "bounds": census.HOT_BOUNDS, "census": []}
+           "T": args.T, "bounds": census.HOT_BOUNDS | census.HOT_BOUNDS_ATOMIC, "census": []}
+    policies = ("split", "atomic") if args.dq == "both" else (args.dq,)
     for D in (int(x) for x in args.d.split(",")):
         for stats in {"on": (True,), "off": (False,), "both": (True, False)}[args.stats]:
-            progs = census.attention_census(D, stats=stats, T=args.T)
-            print(("with" if stats else "without") + " statistics")
-            print(census.table(progs, D))
-            out["census"].append({"d": D, "stats": stats, "programs": [p.row() | {"spills": p.spills} for p in progs]})
-    print("bounds (statistics on): hot loop " + ", ".join(f"{k} <= {v}" for k, v in census.HOT_BOUNDS.items())
+            for dq in policies:
+                progs = census.attention_census(D, stats=stats, T=args.T, dq=dq)
+                print(("with" if stats else "without") + f" statistics, dQ {dq}")
+                print(census.table(progs, D))
+                out["census"].append({"d": D, "stats": stats, "dq": dq,
+                                      "programs": [p.row() | {"spills": p.spills} for p in progs]})
+    bounds = census.HOT_BOUNDS | census.HOT_BOUNDS_ATOMIC
+    print("bounds (statistics on): hot loop " + ", ".join(f"{k} <= {v}" for k, v in bounds.items())
           + "; no FSETP in a hot loop; no LDSM/STSM in dK/dV's; 0 spills; forward >= 3 blocks/SM at d = 64")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

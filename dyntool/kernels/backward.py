@@ -13,24 +13,31 @@ each with an unmasked loop over its full tiles (``# hot loop``) and a masked one
   c_j = Σ_i α_ij is a row sum; dK, dV summed over the group in registers (deterministic: no
   atomics); per query head its block's max c, Σ c log c, Σ c, and ‖dV_h‖² (the value update αᵀU of
   that query head alone, before the group's sum).
+
+With the atomic dQ policy (``op.dq_policy``: FlashAttention-2's 5 matmul units instead of 7) the dq
+program runs ``PRE_ONLY`` (D_i and the row sums, no loop) and the dK/dV program also computes
+dQ_i += dS_i K for its tile and adds it into an fp32 dQ with ``tl.atomic_add``, carrying the two
+score sums the dq program had; only dQ's rounding then depends on the programs' order.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from .stats_names import DKV_SLOTS, DQ_SLOTS
 from .tiles import (LOG2E, NEG, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked, query_tiles,
                     tanh, visible)
 
-N_PRE_STATS = 2            # Σ D, Σ ‖dO‖²
-N_DQ_STATS = 3             # Σ dS (dP − D), Σ dS², dσ
-N_DKV_STATS = 4            # max c, Σ c log c, Σ c, ‖dV_h‖²
-N_DQ_PROGRAM = N_PRE_STATS + N_DQ_STATS   # what one dq program writes
+N_DQ_PROGRAM, N_DKV_PROGRAM = len(DQ_SLOTS), len(DKV_SLOTS)   # what one program of each writes
 # The dq program's two sums are kept per program, not per row: each tile's products are summed in
 # SUM_ROWS groups whose members a thread holds itself (``can_reorder``), so no tile pays the shuffles
 # of a row sum.  256 was the census's best of 32..4096 at 64 × 64 tiles (tiles are ≥ 16 × 16).
 SUM_ROWS = tl.constexpr(256)
-_DQ_SLOTS, _DKV_SLOTS = tl.constexpr(N_DQ_PROGRAM), tl.constexpr(N_DKV_STATS)   # the same, for the kernels
+_DQ_SLOTS, _DKV_SLOTS = tl.constexpr(N_DQ_PROGRAM), tl.constexpr(N_DKV_PROGRAM)   # the same, for the kernels
+# each slot's offset, looked up by its name (the kernels see constexpr globals only)
+_Q_EB, _Q_U2, _Q_VAR, _Q_DS2, _Q_DSINK = (tl.constexpr(DQ_SLOTS.index(n)) for n in ("eb", "u2", "var", "ds2", "dsink"))
+_KV_COLMAX, _KV_CLOGC, _KV_CSUM, _KV_DV2, _KV_VAR, _KV_DS2 = (
+    tl.constexpr(DKV_SLOTS.index(n)) for n in ("colmax", "c_log_c", "c_sum", "dv2", "var", "ds2"))
 
 
 @triton.jit
@@ -73,7 +80,8 @@ def attn_bwd_dq(Q, K, V, O, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr,
                 CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
                 HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, HAS_SINK: tl.constexpr,
-                STATS: tl.constexpr, PRECISION: tl.constexpr):
+                STATS: tl.constexpr, PRECISION: tl.constexpr, PRE_ONLY: tl.constexpr):
+    """``PRE_ONLY`` (the atomic-dQ policy): D_i and the row sums only; the dK/dV programs add dQ."""
     scale, softcap = fp32_scalars(scale, softcap)
     qk_scale = scale * LOG2E
     pid_m = tl.program_id(0)
@@ -109,39 +117,41 @@ def attn_bwd_dq(Q, K, V, O, DO, LSE, DD, DQ, ST, LO, HI, KM, SINK, SLOPE, WIN,
     var = tl.zeros([SUM_ROWS], dtype=tl.float32)                  # Σ dS (dP − D), in SUM_ROWS parts
     ds2 = tl.zeros([SUM_ROWS], dtype=tl.float32)
     km_row = KM + b * skmb
-    start, fs, fe, end = key_tiles(q0, T, Tk, lo, hi, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_KM)
-    for j0 in range(fs, fe, BLOCK_N):                             # hot loop
-        dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask, km_row,
-                                T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, BLOCK_M, BLOCK_N,
-                                False, EVEN_D,
-                                CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
-    for t in range(0, n_masked(start, fs, fe, end, BLOCK_N)):
-        dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, masked_tile(t, start, fs, fe, BLOCK_N),
-                                offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope,
-                                skt, svt, BLOCK_M, BLOCK_N, True, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS,
-                                PRECISION)
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
-             (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
+    if not PRE_ONLY:
+        start, fs, fe, end = key_tiles(q0, T, Tk, lo, hi, window, BLOCK_M, BLOCK_N, CAUSAL, HAS_WINDOW, HAS_KM)
+        for j0 in range(fs, fe, BLOCK_N):                         # hot loop
+            dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, dmask,
+                                    km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, skt, svt, BLOCK_M,
+                                    BLOCK_N, False, EVEN_D,
+                                    CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+        for t in range(0, n_masked(start, fs, fe, end, BLOCK_N)):
+            dq, var, ds2 = _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs,
+                                    masked_tile(t, start, fs, fe, BLOCK_N), offs_m, offs_n, dmask, km_row, T, Tk, lo,
+                                    hi, window, scale, qk_scale, softcap, slope, skt, svt, BLOCK_M, BLOCK_N, True,
+                                    EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+        tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :],
+                 (dq * scale).to(DQ.dtype.element_ty), mask=qmask)
     if STATS or HAS_SINK:
         st = ST + (bh * tl.num_programs(0) + pid_m) * _DQ_SLOTS
-        if STATS:
-            tl.store(st + 0, tl.sum(dd, axis=0))
-            tl.store(st + 1, tl.sum(tl.sum(dof * dof, axis=1), axis=0))
-            tl.store(st + 2, tl.sum(var, axis=0))
-            tl.store(st + 3, tl.sum(ds2, axis=0))
+        if STATS:                                                 # (PRE_ONLY: var, ds2 are 0 here)
+            tl.store(st + _Q_EB, tl.sum(dd, axis=0))
+            tl.store(st + _Q_U2, tl.sum(tl.sum(dof * dof, axis=1), axis=0))
+            tl.store(st + _Q_VAR, tl.sum(var, axis=0))
+            tl.store(st + _Q_DS2, tl.sum(ds2, axis=0))
         if HAS_SINK:                                              # ∂L/∂σ = −Σ_i p_σ,i D_i
             sigma2 = tl.load(SINK + h).to(tl.float32) * LOG2E
-            tl.store(st + 4, -tl.sum(tl.where(rows, tl.exp2(sigma2 - lse2) * dd, 0.0), axis=0))
+            tl.store(st + _Q_DSINK, -tl.sum(tl.where(rows, tl.exp2(sigma2 - lse2) * dd, 0.0), axis=0))
         else:                                                     # every slot written (torch.empty)
-            tl.store(st + 4, 0.0)
+            tl.store(st + _Q_DSINK, 0.0)
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE_h, DD_h, offs_m, offs_n, dmask, km_row,
-               T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt,
+def _dkdv_tile(dk, dv, col, var, ds2, k, v, i0, q_ptrs, do_ptrs, dq_ptrs, LSE_h, DD_h, offs_m, offs_n, dmask,
+               km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt, sdqt,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                MASKED: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr, STATS: tl.constexpr,
-               PRECISION: tl.constexpr):
+               PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     rows = i0 + offs_m
     q = load_rows(q_ptrs + i0 * sqt, rows, T, dmask, MASKED, EVEN_D)                     # (BLOCK_M, D_PAD)
     do = load_rows(do_ptrs + i0 * sdt, rows, T, dmask, MASKED, EVEN_D)
@@ -164,23 +174,36 @@ def _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE_h, DD_h, offs_m, offs
         pT = tl.exp2(qkT * qk_scale - lse2[None, :])
     dv += tl.dot(pT.to(do.dtype), do, input_precision=PRECISION)
     dpT = tl.dot(v, tl.trans(do), input_precision=PRECISION)
-    dsT = pT * (dpT - dd[None, :])
+    centredT = dpT - dd[None, :]
+    dsT = pT * centredT
+    if ATOMIC_DQ and STATS:                   # the dq program's two score sums, carried here instead
+        var += tl.sum(tl.reshape(dsT * centredT, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
+        ds2 += tl.sum(tl.reshape(dsT * dsT, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
     if HAS_SOFTCAP:
         th = tanh(qkT * scale / softcap)
         dsT = dsT * (1.0 - th * th)
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
+    if ATOMIC_DQ:                             # FlashAttention-2's 5 units: dQ_i += dS_i K, in fp32
+        dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=PRECISION) * scale    # (BLOCK_M, D_PAD)
+        if MASKED:
+            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, mask=(rows < T)[:, None] & dmask[None, :], sem="relaxed")
+        elif EVEN_D:
+            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, sem="relaxed")
+        else:
+            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, mask=dmask[None, :], sem="relaxed")
     if STATS:
         col += tl.sum(pT, axis=1)                                 # c_j = Σ_i α_ij: a row of Pᵀ
-    return dk, dv, col
+    return dk, dv, col, var, ds2
 
 
 @triton.jit
-def _dkdv_head(dk, dv, k, v, k0, b, h, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m, offs_n, offs_d, dmask,
-               sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi, scale, qk_scale, softcap,
+def _dkdv_head(dk, dv, k, v, k0, b, h, Q, DO, DQ, LSE, DD, WIN, SLOPE, km_row, offs_m, offs_n, offs_d, dmask,
+               sqb, sqh, sqt, sdb, sdh, sdt, sdqb, sdqh, sdqt, H, T, Tk, lo, hi, scale, qk_scale, softcap,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr, CAUSAL: tl.constexpr,
                HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr,
-               HAS_KM: tl.constexpr, STATS: tl.constexpr, PRECISION: tl.constexpr):
-    """One query head's contribution to the key block: dK (added), dV_h, and its column usage."""
+               HAS_KM: tl.constexpr, STATS: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
+    """One query head's contribution to the key block: dK (added), dV_h, its column usage and (with
+    the atomic-dQ policy) its dQ, added to the query rows, and its two score sums."""
     bh = b * H + h
     window = 0
     if HAS_WINDOW:
@@ -190,37 +213,44 @@ def _dkdv_head(dk, dv, k, v, k0, b, h, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_
         slope = tl.load(SLOPE + h).to(tl.float32)
     q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
     do_ptrs = DO + b * sdb + h * sdh + offs_m[:, None] * sdt + offs_d[None, :]
+    dq_ptrs = DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :]
     col = tl.zeros([BLOCK_N], dtype=tl.float32)
+    var = tl.zeros([SUM_ROWS], dtype=tl.float32)
+    ds2 = tl.zeros([SUM_ROWS], dtype=tl.float32)
     start, fs, fe, end = query_tiles(k0, T, Tk, lo, hi, window, BLOCK_N, BLOCK_M, CAUSAL, HAS_WINDOW, HAS_KM)
     for i0 in range(fs, fe, BLOCK_M):                             # hot loop
-        dk, dv, col = _dkdv_tile(dk, dv, col, k, v, i0, q_ptrs, do_ptrs, LSE + bh * T, DD + bh * T, offs_m, offs_n,
-                                 dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt,
-                                 False, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+        dk, dv, col, var, ds2 = _dkdv_tile(
+            dk, dv, col, var, ds2, k, v, i0, q_ptrs, do_ptrs, dq_ptrs, LSE + bh * T, DD + bh * T, offs_m, offs_n,
+            dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap, slope, sqt, sdt, sdqt, BLOCK_M, BLOCK_N,
+            False, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION, ATOMIC_DQ)
     for t in range(0, n_masked(start, fs, fe, end, BLOCK_M)):
-        dk, dv, col = _dkdv_tile(dk, dv, col, k, v, masked_tile(t, start, fs, fe, BLOCK_M), q_ptrs, do_ptrs,
-                                 LSE + bh * T, DD + bh * T, offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window,
-                                 scale, qk_scale, softcap, slope, sqt, sdt, True, EVEN_D, CAUSAL, HAS_WINDOW,
-                                 HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
-    return dk, dv, col
+        dk, dv, col, var, ds2 = _dkdv_tile(
+            dk, dv, col, var, ds2, k, v, masked_tile(t, start, fs, fe, BLOCK_M), q_ptrs, do_ptrs, dq_ptrs,
+            LSE + bh * T, DD + bh * T, offs_m, offs_n, dmask, km_row, T, Tk, lo, hi, window, scale, qk_scale, softcap,
+            slope, sqt, sdt, sdqt, BLOCK_M, BLOCK_N, True, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM,
+            STATS, PRECISION, ATOMIC_DQ)
+    return dk, dv, col, var, ds2
 
 
 @triton.jit
-def _column_stats(ST, bh, pid_n, col, dv_h, cols):
+def _column_stats(ST, bh, pid_n, col, dv_h, cols, var, ds2):
     st = ST + (bh * tl.num_programs(0) + pid_n) * _DKV_SLOTS
-    tl.store(st + 0, tl.max(tl.where(cols, col, 0.0), axis=0))
-    tl.store(st + 1, tl.sum(tl.where(col > 0, col * tl.log(tl.where(col > 0, col, 1.0)), 0.0), axis=0))
-    tl.store(st + 2, tl.sum(col, axis=0))
-    tl.store(st + 3, tl.sum(tl.sum(dv_h * dv_h, axis=1), axis=0))
+    tl.store(st + _KV_COLMAX, tl.max(tl.where(cols, col, 0.0), axis=0))
+    tl.store(st + _KV_CLOGC, tl.sum(tl.where(col > 0, col * tl.log(tl.where(col > 0, col, 1.0)), 0.0), axis=0))
+    tl.store(st + _KV_CSUM, tl.sum(col, axis=0))
+    tl.store(st + _KV_DV2, tl.sum(tl.sum(dv_h * dv_h, axis=1), axis=0))
+    tl.store(st + _KV_VAR, tl.sum(var, axis=0))                  # 0 unless the atomic-dQ policy
+    tl.store(st + _KV_DS2, tl.sum(ds2, axis=0))
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
+def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, DQ, ST, LO, HI, KM, SLOPE, WIN,
                   sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                  sdkb, sdkh, sdkt, sdvb, sdvh, sdvt, skmb, H, G, T, Tk, D, scale, softcap,
+                  sdkb, sdkh, sdkt, sdvb, sdvh, sdvt, sdqb, sdqh, sdqt, skmb, H, G, T, Tk, D, scale, softcap,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D_PAD: tl.constexpr, EVEN_D: tl.constexpr,
                   GROUPED: tl.constexpr, CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
                   HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_KM: tl.constexpr,
-                  STATS: tl.constexpr, PRECISION: tl.constexpr):
+                  STATS: tl.constexpr, PRECISION: tl.constexpr, ATOMIC_DQ: tl.constexpr):
     scale, softcap = fp32_scalars(scale, softcap)
     qk_scale = scale * LOG2E
     pid_n = tl.program_id(0)
@@ -246,20 +276,22 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DD, DK, DV, ST, LO, HI, KM, SLOPE, WIN,
         for g in range(G):
             h = hk * G + g
             dv_h = tl.zeros([BLOCK_N, D_PAD], dtype=tl.float32)
-            dk, dv_h, col = _dkdv_head(dk, dv_h, k, v, k0, b, h, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m,
-                                       offs_n, offs_d, dmask, sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi,
-                                       scale, qk_scale, softcap, BLOCK_M, BLOCK_N, EVEN_D, CAUSAL,
-                                       HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+            dk, dv_h, col, var, ds2 = _dkdv_head(
+                dk, dv_h, k, v, k0, b, h, Q, DO, DQ, LSE, DD, WIN, SLOPE, km_row, offs_m, offs_n, offs_d, dmask,
+                sqb, sqh, sqt, sdb, sdh, sdt, sdqb, sdqh, sdqt, H, T, Tk, lo, hi, scale, qk_scale, softcap,
+                BLOCK_M, BLOCK_N, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION,
+                ATOMIC_DQ)
             dv += dv_h
             if STATS:
-                _column_stats(ST, b * H + h, pid_n, col, dv_h, cols)
+                _column_stats(ST, b * H + h, pid_n, col, dv_h, cols, var, ds2)
     else:                                                         # one query head: dV is its own
-        dk, dv, col = _dkdv_head(dk, dv, k, v, k0, b, hk, Q, DO, LSE, DD, WIN, SLOPE, km_row, offs_m,
-                                 offs_n, offs_d, dmask, sqb, sqh, sqt, sdb, sdh, sdt, H, T, Tk, lo, hi,
-                                 scale, qk_scale, softcap, BLOCK_M, BLOCK_N, EVEN_D, CAUSAL,
-                                 HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION)
+        dk, dv, col, var, ds2 = _dkdv_head(
+            dk, dv, k, v, k0, b, hk, Q, DO, DQ, LSE, DD, WIN, SLOPE, km_row, offs_m, offs_n, offs_d, dmask,
+            sqb, sqh, sqt, sdb, sdh, sdt, sdqb, sdqh, sdqt, H, T, Tk, lo, hi, scale, qk_scale, softcap,
+            BLOCK_M, BLOCK_N, EVEN_D, CAUSAL, HAS_WINDOW, HAS_SOFTCAP, HAS_ALIBI, HAS_KM, STATS, PRECISION,
+            ATOMIC_DQ)
         if STATS:
-            _column_stats(ST, b * H + hk, pid_n, col, dv, cols)
+            _column_stats(ST, b * H + hk, pid_n, col, dv, cols, var, ds2)
     tl.store(DK + b * sdkb + hk * sdkh + offs_n[:, None] * sdkt + offs_d[None, :],
              (dk * scale).to(DK.dtype.element_ty), mask=kvmask)
     tl.store(DV + b * sdvb + hk * sdvh + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty),

@@ -167,9 +167,11 @@ def gpt2_ints(T: int = 2048, H: int = 12, D: int = 64, B: int = 4) -> dict[str, 
 
 
 def compile_program(fn, constexprs: dict, *, dtype: str = "bf16", floats: str = "fp64", ints: dict | None = None,
-                    num_warps: int = 4, num_stages: int = 3, arch: int = 90, maxnreg: int | None = None):
+                    num_warps: int = 4, num_stages: int = 3, arch: int = 90, maxnreg: int | None = None,
+                    fp32_pointers: frozenset = frozenset()):
     """``fn`` compiled for sm_``arch`` as a launch with these arguments would be; the integer arguments
-    divisible by 16 are specialised so (Triton's ``tt.divisibility``), as on a GPU."""
+    divisible by 16 are specialised so (Triton's ``tt.divisibility``), as on a GPU.  ``fp32_pointers``:
+    element pointers that are float32 in this launch (the atomic policy's dQ accumulator)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -184,7 +186,7 @@ def compile_program(fn, constexprs: dict, *, dtype: str = "bf16", floats: str = 
             sig[n] = floats
         elif n.isupper() and n not in ("H", "G", "T", "D"):
             sig[n] = ("*i32" if n in INT32_POINTERS else "*i8" if n in INT8_POINTERS
-                      else f"*{dtype}" if n in ELEMENT_POINTERS else "*fp32")
+                      else f"*{dtype}" if n in ELEMENT_POINTERS - fp32_pointers else "*fp32")
             attrs[(i,)] = [["tt.divisibility", 16]]          # torch's allocations are 16-byte aligned
         else:
             sig[n] = "i32"
@@ -212,27 +214,37 @@ def program_census(fn, constexprs: dict, **kw) -> Program:
 
 # per-iteration bounds of the hot loops (issue 45), with the statistics on
 HOT_BOUNDS = {"attn_fwd": 400, "attn_bwd_dq": 300, "attn_bwd_dkdv": 350}
+# the atomic-dQ policy's one backward loop does the work of both of the split's (5 matmul units of 7)
+HOT_BOUNDS_ATOMIC = {"attn_bwd_dkdv+dq": 460}
 
 
-def attention_census(D: int = 64, *, stats: bool = True, T: int = 2048, H: int = 12, arch: int = 90) -> list[Program]:
+def attention_census(D: int = 64, *, stats: bool = True, T: int = 2048, H: int = 12, arch: int = 90,
+                     dq: str = "split") -> list[Program]:
     """Every program of :mod:`dyntool.kernels` for the common case a recorded GPT step runs (causal,
     no padding, soft-cap, ALiBi, window or sinks; bf16), with the tiles, warps and stages
-    :func:`dyntool.kernels.op.tiles` gives a GPU, at head dimension D."""
+    :func:`dyntool.kernels.op.tiles` gives a GPU, at head dimension D, under a dQ policy
+    (:func:`dyntool.kernels.op.dq_policy`): with ``atomic`` the dQ program only prepares D (no loop)
+    and the dK/dV program, named ``attn_bwd_dkdv+dq``, adds dQ."""
     import triton
     from . import backward as bw
     from . import forward as fw
     from . import op
-    t = op.tiles(D, gpu=True)
+    t = op.tiles(D, gpu=True, dq=dq)
     d_pad = max(16, triton.next_power_of_2(D))
     switches = dict(D_PAD=d_pad, EVEN_D=d_pad == D, GROUPED=False, CAUSAL=True, HAS_WINDOW=False, HAS_SOFTCAP=False,
-                    HAS_ALIBI=False, HAS_KM=False, HAS_SINK=False, STATS=stats, PRECISION="tf32")
+                    HAS_ALIBI=False, HAS_KM=False, HAS_SINK=False, STATS=stats, PRECISION="tf32",
+                    PRE_ONLY=dq == "atomic", ATOMIC_DQ=dq == "atomic")
     ints = {**gpt2_ints(T=T, H=H, D=D)}
     out = []
     for fn, (bm, bn) in ((fw.attn_fwd, (t.m, t.n)), (bw.attn_bwd_dq, (t.m, t.n)), (bw.attn_bwd_dkdv, (t.kv_m, t.kv))):
         names = {p.name for p in fn.params if p.is_constexpr}
         const = {k: v for k, v in {**switches, "BLOCK_M": bm, "BLOCK_N": bn}.items() if k in names}
-        out.append(program_census(fn, const, ints=ints, num_warps=t.warps or 4, num_stages=t.stages or 3,
-                                  arch=arch))
+        tp = t.dkdv() if fn is bw.attn_bwd_dkdv else t
+        prog = program_census(fn, const, ints=ints, num_warps=tp.warps or 4, num_stages=tp.stages or 3, arch=arch,
+                              fp32_pointers=frozenset({"DQ"} if const.get("ATOMIC_DQ") else ()))
+        if const.get("ATOMIC_DQ"):
+            prog = dataclasses.replace(prog, name=prog.name + "+dq")
+        out.append(prog)
     return out
 
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .stats_names import FORWARD_SUMS
 from .tiles import (LOG2E, M_INIT, NEG, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked,
                     visible)
 
-N_FWD_STATS = 4            # entropy sum, score max, |logit| max, sink-mass sum
+N_FWD_STATS = len(FORWARD_SUMS)   # entropy sum, score max, |logit| max, sink-mass sum
+_SLOTS = tl.constexpr(N_FWD_STATS)
+_ENT, _SMAX, _LMAX, _SINK = (tl.constexpr(FORWARD_SUMS.index(n)) for n in ("ent", "score_max", "logit_max", "sink"))
 
 
 @triton.jit
@@ -139,11 +142,11 @@ def attn_fwd(Q, K, V, O, LSE, ST, LO, HI, KM, SINK, SLOPE, WIN,
     if STATS:
         seen = rows & (l > 0)                                     # rows with a visible key
         ent = tl.where(rows & nonempty, (l * log_l - tx / LOG2E) * inv, 0.0)
-        st = ST + (bh * tl.num_programs(0) + pid_m) * 4
-        tl.store(st + 0, tl.sum(ent, axis=0))
-        tl.store(st + 1, tl.max(tl.where(seen, smax / LOG2E, float("-inf")), axis=0))
-        tl.store(st + 2, tl.max(tl.where(rows, lmax, 0.0), axis=0) * scale)
+        st = ST + (bh * tl.num_programs(0) + pid_m) * _SLOTS
+        tl.store(st + _ENT, tl.sum(ent, axis=0))
+        tl.store(st + _SMAX, tl.max(tl.where(seen, smax / LOG2E, float("-inf")), axis=0))
+        tl.store(st + _LMAX, tl.max(tl.where(rows, lmax, 0.0), axis=0) * scale)
         sink = 0.0
         if HAS_SINK:
             sink = tl.sum(tl.where(rows, tl.exp2(sigma2 - m) * inv, 0.0), axis=0)
-        tl.store(st + 3, sink)
+        tl.store(st + _SINK, sink)

@@ -53,6 +53,25 @@ def tuning(spec: str | None) -> tuple[int, int, int | None, int | None] | None:
 
 TUNED = tuning(os.environ.get(TUNING_ENV))
 
+DQ_ENV = "DYNTOOL_KERNEL_DQ"
+DQ_POLICIES = ("split", "atomic")
+
+
+def dq_policy(spec: str | None) -> str:
+    """How the backward makes dQ: ``split`` (default: FlashAttention-2's deterministic split, a dQ
+    program per query block recomputing S and dP: 7 matmul units) or ``atomic`` (FA2's 5 units: the
+    dK/dV programs add dS·K into an fp32 dQ with ``tl.atomic_add``; dQ's low bits then depend on the
+    order the programs run, the statistics stay deterministic).  ``DYNTOOL_KERNEL_DQ`` sets the
+    process default, read once at import as the tiles are; ``attention(dq=...)`` per call."""
+    spec = (spec or "split").strip()
+    if spec not in DQ_POLICIES:
+        from ..errors import ConfigError             # a user's setting: one line, exit 2
+        raise ConfigError(DQ_ENV, f"{spec!r} is not one of {', '.join(DQ_POLICIES)}")
+    return spec
+
+
+DQ_DEFAULT = dq_policy(os.environ.get(DQ_ENV))
+
 
 @dataclasses.dataclass(frozen=True)
 class Tiles:
@@ -67,17 +86,27 @@ class Tiles:
     kv_m: int
     warps: int | None = None
     stages: int | None = None
+    kv_warps: int | None = None           # the dK/dV program's, where they differ
+    kv_stages: int | None = None
+
+    def dkdv(self) -> "Tiles":
+        """These tiles with the dK/dV program's warps and stages (what its launch takes)."""
+        return dataclasses.replace(self, warps=self.kv_warps or self.warps, stages=self.kv_stages or self.stages)
 
 
-def tiles(D: int, gpu: bool | None = None) -> Tiles:
+def tiles(D: int, gpu: bool | None = None, dq: str = "split") -> Tiles:
     """16 everywhere under the interpreter (tl.dot's smallest tile, fastest there); on a GPU 64 × 64
     with 4 warps and 3 stages up to d = 64, 64 × 32 beyond (checked by the census: no spills, ≥ 2
     blocks per SM); or ``DYNTOOL_KERNEL_TILES`` (BLOCK_M,BLOCK_N for every program).  ``gpu``: the
-    tiles of a GPU run (True) or of the interpreter (False) whatever this process runs (the census)."""
+    tiles of a GPU run (True) or of the interpreter (False) whatever this process runs (the census).
+    The atomic dQ policy's dK/dV program also holds a dQ tile: 64 keys × 32 queries with 2 stages up
+    to d = 64, 128 × 32 with 8 warps beyond, the census's settings without spills (its 64 × 64 spills)."""
     if TUNED:
         return Tiles(TUNED[0], TUNED[1], TUNED[1], TUNED[0], TUNED[2], TUNED[3])
     if (not gpu) if gpu is not None else interpreted():
         return Tiles(16, 16, 16, 16)
+    if dq == "atomic":
+        return Tiles(64, 64, 64, 32, 4, 3, 4, 2) if D <= 64 else Tiles(64, 32, 128, 32, 4, 3, 8, 3)
     return Tiles(64, 64, 64, 64, 4, 3) if D <= 64 else Tiles(64, 32, 64, 32, 4, 3)
 
 
@@ -138,12 +167,12 @@ def _op(name: str):
     return define
 
 
-def like_layout(t: torch.Tensor) -> torch.Tensor:
+def like_layout(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """An empty tensor shaped as ``t`` whose memory runs in the order of ``t``'s strides: q as a view
     of GPT's (B, T, 3C) projection gets its gradient in (B, T, H, D) memory, so the backward of the
     model's transpose and split copies nothing before their concatenation."""
     order = sorted(range(t.dim()), key=lambda d: (-t.stride(d), d))
-    return torch.empty([t.shape[d] for d in order], dtype=t.dtype, device=t.device).permute(
+    return torch.empty([t.shape[d] for d in order], dtype=dtype or t.dtype, device=t.device).permute(
         [order.index(d) for d in range(t.dim())])
 
 
@@ -155,7 +184,7 @@ def _strides(*ts):
 def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor,
              km: torch.Tensor | None, sinks: torch.Tensor | None, slopes: torch.Tensor | None,
              win: torch.Tensor | None, token: torch.Tensor | None, causal: bool, scale: float, softcap: float,
-             stats: bool, seqs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+             stats: bool, seqs: int, atomic_dq: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     G, Tk = H // k.shape[1], k.shape[2]
     t = tiles(D)
@@ -180,19 +209,21 @@ def attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lo: torch.Tensor
 def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, do: torch.Tensor,
              lse: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, km: torch.Tensor | None,
              sinks: torch.Tensor | None, slopes: torch.Tensor | None, win: torch.Tensor | None,
-             causal: bool, scale: float, softcap: float, stats: bool, seqs: int
+             causal: bool, scale: float, softcap: float, stats: bool, seqs: int, atomic_dq: bool
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     B, H, T, D = q.shape
     Hk, Tk = k.shape[1], k.shape[2]
     G = H // Hk
-    t = tiles(D)
+    t = tiles(D, dq="atomic" if atomic_dq else "split")
     d_pad = max(16, triton.next_power_of_2(D))
     nqb, nkb = triton.cdiv(T, t.m), triton.cdiv(Tk, t.kv)
     dev = q.device
     dd = torch.empty(B, H, T, dtype=torch.float32, device=dev)                   # D_i, written by dq
     dqs = torch.empty(B, H, nqb, bw.N_DQ_PROGRAM, dtype=torch.float32, device=dev)
-    dkvs = torch.empty(B, H, nkb, bw.N_DKV_STATS, dtype=torch.float32, device=dev)
-    dq, dk, dv = like_layout(q), like_layout(k), like_layout(v)
+    dkvs = torch.empty(B, H, nkb, bw.N_DKV_PROGRAM, dtype=torch.float32, device=dev)
+    dk, dv = like_layout(k), like_layout(v)
+    # the atomic policy adds into an fp32 dQ (zeroed: every program adds), cast once at the end
+    dq = like_layout(q, torch.float32).zero_() if atomic_dq else like_layout(q)
     flags = _flags(q, km, slopes, win, causal, softcap, stats)
     common = (H, G, T, Tk, D, scale, softcap)
     winp = dd if win is None else win
@@ -201,13 +232,15 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     _launch(bw.attn_bwd_dq, (nqb, B * H), t,
         q, k, v, o, do, lse, dd, dq, dqs, lo, hi, kmp, dd if sinks is None else sinks,
         dd if slopes is None else slopes, winp, *_strides(q, k, v, o, do, dq), kms, *common,
-        BLOCK_M=t.m, BLOCK_N=t.n, D_PAD=d_pad, HAS_SINK=sinks is not None, **flags)
-    _launch(bw.attn_bwd_dkdv, (nkb, B * Hk), t,
-        q, k, v, do, lse, dd, dk, dv, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
-        *_strides(q, k, v, do, dk, dv), kms, *common, BLOCK_M=t.kv_m, BLOCK_N=t.kv, D_PAD=d_pad, GROUPED=G > 1,
-        **flags)
+        BLOCK_M=t.m, BLOCK_N=t.n, D_PAD=d_pad, HAS_SINK=sinks is not None, PRE_ONLY=atomic_dq, **flags)
+    _launch(bw.attn_bwd_dkdv, (nkb, B * Hk), t.dkdv(),
+        q, k, v, do, lse, dd, dk, dv, dq, dkvs, lo, hi, kmp, dd if slopes is None else slopes, winp,
+        *_strides(q, k, v, do, dk, dv, dq), kms, *common, BLOCK_M=t.kv_m, BLOCK_N=t.kv, D_PAD=d_pad, GROUPED=G > 1,
+        ATOMIC_DQ=atomic_dq, **flags)
+    if atomic_dq:
+        dq = dq.to(q.dtype)                 # keeps the memory order (a dense tensor's strides)
     if sinks is not None:
-        dsink = dqs[..., 4].sum(dim=(0, 2)).to(sinks.dtype)     # (H,), a fixed-order reduction
+        dsink = dqs[..., kstats.DQ_SLOTS.index("dsink")].sum(dim=(0, 2)).to(sinks.dtype)   # (H,), fixed order
     else:                                   # nothing to reduce or fill: autograd hands out None
         dsink = dqs.new_empty(0)
     if not stats:
@@ -216,19 +249,19 @@ def attn_bwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, lo, hi, km, sinks, slopes, win, token, causal, scale, softcap, stats, seqs = inputs
+    q, k, v, lo, hi, km, sinks, slopes, win, token, causal, scale, softcap, stats, seqs, atomic_dq = inputs
     out, lse, _ = output
     ctx.save_for_backward(q, k, v, out, lse, lo, hi, km, sinks, slopes, win)
-    ctx.args = (causal, scale, softcap, stats and token is not None, seqs)
+    ctx.args = (causal, scale, softcap, stats and token is not None, seqs, atomic_dq)
 
 
 def _backward(ctx, dout, dlse, dst):
     q, k, v, out, lse, lo, hi, km, sinks, slopes, win = ctx.saved_tensors
-    causal, scale, softcap, stats, seqs = ctx.args
+    causal, scale, softcap, stats, seqs, atomic_dq = ctx.args
     dq, dk, dv, dsink, sums = attn_bwd(q, k, v, out, dout, lse, lo, hi, km, sinks, slopes, win,
-                                       causal, scale, softcap, stats, seqs)
+                                       causal, scale, softcap, stats, seqs, atomic_dq)
     return (dq, dk, dv, None, None, None, dsink if sinks is not None else None, None, None,
-            sums if stats else None, None, None, None, None, None)
+            sums if stats else None, None, None, None, None, None, None)
 
 
 attn_fwd.register_autograd(_backward, setup_context=_setup)
@@ -252,7 +285,8 @@ def _windows(ws: tuple, device) -> torch.Tensor:
 
 def attention(q, k, v, *, causal: bool = True, scale: float | None = None, window=None,
               softcap: float | None = None, alibi_slopes=None, sinks=None, key_lengths=None,
-              padding_side: str = "right", key_mask=None, token=None, stats: bool = False, seqs: int = 0):
+              padding_side: str = "right", key_mask=None, token=None, stats: bool = False, seqs: int = 0,
+              dq: str | None = None):
     """The fused attention.  Returns ``(out, lse·log₂e, forward sums)`` (B, H, T, D), (B, H, T), (H, 4)
     (:data:`.stats.FORWARD_SUMS`; with ``stats=False`` an empty tensor).
 
@@ -261,8 +295,9 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
     ``window``: keys per query, the query's own included (causal attention), an int or a list of
     ints, one per query head (0 = no window for that head: LS attention's global heads).
     ``token``: see the module's docstring (the backward's statistics, (H·7,)).  ``seqs``: only the
-    first ``seqs`` sequences enter the statistics (0: all).  Rows with no visible key give 0 (SDPA's
-    semantics)."""
+    first ``seqs`` sequences enter the statistics (0: all).  ``dq``: the backward's dQ policy
+    (:func:`dq_policy`; None: ``DYNTOOL_KERNEL_DQ`` or ``split``).  Rows with no visible key give 0
+    (SDPA's semantics)."""
     B, _, _, D = q.shape
     Tk = k.shape[2]
     if q.shape[1] % k.shape[1]:
@@ -300,5 +335,6 @@ def attention(q, k, v, *, causal: bool = True, scale: float | None = None, windo
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"fused attention: {name} needs a contiguous last dimension")
+    atomic = (DQ_DEFAULT if dq is None else dq_policy(dq)) == "atomic"
     return attn_fwd(q, k, v, lo, hi, km, sinks, alibi_slopes, win, token, bool(causal),
-                    scale, float(softcap or 0.0), bool(stats), int(seqs))
+                    scale, float(softcap or 0.0), bool(stats), int(seqs), atomic)

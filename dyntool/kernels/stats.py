@@ -13,27 +13,34 @@ from __future__ import annotations
 
 import torch
 
-from .stats_names import BACKWARD_SUMS, FORWARD_SUMS     # the ops' (H, 4) and (H, 7), in this order
+from .stats_names import BACKWARD_SUMS, DKV_SLOTS, DQ_SLOTS, FORWARD_SUMS   # every slot, named once
 
 
 def forward_sums(st: torch.Tensor, seqs: int = 0) -> torch.Tensor:
     """(B, H, nQB, 4) forward partials → (H, 4): Σ entropy, max score, max |logit|, Σ sink mass."""
     f = st[:seqs] if seqs else st
-    return torch.stack([f[..., 0].sum(dim=(0, 2)), f[..., 1].amax(dim=(0, 2)), f[..., 2].amax(dim=(0, 2)),
-                        f[..., 3].sum(dim=(0, 2))], dim=1)
+    sums = {n: f[..., i].sum(dim=(0, 2)) if n in ("ent", "sink") else f[..., i].amax(dim=(0, 2))
+            for i, n in enumerate(FORWARD_SUMS)}
+    return torch.stack([sums[n] for n in FORWARD_SUMS], dim=1)
 
 
 def backward_sums(dqs: torch.Tensor, dkvs: torch.Tensor, seqs: int = 0) -> torch.Tensor:
-    """(B, H, nQB, 5) dq-program and (B, H, nKB, 4) dK/dV-program partials → (H, 7), in
-    :data:`BACKWARD_SUMS` order, at grad_scale 1."""
+    """(B, H, nQB, 5) dq-program and (B, H, nKB, 6) dK/dV-program partials (:data:`DQ_SLOTS`,
+    :data:`DKV_SLOTS`) → (H, 7), in :data:`BACKWARD_SUMS` order, at grad_scale 1.  The score sums
+    ``var``, ``ds2`` are in the dq programs' slots (split policy) or the dK/dV programs' (atomic
+    dQ); the other's are 0, so both are added."""
     if seqs:
         dqs, dkvs = dqs[:seqs], dkvs[:seqs]
-    c_sum, clogc = dkvs[..., 2].sum(-1), dkvs[..., 1].sum(-1)                  # (B, H)
+    q = {n: dqs[..., i] for i, n in enumerate(DQ_SLOTS)}
+    kv = {n: dkvs[..., i] for i, n in enumerate(DKV_SLOTS)}
+    c_sum, clogc = kv["c_sum"].sum(-1), kv["c_log_c"].sum(-1)                  # (B, H)
     safe = c_sum.clamp_min(torch.finfo(c_sum.dtype).tiny)
     colent = torch.where(c_sum > 0, safe.log() - clogc / safe, torch.zeros_like(c_sum))
-    per = dqs[..., :4].sum(dim=2)                                               # (B, H, 4)
-    return torch.cat([per.sum(0), dkvs[..., 0].amax(-1).sum(0)[:, None], colent.sum(0)[:, None],
-                      dkvs[..., 3].sum(dim=(0, 2))[:, None]], dim=1)
+    sums = {"eb": q["eb"].sum(dim=(0, 2)), "u2": q["u2"].sum(dim=(0, 2)),
+            "var": q["var"].sum(dim=(0, 2)) + kv["var"].sum(dim=(0, 2)),
+            "ds2": q["ds2"].sum(dim=(0, 2)) + kv["ds2"].sum(dim=(0, 2)),
+            "colmax": kv["colmax"].amax(-1).sum(0), "colent": colent.sum(0), "dv2": kv["dv2"].sum(dim=(0, 2))}
+    return torch.stack([sums[n] for n in BACKWARD_SUMS], dim=1)
 
 
 def head_sums(fst: torch.Tensor, bst: torch.Tensor) -> dict[str, torch.Tensor]:

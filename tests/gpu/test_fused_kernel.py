@@ -42,13 +42,13 @@ def rel(x, r):
     return float((x - r).norm() / r.norm()) if float(r.norm()) else float(x.norm())
 
 
-def run(q, k, v, do, kw, slopes, sinks):
+def run(q, k, v, do, kw, slopes, sinks, dq=None):
     to = lambda t: None if t is None else t.to(DEV)                 # noqa: E731
     leaves = [to(t).requires_grad_() for t in (q, k, v)]
     sk = None if sinks is None else to(sinks).requires_grad_()
     token = torch.zeros(op.bwd_stats_size(q, k), device=DEV, requires_grad=True)
     kw = dict(kw, key_mask=to(kw["key_mask"]))
-    out, _, fst = op.attention(*leaves, alibi_slopes=to(slopes), sinks=sk, token=token, stats=True, **kw)
+    out, _, fst = op.attention(*leaves, alibi_slopes=to(slopes), sinks=sk, token=token, stats=True, dq=dq, **kw)
     out.backward(to(do))
     sums = Sums(q.shape[1], torch.float64, DEV)
     kstats.add_to(sums, kstats.head_sums(fst, token.grad), q.shape[0], q.shape[2],
@@ -64,10 +64,11 @@ def args_of(q, k, v, kw, slopes, sinks):
     return allowed, 1 / math.sqrt(D), kw["softcap"], bias, sinks
 
 
+@pytest.mark.parametrize("policy", op.DQ_POLICIES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_float32_on_gpu_equals_float64(name):
+def test_float32_on_gpu_equals_float64(name, policy):
     q, k, v, do, kw, slopes, sinks = make(CASES[name])
-    got, stats = run(q, k, v, do, kw, slopes, sinks)
+    got, stats = run(q, k, v, do, kw, slopes, sinks, dq=policy)
     a = args_of(q, k, v, kw, slopes, sinks)
     want = ref.grads(q, k, v, do, *a)[:4]
     torch32 = ref.grads(q, k, v, do, *a, dtype=torch.float32)[:4]

@@ -30,11 +30,11 @@ def rel(x, r):
     return float((x - r).norm() / r.norm())
 
 
-def run_kernel(q, k, v, do, kw, slopes, sinks, stats=True):
+def run_kernel(q, k, v, do, kw, slopes, sinks, stats=True, dq=None):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     sk = None if sinks is None else sinks.clone().requires_grad_()
     token = torch.zeros(op.bwd_stats_size(q, k), requires_grad=True) if stats else None
-    out, lse, fst = op.attention(*leaves, alibi_slopes=slopes, sinks=sk, token=token, stats=stats, **kw)
+    out, lse, fst = op.attention(*leaves, alibi_slopes=slopes, sinks=sk, token=token, stats=stats, dq=dq, **kw)
     out.backward(do)
     return out.detach(), [t.grad for t in leaves], (None if sk is None else sk.grad), fst, token
 
@@ -49,10 +49,17 @@ def reference(q, k, v, do, kw, slopes, sinks):
     return ref.grads(q, k, v, do, *args), ref.statistics(q, k, v, do, *args)
 
 
+@pytest.mark.parametrize("policy", op.DQ_POLICIES)
 @pytest.mark.parametrize("name", list(CASES))
-def test_fused_equals_float64(name):
+def test_fused_equals_float64(name, policy):
+    check_case(name, policy)
+
+
+def check_case(name, policy=None):
+    """One case under a dQ policy (``op.dq_policy``; None: the process default, as the tiles
+    test's subprocess sets it)."""
     q, k, v, do, kw, slopes, sinks = make(CASES[name])
-    out, (dq, dk, dv), dsink, fst, token = run_kernel(q, k, v, do, kw, slopes, sinks)
+    out, (dq, dk, dv), dsink, fst, token = run_kernel(q, k, v, do, kw, slopes, sinks, dq=policy)
     (r_out, r_dq, r_dk, r_dv, r_dsink), r_stats = reference(q, k, v, do, kw, slopes, sinks)
     assert float(r_stats["logit_max"].max()) >= 20.0          # trained-size logits
     errs = {"out": rel(out, r_out), "dq": rel(dq, r_dq), "dk": rel(dk, r_dk), "dv": rel(dv, r_dv)}
@@ -65,7 +72,7 @@ def test_fused_equals_float64(name):
     for n, r in r_stats.items():
         assert torch.isfinite(r).all(), n
         errs[n] = rel(mine[n], r)
-    MEASURED[name] = errs
+    MEASURED[f"{name}/{policy}"] = errs
     bad = {n: e for n, e in errs.items() if not e <= TOL}
     assert not bad, f"{name}: relative errors above {TOL}: {bad}"
 
@@ -91,6 +98,25 @@ def test_deterministic():
     b = run_kernel(q, k, v, do, kw, slopes, sinks)
     assert torch.equal(a[3], b[3]) and torch.equal(a[4].grad, b[4].grad)
     assert all(torch.equal(x, y) for x, y in zip(a[1], b[1]))
+
+
+def test_atomic_dq_changes_only_dq_and_the_score_sums_order():
+    """The atomic policy computes the same out, dK, dV and column/forward statistics bit for bit
+    (the same programs, the same order); dQ and the two score sums it moves into the dK/dV
+    programs (var, ds2) are summed in another order, so they agree to rounding only."""
+    q, k, v, do, kw, slopes, sinks = make(CASES["left_pad_lengths_gqa"], seed=4)
+    s = run_kernel(q, k, v, do, kw, slopes, sinks, dq="split")
+    a = run_kernel(q, k, v, do, kw, slopes, sinks, dq="atomic")
+    assert torch.equal(s[0], a[0]) and torch.equal(s[3], a[3])
+    assert torch.equal(s[1][1], a[1][1]) and torch.equal(s[1][2], a[1][2])
+    assert rel(a[1][0], s[1][0]) < 1e-6 and a[1][0].dtype == q.dtype and a[1][0].stride() == s[1][0].stride()
+    names = op.kstats.BACKWARD_SUMS
+    gs, ga = s[4].grad.view(-1, len(names)), a[4].grad.view(-1, len(names))
+    for i, n in enumerate(names):
+        if n in ("var", "ds2"):
+            assert rel(ga[:, i], gs[:, i]) < 1e-6, n
+        else:
+            assert torch.equal(ga[:, i], gs[:, i]), n
 
 
 def test_float16_error_within_twice_sdpa():

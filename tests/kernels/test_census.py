@@ -28,15 +28,18 @@ def census(tmp_path_factory):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
     data = json.loads(out.read_text())
-    return {(c["d"], p["program"]): p for c in data["census"] for p in c["programs"]}, data["bounds"]
+    return {(c["d"], c["dq"], p["program"]): p for c in data["census"] for p in c["programs"]}, data["bounds"]
 
 
 @pytest.mark.skipif(not _nvidia_backend(), reason="this Triton has no CUDA backend to compile with")
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("program", ["attn_fwd", "attn_bwd_dq", "attn_bwd_dkdv"])
-def test_hot_loops_within_bounds(census, d, program):
+@pytest.mark.parametrize("dq,program", [("split", "attn_fwd"), ("split", "attn_bwd_dq"), ("split", "attn_bwd_dkdv"),
+                                        ("atomic", "attn_bwd_dkdv+dq")])
+def test_hot_loops_within_bounds(census, d, dq, program):
+    """Both dQ policies; the atomic one's single backward loop does dQ's work too, so it gets the
+    split's two loops' shared-memory traffic budget (its dS tile is dQ's operand) but no spill."""
     progs, bounds = census
-    p = progs[(d, program)]
+    p = progs[(d, dq, program)]
     hot = [lp for lp in p["loops"] if lp["hot"]]
     assert len(hot) == 1, f"{program}: expected one hot loop, found {p['loops']}"
     lp = hot[0]
@@ -48,3 +51,13 @@ def test_hot_loops_within_bounds(census, d, program):
         assert lp["ldsm_stsm"] == 0, lp                  # key-major: no register tile through shared memory
     if program == "attn_fwd" and d == 64:
         assert p["blocks_per_sm"] >= 3, p
+
+
+@pytest.mark.skipif(not _nvidia_backend(), reason="this Triton has no CUDA backend to compile with")
+@pytest.mark.parametrize("d", [64, 128])
+def test_atomic_policy_prepares_without_a_loop(census, d):
+    """With atomic dQ the dQ program only computes D_i and the row sums: no loop over keys."""
+    progs, _ = census
+    assert progs[(d, "atomic", "attn_bwd_dq")]["loops"] == [] or not any(
+        lp["hot"] for lp in progs[(d, "atomic", "attn_bwd_dq")]["loops"])
+    assert progs[(d, "atomic", "attn_fwd")] == progs[(d, "split", "attn_fwd")]

@@ -12,26 +12,31 @@ from pathlib import Path
 import pytest
 
 from dyntool.errors import ConfigError
-from dyntool.kernels.op import TUNING_ENV, tuning
+from dyntool.kernels.op import DQ_ENV, TUNING_ENV, dq_policy, tuning
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ("import tests.kernels.test_attention as t\n"
          "from tests.kernels.cases import CASES\n"
          "from dyntool.kernels import op\n"
-         "print(op.blocks(64)[:2])\n"
+         "print(op.blocks(64)[:2], op.DQ_DEFAULT)\n"
          "for n in CASES:\n"
-         "    t.test_fused_equals_float64(n)\n")
+         "    t.check_case(n)\n")
 
 
-@pytest.mark.parametrize("tiles", ["32,16", "16,32"])
-def test_every_case_equals_float64_with_other_tiles(tiles):
-    env = dict(os.environ, TRITON_INTERPRET="1", **{TUNING_ENV: tiles})
+@pytest.mark.parametrize("tiles,dq", [("32,16", "split"), ("16,32", "atomic")])
+def test_every_case_equals_float64_with_other_tiles(tiles, dq):
+    """Each tile setting with one dQ policy (the atomic policy's adds cross query tiles of
+    another height than its key tiles at 16 × 32), both chosen through the environment."""
+    env = dict(os.environ, TRITON_INTERPRET="1", **{TUNING_ENV: tiles, DQ_ENV: dq})
     r = subprocess.run([sys.executable, "-c", CHECK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.strip() == str(tuple(int(x) for x in tiles.split(",")))
+    assert r.stdout.strip() == f"{tuple(int(x) for x in tiles.split(','))} {dq}"
 
 
 def test_tuning_spec():
+    assert dq_policy(None) == "split" and dq_policy("atomic") == "atomic"
+    with pytest.raises(ConfigError, match=f"^config error: {DQ_ENV}: 'fast' is not one of split, atomic$"):
+        dq_policy("fast")
     assert tuning(None) is None and tuning("") is None
     assert tuning("128,64,8,3") == (128, 64, 8, 3) and tuning("64,32") == (64, 32, None, None)
     for bad in ("64", "48,64", "8,16", "64,64,3", "a,b", "64,64,4,0", "64,64,4,2,1"):
