@@ -89,11 +89,11 @@ def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:
 
 
 def resummarise(studies: list[str | Path]) -> dict:
-    """The summary of one or more study folders of the same config but for their seeds (e.g. seeds
-    0–4 and 5–9 run as two studies), re-analysed from their runs' metrics.  A seed enters only when
-    every training prior's run of it finished (so the priors are compared on the same seeds); the
-    others are listed under ``skipped`` with the reason (a study stopped mid-run keeps its seeds
-    in study.json but not all their runs)."""
+    """The summary of one or more study folders of the same config but for their seeds and priors
+    (e.g. seeds 0–4 and 5–9 run as two studies), re-analysed from their runs' metrics.  Every
+    finished run enters; a run that did not finish (a study stopped mid-run keeps its seeds in
+    study.json but not all their runs) is listed under ``skipped`` with its status, so each prior
+    says over how many seeds it was summarised and comparisons across priors use their common seeds."""
     from .. import config as _config
     paths = [Path(s) for s in studies]
     raw = _load_json(paths[0] / "study.json")
@@ -104,26 +104,24 @@ def resummarise(studies: list[str | Path]) -> dict:
     dense = None
     for study in paths:
         scfg = _load_json(study / "study.json")["config"]
-        priors = study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
-                              scfg.get("extra_priors", []))
         for seed in scfg["seeds"]:
-            why = [f"{run_name(seed, p)} {_status(study / run_name(seed, p))}" for p in priors]
-            why = [w for w in why if not w.endswith(" finished")]
-            if why:
-                skipped[f"{study.name}/seed{seed}"] = "; ".join(why)
-                continue
-            if seed in seeds:
-                raise RunError(f"seed {seed} is in more than one of the studies; summarise each seed once")
-            seeds.append(seed)
-            for prior in priors:
-                per.setdefault(prior, {})[seed] = _analyse(study / run_name(seed, prior), cfg)
+            for prior in study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
+                                      scfg.get("extra_priors", [])):
+                path = study / run_name(seed, prior)
+                if (status := _status(path)) != "finished":
+                    skipped[f"{study.name}/{path.name}"] = status
+                    continue
+                if seed in per.get(prior, {}):
+                    raise RunError(f"{run_name(seed, prior)} is in more than one of the studies; summarise each run once")
+                per.setdefault(prior, {})[seed] = _analyse(path, cfg)
+                seeds += [seed] if seed not in seeds else []
         d = study / run_name(scfg["seeds"][0], scfg["prior"], dense=True)
-        if dense is None and d.exists() and scfg["seeds"][0] in seeds:
+        if dense is None and d.exists() and scfg["seeds"][0] in per.get(scfg["prior"], {}):
             first = per[scfg["prior"]][scfg["seeds"][0]]
             bounds = [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None]
             dense = _dense_info(study, scfg["seeds"][0], scfg["prior"], d, bounds, first)
-    if not seeds:
-        raise RunError(f"no seed of {', '.join(map(str, paths))} has all its runs finished; nothing to summarise")
+    if not per:
+        raise RunError(f"no run of {', '.join(map(str, paths))} finished; nothing to summarise")
     cfg.seeds = seeds
     out = summarise(cfg, per, dense)
     out["studies"] = [str(p) for p in paths]
@@ -260,7 +258,9 @@ def table(summary: dict) -> str:
              f"seeds {summary['seeds']}  (mean ± sd over seeds; step 0 -> end)"]
     for prior, a in summary["priors"].items():
         pay = a.get("bigram_payoff")
-        lines.append(f"\n[{prior}]  stage order uniform→unigram→bigram in {a['paper_order']}/{len(a['orders'])} seeds"
+        own = [int(x) for x in a["orders"]]
+        lines.append(f"\n[{prior}]" + (f" (seeds {own})" if own != list(summary["seeds"]) else "")
+                     + f"  stage order uniform→unigram→bigram in {a['paper_order']}/{len(a['orders'])} seeds"
                      + (f";  bigram payoff {pay['over_uniform']:.3f} nats over uniform" if pay else ""))
         lines.append(f"  unigram stage: {at_step(a['unigram_start'])};  bigram stage: {at_step(a['bigram_start'])}")
         for strat in ("uniform", "unigram", "bigram"):

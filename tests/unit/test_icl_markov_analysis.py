@@ -188,9 +188,9 @@ def test_resummarise_two_studies_adds_their_seeds(tmp_path):
     meta = b / "seed3-dirichlet" / "meta.json"
     meta.write_text(json.dumps({**json.loads(meta.read_text()), "status": "interrupted"}))
     s = resummarise([a, b])
-    assert s["seeds"] == [0] and s["skipped"] == {"b/seed3": "seed3-dirichlet interrupted"}
-    assert "skipped b/seed3: seed3-dirichlet interrupted" in table(s)
-    with pytest.raises(RunError, match="seed 0 is in more than one"):
+    assert s["seeds"] == [0] and s["skipped"] == {"b/seed3-dirichlet": "interrupted"}
+    assert "skipped b/seed3-dirichlet: interrupted" in table(s)
+    with pytest.raises(RunError, match="seed0-dirichlet is in more than one"):
         resummarise([a, a])
     with pytest.raises(RunError, match="nothing to summarise"):
         resummarise([b])
