@@ -1,19 +1,21 @@
 """What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
 
-    python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 4] [--json FILE]
+    python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--json FILE]
 
 dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
 random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
 (forward + backward + AdamW) with the cheap tier attached and its statistics read:
 
 - ``cheap``: the cheap tier alone (what ``--record.cheap_every=1`` adds);
-- ``atlas_P_R``: plus the atlas probe every step with P WikiText-like and R repeated sequences
-  (:meth:`dyntool.train.atlas_probe.AtlasProbe.measure`: two forward/backward passes, the scores,
-  the copying eigenvalues);
-- ``atlas_2_2_every4``: the probe on every 4th step.
+- ``atlas``: plus the atlas probe at its defaults (4 + 4 probe sequences; the forward scores every
+  step, the gradient side every 16th: :class:`dyntool.train.atlas_probe.AtlasSettings`);
+- ``atlas_forward``: the forward scores alone, every step (what the probe adds on 15 steps of 16);
+- ``atlas_grad``: the gradient side on every step (what it adds on the 16th).
 
-Target of issue 49: ≤ 1.05 × ``cheap``.  Rounds rotate the order of the arms; ratios are the
-medians of the per-round ratios (paired, so the drift of a shared machine cancels).
+Target of issue 49: ``atlas`` ≤ 1.05 × ``cheap``.  A round runs ``--steps`` steps of each arm (16:
+one period of the gradient side, so every round of ``atlas`` holds one gradient step); rounds
+rotate the order of the arms; ratios are the medians of the per-round ratios (paired, so the
+drift of a shared machine cancels).
 """
 from __future__ import annotations
 
@@ -75,7 +77,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="cpu")
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     cfg = load_config("atlas.toml", a.preset, [])
@@ -83,10 +85,11 @@ def main(argv=None) -> int:
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), generator=g)
     batch = (x, torch.roll(x, -1, 1))
+    never = 10 ** 9                                     # grad_every past any step but 0
     arms = {"cheap": arm(cfg, batch, None),
-            "atlas_2_2": arm(cfg, batch, AtlasSettings(probe_seqs=2, rep_seqs=2)),
-            "atlas_4_4": arm(cfg, batch, AtlasSettings(probe_seqs=4, rep_seqs=4)),
-            "atlas_2_2_every4": arm(cfg, batch, AtlasSettings(probe_seqs=2, rep_seqs=2, every=4))}
+            "atlas": arm(cfg, batch, AtlasSettings()),
+            "atlas_forward": arm(cfg, batch, AtlasSettings(grad_every=never)),
+            "atlas_grad": arm(cfg, batch, AtlasSettings(grad_every=1))}
     t = interleave(arms, a.reps, a.steps)
     try:
         import os

@@ -1,6 +1,6 @@
 """Entry point: ``dyntool app [RUNS_DIR]`` runs ``streamlit run <this file> -- RUNS_DIR``.
 
-Navigates between the five pages in ``views/``.
+Navigates between the six pages in ``views/``.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ PAGES = [
     st.Page(str(VIEWS / "matrices.py"), title="Matrices", icon=":material/grid_on:"),
     st.Page(str(VIEWS / "trajectories.py"), title="Trajectories", icon=":material/scatter_plot:"),
     st.Page(str(VIEWS / "compare.py"), title="Compare", icon=":material/compare_arrows:"),
+    st.Page(str(VIEWS / "atlas.py"), title="Atlas", icon=":material/view_module:"),
 ]
 
 page = st.navigation(PAGES)

@@ -48,9 +48,11 @@ def _T(r) -> int:
     return int(((r.config or {}).get("data") or {}).get("block_size", 0))
 
 
-def _probed(r) -> pd.DataFrame:
+def _probed(r, col: str = "atlas_probe_loss") -> pd.DataFrame:
+    """The rows where ``col`` was measured: the forward scores (``atlas_first_mass/...``, the sink
+    metrics) and the gradient side (``atlas_probe_loss``, advantages) have their own schedules."""
     df = r.metrics
-    return df[df["atlas_probe_loss"].notna()].sort_values("step") if "atlas_probe_loss" in df else df.iloc[:0]
+    return df[df[col].notna()].sort_values("step") if col in df else df.iloc[:0]
 
 
 def _alpha(g) -> float:
@@ -63,8 +65,9 @@ def _label(r) -> str:
 
 
 def _long(r, bases) -> pd.DataFrame:
-    """One run's per-head columns of ``bases`` as rows: step, layer, head, and one column per base."""
-    df = _probed(r)
+    """One run's per-head columns of ``bases`` as rows: step, layer, head, and one column per base
+    (the rows where the first base was measured; a base on a sparser schedule is NaN between)."""
+    df = _probed(r, "atlas_sink_gu")
     rows = []
     for (l, h), _ in sorted(mn.per_head(df.columns, bases[0]).items()):
         part = pd.DataFrame({"step": df["step"].to_numpy(), "layer": l, "head": h})
@@ -164,7 +167,7 @@ def atlas_olsson(runs, **opts):
 def atlas_gu(runs, **opts):
     rows = []
     for r in runs:
-        df = _probed(r)
+        df = _probed(r, "atlas_sink_gu")
         fm = df[list(mn.per_head(df.columns, "atlas_first_mass").values())]
         rows.append(pd.DataFrame({"run": r.id, "arm": attention(r), "seed": seed(r), "step": df["step"],
                                   "sink_gu": df["atlas_sink_gu"], "sink_ours": df["atlas_sink_ours"],
@@ -217,8 +220,9 @@ def atlas_drivers(runs, **opts):
     for i, (fwd, bwd, fl, bl) in enumerate(DRIVERS):
         for k, ((l, h), g) in enumerate(heads):
             c = style.CYCLE[k % len(style.CYCLE)]
-            axes[i, 0].plot(g["step"], g[fwd], color=c, lw=0.8, label=f"L{l}H{h}")
-            axes[i, 1].plot(g["step"], g[bwd], color=c, lw=0.8)
+            for ax, col in ((axes[i, 0], fwd), (axes[i, 1], bwd)):      # each on its own schedule
+                d = g[["step", col]].dropna()
+                ax.plot(d["step"], d[col], color=c, lw=0.8, label=f"L{l}H{h}" if ax is axes[i, 0] else None)
         axes[i, 0].set_ylabel(fl, fontsize="x-small")
         axes[i, 1].set_ylabel(bl, fontsize="x-small")
         if i < 2:

@@ -21,7 +21,6 @@ from ..errors import ConfigError
 from ..record import metric_names as mn
 from ..steps import steps_taken
 from . import atlas_events as E
-from . import atlas_scores as S
 from .atlas_probe import HEAD_BASES, AtlasProbe, AtlasSettings
 from .study_runs import new_study_dir, train_arm
 
@@ -64,12 +63,6 @@ def configs(study, preset, overrides) -> dict:
             for seed in study.seeds for arm, vals in arms.items()}
 
 
-def chance_levels(T: int) -> dict:
-    return {"first_mass": S.chance_first_mass(T), "prev_token": S.chance_prev_token(T),
-            "induction": S.chance_induction(T // 2), "eps_gu": S.GU_EPS,
-            "eps_ours": S.OURS_FACTOR * S.chance_first_mass(T)}
-
-
 def head_ranges(df, bases=HEAD_BASES + (mn.LOGIT_MAX, mn.ATTN_ENTROPY)) -> dict:
     """Per score and head: its value at the first and last probed step and its peak."""
     out = {}
@@ -85,7 +78,7 @@ def head_ranges(df, bases=HEAD_BASES + (mn.LOGIT_MAX, mn.ATTN_ENTROPY)) -> dict:
 def summarise_run(run, arm: str, seed: int) -> dict:
     df = run.metrics
     T = run.config["data"]["block_size"]
-    chance = chance_levels(T)
+    chance = E.chance_levels(T)
     heads = sorted(mn.per_head(df.columns, "atlas_first_mass"))
     scal = {k: [float(df[k].dropna().iloc[0]), float(df[k].dropna().iloc[-1])]
             for k in ("atlas_sink_gu", "atlas_sink_ours", "atlas_icl_gap", "atlas_rep_gap", "atlas_probe_loss")

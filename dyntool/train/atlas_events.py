@@ -4,7 +4,8 @@ Every rule reads the per-step series of one run (a metrics frame: ``step`` and t
 and returns numbers or None ("no event"); nothing here looks at a result to choose a parameter.
 
 - **forward event** of a head for a score x (first_mass: a sink; prev_token; induction): the first
-  step s from which x stays ≥ θ for ``hold`` consecutive probed steps, with
+  step s from which x stays ≥ θ for ``hold`` consecutive probed steps (each series on the steps it
+  was measured on, ``hold`` of its own count), with
   θ = max(0.3, 3 × chance, x(step 0) + 0.1): above Gu's ε, above the uniform-attention level and
   above where the head started.
 - **backward event** for the same head: the first step from which the driving advantage
@@ -27,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 
 ABS, FACTOR, MARGIN = 0.3, 3.0, 0.1
+GU_EPS = 0.3            # Gu et al.'s ε for the sink metric
+OURS_FACTOR = 3.0       # our ε: this multiple of first_mass's chance level at the probe's T
 BUMP_NATS = 0.05
 N_PERM = 1000
 
@@ -34,6 +37,25 @@ N_PERM = 1000
 PHENOMENA = {"sink": ("atlas_first_mass", "first_mass", "atlas_first_adv"),
              "prev_token": ("atlas_prev_token", "prev_token", "atlas_prev_adv"),
              "induction": ("atlas_induction", "induction", "atlas_copy_adv")}
+
+
+# chance levels: uniform attention over the allowed (causal) keys, per score (atlas_scores.py)
+def chance_first_mass(T: int) -> float:
+    return sum(1.0 / (i + 1) for i in range(T)) / T
+
+
+def chance_prev_token(T: int) -> float:
+    return sum(1.0 / (i + 1) for i in range(1, T)) / (T - 1)
+
+
+def chance_induction(L: int) -> float:
+    return sum(1.0 / (i + 1) for i in range(L, 2 * L)) / L
+
+
+def chance_levels(T: int) -> dict:
+    """The chance levels of a run with context T (repeats of L = T // 2) and both sink ε."""
+    return {"first_mass": chance_first_mass(T), "prev_token": chance_prev_token(T),
+            "induction": chance_induction(T // 2), "eps_gu": GU_EPS, "eps_ours": OURS_FACTOR * chance_first_mass(T)}
 
 
 def hold_for(n_rows: int) -> int:
@@ -54,10 +76,13 @@ def first_sustained(steps: np.ndarray, ok: np.ndarray, hold: int) -> int | None:
     return None
 
 
-def head_events(steps: np.ndarray, fwd: np.ndarray, bwd: np.ndarray, chance: float, hold: int) -> dict:
+def head_events(fwd_steps: np.ndarray, fwd: np.ndarray, bwd_steps: np.ndarray, bwd: np.ndarray,
+                chance: float) -> dict:
+    """One head's forward and backward events, each on the steps its series was measured on (the
+    forward scores and the gradient side have their own schedules) with its own ``hold``."""
     th = threshold(float(fwd[0]), chance)
-    f = first_sustained(steps, np.nan_to_num(fwd, nan=-np.inf) >= th, hold)
-    b = first_sustained(steps, np.nan_to_num(bwd, nan=-np.inf) > 0, hold)
+    f = first_sustained(fwd_steps, np.nan_to_num(fwd, nan=-np.inf) >= th, hold_for(len(fwd_steps)))
+    b = first_sustained(bwd_steps, np.nan_to_num(bwd, nan=-np.inf) > 0, hold_for(len(bwd_steps)))
     return {"threshold": th, "start": float(fwd[0]), "peak": float(np.nanmax(fwd)), "last": float(fwd[-1]),
             "forward_step": f, "backward_step": b}
 
@@ -125,19 +150,25 @@ def steepest_fall(steps: np.ndarray, x: np.ndarray) -> dict:
             "start": float(sm[0]), "end": float(sm[-1])}
 
 
+def _series(df, col: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of the rows where ``col`` was measured."""
+    d = df[["step", col]].dropna().sort_values("step")
+    return d["step"].to_numpy(), d[col].to_numpy(float)
+
+
 def run_events(df, chance: dict, heads: list[tuple[int, int]]) -> dict:
-    """Every rule on one run's metrics frame (rows with atlas columns only)."""
+    """Every rule on one run's metrics frame; each series on the rows where it was measured (the
+    forward scores, the gradient side and the training loss have their own schedules)."""
     from ..record import metric_names as mn
-    df = df[df[mn.head("atlas_first_mass", *heads[0])].notna()].sort_values("step")
-    steps = df["step"].to_numpy()
-    hold = hold_for(len(steps))
-    out = {"hold": hold, "rows": len(steps)}
+    fsteps, _ = _series(df, mn.head("atlas_first_mass", *heads[0]))
+    out = {"hold": hold_for(len(fsteps)), "rows": len(fsteps)}
     for name, (fb, ck, bb) in PHENOMENA.items():
-        per = {f"L{l}H{h}": head_events(steps, df[mn.head(fb, l, h)].to_numpy(float),
-                                        df[mn.head(bb, l, h)].to_numpy(float), chance[ck], hold)
+        per = {f"L{l}H{h}": head_events(*_series(df, mn.head(fb, l, h)), *_series(df, mn.head(bb, l, h)), chance[ck])
                for l, h in heads}
         out[name] = {"heads": per, "lag": lag_test([e["forward_step"] for e in per.values()],
                                                    [e["backward_step"] for e in per.values()])}
-    out["loss_bump"] = loss_bump(steps, df["loss"].to_numpy(float))
-    out["repeat_phase"] = steepest_fall(steps, df["atlas_rep_gap"].to_numpy(float))
+    bsteps, _ = _series(df, mn.head("atlas_first_adv", *heads[0]))
+    out["grad_hold"], out["grad_rows"] = hold_for(len(bsteps)), len(bsteps)
+    out["loss_bump"] = loss_bump(*_series(df, "loss"))
+    out["repeat_phase"] = steepest_fall(*_series(df, "atlas_rep_gap"))
     return out

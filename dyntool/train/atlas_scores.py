@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import torch
 
-GU_EPS = 0.3            # Gu et al.'s ε for the sink metric
-OURS_FACTOR = 3.0       # our ε: this multiple of first_mass's chance level at the probe's T
+# the chance levels and ε live with the event rules (no torch: the app reads them too)
+from .atlas_events import (GU_EPS, OURS_FACTOR, chance_first_mass, chance_induction,  # noqa: F401
+                           chance_prev_token)
+
 
 
 def _head_mean(x: torch.Tensor) -> torch.Tensor:
@@ -43,26 +45,14 @@ def first_mass(attn: torch.Tensor) -> torch.Tensor:
     return _head_mean(attn[..., :, 0])
 
 
-def chance_first_mass(T: int) -> float:
-    return sum(1.0 / (i + 1) for i in range(T)) / T
-
-
 def prev_token(attn: torch.Tensor) -> torch.Tensor:
     return _head_mean(torch.diagonal(attn, offset=-1, dim1=-2, dim2=-1))    # α_{i,i−1}, i = 1..T−1
-
-
-def chance_prev_token(T: int) -> float:
-    return sum(1.0 / (i + 1) for i in range(1, T)) / (T - 1)
 
 
 def induction(attn: torch.Tensor, L: int) -> torch.Tensor:
     """Prefix matching on sequences whose second half (positions L..2L−1) repeats the first:
     query i attends to the token after the previous occurrence of its own token, i − L + 1."""
     return _head_mean(torch.diagonal(attn, offset=-(L - 1), dim1=-2, dim2=-1)[..., 1:])
-
-
-def chance_induction(L: int) -> float:
-    return sum(1.0 / (i + 1) for i in range(L, 2 * L)) / L
 
 
 def first_adv(adv: torch.Tensor) -> torch.Tensor:

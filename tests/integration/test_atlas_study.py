@@ -1,4 +1,4 @@
-"""`dyntool study atlas --preset ci`: every step has every head's atlas scores, the summary has the
+"""`dyntool study atlas --preset ci`: every head's atlas scores on their schedules, the summary has the
 events of the fixed rules, and bad input is one line with a non-zero exit."""
 import json
 
@@ -14,24 +14,29 @@ from dyntool.train.atlas_probe import HEAD_BASES
 def study(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("atlas")
     rc = main(["study", "atlas", "--preset", "ci", "--seeds", "0", "--arms", "qknorm", "--out", str(tmp_path),
-               "--name", "a", "--quiet", "--atlas.probe_seqs=2", "--atlas.rep_seqs=2"])
+               "--name", "a", "--quiet", "--atlas.probe_seqs=2", "--atlas.rep_seqs=2", "--atlas.grad_every=4"])
     assert rc == 0
     return tmp_path
 
 
-def test_ci_atlas_study_records_every_head_every_step(study, capsys):
+def test_ci_atlas_study_records_every_head_on_its_schedule(study, capsys):
+    """The forward scores and the cheap tier every step, the gradient side on steps 0 and 4
+    (``--atlas.grad_every=4``), every head."""
     tmp_path = study
     s = json.loads((tmp_path / "a" / "summary.json").read_text())
-    assert s["atlas"]["probe_seqs"] == 2 and list(s["runs"]) == ["qknorm-s0"]
+    assert s["atlas"]["probe_seqs"] == 2 and s["atlas"]["grad_every"] == 4 and list(s["runs"]) == ["qknorm-s0"]
     r = s["runs"]["qknorm-s0"]
     assert r["steps"] == 6 and set(r["events"]) >= {"sink", "prev_token", "induction", "loss_bump", "repeat_phase"}
+    assert (r["events"]["rows"], r["events"]["grad_rows"]) == (6, 2)
     df = open_run(tmp_path / "a" / "qknorm-s0").metrics
-    rows = df[df["step"] < 6]
-    for base in HEAD_BASES + (mn.LOGIT_MAX, mn.ATTN_ENTROPY):
-        cols = mn.per_head(df.columns, base)
+    rows = df[df["step"] < 6].set_index("step")
+    forward = ("atlas_first_mass", "atlas_prev_token", "atlas_induction", mn.LOGIT_MAX, mn.ATTN_ENTROPY)
+    for base in HEAD_BASES + forward[3:]:
+        cols = list(mn.per_head(df.columns, base).values())
         assert len(cols) == 4, base                                # 2 layers × 2 heads
-        assert rows[list(cols.values())].notna().all().all(), base  # every step
-    assert rows["atlas_rep_gap"].notna().all()
+        measured = rows[cols].notna().all(axis=1)
+        assert measured.tolist() == ([True] * 6 if base in forward else [s % 4 == 0 for s in range(6)]), base
+    assert rows["atlas_sink_gu"].notna().all() and rows["atlas_rep_gap"].notna().tolist() == [s % 4 == 0 for s in range(6)]
 
 
 def test_atlas_figures_draw_what_the_run_logged(study, tmp_path):
@@ -44,7 +49,7 @@ def test_atlas_figures_draw_what_the_run_logged(study, tmp_path):
         assert (tmp_path / f"{n}.png").stat().st_size > 1000 and (tmp_path / f"{n}.txt").read_text()
     df = open_run(study / "a" / "qknorm-s0").metrics
     gu = pd.read_csv(tmp_path / "atlas_gu.csv")
-    probed = df[df["atlas_probe_loss"].notna()].sort_values("step")
+    probed = df[df["atlas_sink_gu"].notna()].sort_values("step")          # every step
     assert gu["sink_gu"].tolist() == pytest.approx(probed["atlas_sink_gu"].tolist())
     fm = probed[list(mn.per_head(df.columns, "atlas_first_mass").values())].max(axis=1)
     assert gu["max_first_mass"].tolist() == pytest.approx(fm.tolist())

@@ -11,10 +11,14 @@ def test_sustained_crossing_ignores_blips_and_uses_the_fixed_threshold():
     x = np.full(100, 0.05)
     x[10] = 0.9                                    # a one-step blip: not an event
     x[40:] = 0.5
-    ev = E.head_events(steps, x, np.where(steps >= 25, 1.0, -1.0), chance=0.07, hold=3)
+    ev = E.head_events(steps, x, steps, np.where(steps >= 25, 1.0, -1.0), chance=0.07)
     assert ev["threshold"] == pytest.approx(max(0.3, 0.21, 0.15))
     assert ev["forward_step"] == 40 and ev["backward_step"] == 25
-    assert E.head_events(steps, np.full(100, 0.05), -np.ones(100), 0.07, 3)["forward_step"] is None
+    assert E.head_events(steps, np.full(100, 0.05), steps, -np.ones(100), 0.07)["forward_step"] is None
+    # the backward side on its own (sparser) schedule: every 10th step, hold 3 of those rows
+    b = np.where(steps[::10] >= 30, 1.0, -1.0)
+    b[5] = -1.0                                    # step 50 dips: the sustained run starts at 60
+    assert E.head_events(steps, x, steps[::10], b, 0.07)["backward_step"] == 60
     # a head that starts high must rise 0.1 above its start
     assert E.threshold(0.45, 0.07) == pytest.approx(0.55)
 
@@ -62,3 +66,20 @@ def test_run_events_reads_a_metrics_frame():
     ev = E.run_events(df, {"first_mass": 0.07, "prev_token": 0.06, "induction": 0.03}, [(0, 0), (0, 1), (1, 0), (1, 1)])
     assert [ev["sink"]["heads"][k]["forward_step"] for k in ("L0H0", "L0H1", "L1H0")] == [20, 30, None]
     assert ev["sink"]["lag"]["mean_lag"] == 15 and ev["induction"]["lag"]["n_forward"] == 0
+
+
+def test_run_events_reads_each_series_on_its_own_rows():
+    """Forward scores every step, the gradient side every 4th: NaN rows of the sparse series do not
+    break its sustained crossing, and the loss bump reads every step's loss."""
+    n = 400
+    steps = np.arange(n)
+    df = pd.DataFrame({"step": steps, "loss": np.linspace(5, 3, n)})
+    df["atlas_rep_gap"] = np.where(steps % 4 == 0, 0.0, np.nan)
+    for b in ("atlas_first_mass", "atlas_prev_token", "atlas_induction"):
+        df[f"{b}/L0H0"] = np.where(steps >= 50, 0.8, 0.05) if b == "atlas_prev_token" else 0.05
+    for b in ("atlas_first_adv", "atlas_prev_adv", "atlas_copy_adv"):
+        df[f"{b}/L0H0"] = np.where(steps % 4 == 0, np.where(steps >= 20, 1.0, -1.0), np.nan)
+    ev = E.run_events(df, {"first_mass": 0.07, "prev_token": 0.06, "induction": 0.03}, [(0, 0)])
+    h = ev["prev_token"]["heads"]["L0H0"]
+    assert (h["forward_step"], h["backward_step"]) == (50, 20)
+    assert ev["rows"] == 400 and ev["grad_rows"] == 100 and ev["loss_bump"]["window"] == 9   # 400 // 50

@@ -24,7 +24,7 @@ class _Corpus:
         return np.random.default_rng({"train": 0, "valid": 1, "test": 2}[name]).integers(0, V, 4000).astype(np.int32)
 
 
-def _probe(attention="mhsa"):
+def _probe(attention="mhsa", T=T):
     torch.manual_seed(0)
     cfg = TrainConfig()
     cfg.data.block_size = T
@@ -61,9 +61,11 @@ def _autograd(model, x, y):
     return [(torch.softmax(s.detach(), -1), s.grad.nan_to_num(0.0), v.grad) for s, v in zip(obs.s, obs.v)]
 
 
-@pytest.mark.parametrize("attention", ["mhsa", "qknorm"])
-def test_probe_scores_match_autograd_float64(attention):
-    p, model = _probe(attention)
+@pytest.mark.parametrize("attention, T", [("mhsa", T), ("qknorm", T), ("mhsa", T + 1)])
+def test_probe_scores_match_autograd_float64(attention, T):
+    """Both batches run as one pass (an odd T pads the repeats): each scored against its own batch's
+    autograd, as if it ran alone."""
+    p, model = _probe(attention, T)
     got = p.measure()
     assert model.training and all(q.grad is None for q in model.parameters())    # training state untouched
     x, y = p.wiki
@@ -83,10 +85,17 @@ def test_probe_scores_match_autograd_float64(attention):
     assert torch.equal(r[:, :L], r[:, L:])
     for l, (a, ds, _) in enumerate(_autograd(model, r, r[:, 1:])):
         for h in range(2):
-            ind = torch.stack([a[:, h, i, i - L + 1] for i in range(L, T)]).mean()
-            cadv = torch.stack([-ds[:, h, i, i - L + 1] / a[:, h, i, i - L + 1] for i in range(L, T)]).mean()
+            ind = torch.stack([a[:, h, i, i - L + 1] for i in range(L, 2 * L)]).mean()
+            cadv = torch.stack([-ds[:, h, i, i - L + 1] / a[:, h, i, i - L + 1] for i in range(L, 2 * L)]).mean()
             assert got[mn.head("atlas_induction", l, h)] == pytest.approx(ind.item(), rel=1e-9)
             assert got[mn.head("atlas_copy_adv", l, h)] == pytest.approx(cadv.item(), rel=1e-6, abs=1e-12)
+    with torch.no_grad():                       # the losses of each batch alone
+        model.eval()
+        lw = F.cross_entropy(model(x)[0].transpose(1, 2), y, reduction="none")
+        lr = F.cross_entropy(model(r)[0][:, :-1].transpose(1, 2), r[:, 1:], reduction="none")
+        model.train()
+    assert got["atlas_probe_loss"] == pytest.approx(lw.mean().item(), rel=1e-12)
+    assert got["atlas_rep_gap"] == pytest.approx((lr[:, L - 1:].mean() - lr[:, :L - 1].mean()).item(), rel=1e-12)
     fm = np.array([[got[mn.head("atlas_first_mass", l, h)] for h in range(2)] for l in range(2)])
     assert got["atlas_sink_gu"] == pytest.approx(float((fm > 0.3).mean()))
 
@@ -97,3 +106,29 @@ def test_repeated_batch_draws_distinct_frequent_tokens_reproducibly():
     assert a.shape == (3, 8) and torch.equal(a, repeated_batch(train, 12, 3, 4, top=6, seed=5))
     assert int(a.max()) < 6                                         # the 6 most frequent: 0..5
     assert all(len(set(row[:4].tolist())) == 4 for row in a)
+
+
+def test_forward_only_probe_gives_the_same_scores_without_the_head():
+    """The forward scores of the cheap schedule equal the full pass's, and that forward stops after
+    the last layer's attention (the vocabulary head never runs) with no autograd graph."""
+    p, model = _probe("mhsa", T + 1)
+    full = p.measure(grad=True)
+    calls = []
+    hook = model.lm_head.register_forward_hook(lambda *a: calls.append(1))
+    mlp = model.h[-1].mlp.register_forward_hook(lambda *a: calls.append(2))
+    fwd = p.measure(grad=False)
+    hook.remove(), mlp.remove()
+    assert calls == [] and model.training
+    names = {n.split("/")[0] for n in fwd}
+    assert names == {"atlas_first_mass", "atlas_prev_token", "atlas_induction", "atlas_sink_gu", "atlas_sink_ours"}
+    for k, v in fwd.items():
+        assert v == pytest.approx(full[k], rel=1e-12, abs=1e-15), k
+
+
+@pytest.mark.parametrize("every, grad_every, want", [
+    (1, 16, ["grad"] + ["forward"] * 15 + ["grad", "forward"]),
+    (4, 6, ["grad", None, None, None, "forward", None, "grad", None, "forward", None, None, None, "grad", None,
+            None, None, "forward", None])])
+def test_schedule_of_the_two_sides(every, grad_every, want):
+    s = AtlasSettings(every=every, grad_every=grad_every)
+    assert [s.probes(i) for i in range(18)] == want
