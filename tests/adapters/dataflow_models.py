@@ -12,9 +12,9 @@ from torch.utils.checkpoint import checkpoint
 class CausalSelfAttention(nn.Module):
     """nanoGPT's non-flash path, written the way research code writes it."""
 
-    def __init__(self, d=16, n_head=2, T=8, dropout=0.0, inplace=False, cross=False, einsum=False):
+    def __init__(self, d=16, n_head=2, T=8, dropout=0.0, inplace=False, cross=False, einsum=False, unseen=False):
         super().__init__()
-        self.n_head, self.inplace, self.cross, self.einsum = n_head, inplace, cross, einsum
+        self.n_head, self.inplace, self.cross, self.einsum, self.unseen = n_head, inplace, cross, einsum, unseen
         self.c_attn = nn.Linear(d, 3 * d)
         self.c_proj = nn.Linear(d, d)
         self.attn_dropout = nn.Dropout(dropout)
@@ -29,6 +29,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, t.shape[1], self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.einsum:                              # k laid out (B, Tk, H, d): labels, not positions
             att = torch.einsum("bhid,bjhd->bhij", q, k.transpose(1, 2)) * (1.0 / math.sqrt(k.size(-1)))
+        elif self.unseen:                            # scores from no product (as a fused kernel would)
+            att = (q.unsqueeze(-2) * k.unsqueeze(-3)).sum(-1) * (1.0 / math.sqrt(k.size(-1)))
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         if not self.cross:

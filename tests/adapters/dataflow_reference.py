@@ -259,7 +259,8 @@ def inputs(padding: str, B: int = 2, T: int = 7):
 
 def compare(model, x, classes, H: int | None, tol: float = 1e-8, min_logit: float = 20.0, run=None) -> dict:
     """Record one forward/backward with Capture, then the truth of the same forward; assert equal.
-    ``run(model)`` gives the loss (default: ``model(**x).loss``); ``H`` None: α is 4-D."""
+    ``run(model)`` gives the loss (default: ``model(**x).loss``); ``H``: the head count, or a
+    function of the attention module giving it (used only where α is 3-D: B·H unfolded)."""
     run = run or (lambda m: m(**x).loss)
     with float64_softmax():
         return _compare(model, run, classes, H, tol, min_logit)
@@ -283,7 +284,7 @@ def _compare(model, run, classes, H, tol, min_logit):
     index = {s.key: i for i, s in enumerate(cap.sites)}            # calls run in forward order
     for m, events in calls:
         i = index[id(m)]
-        ref = truth(events, H, qk)
+        ref = truth(events, H(m) if callable(H) else H, qk)
         n_kv = ref.pop("n_kv")
         T, Tk = ref["attn"].shape[-2:]            # sites of other sizes are padded (Funnel's pooled queries)
         layer = {k: _crop(k, t, T, Tk) for k, t in per_layer(got, i).items()}

@@ -14,7 +14,8 @@ A row's path is the adapter that took the model (``hf`` the attention registry, 
 recording: never accepted by the test), ``refused: <dyntool's one-line reason>``, or a row the
 scan could not put to the test: ``not built`` (the shrunk config is not valid for the family),
 ``not a text model`` (its forward takes no ``input_ids``), ``model error`` (the model fails on the
-batch without dyntool), ``no truth`` (the reference's swapped functions see no softmax·V).
+batch without dyntool), ``no truth`` (the reference's swapped functions see no softmax·V), ``scan
+error`` (this script failed on the family).
 ``test_dataflow_scan.py`` re-runs a few rows and checks the table lists today's model types.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
+from dyntool.adapters.dataflow import n_heads
 from dyntool.capture import Capture, CaptureError
 
 from . import dataflow_reference as R
@@ -139,7 +141,7 @@ def _verdict(model, run) -> tuple[str, str, str]:
     classes = {s.label for s in Capture(model).sites}
     for tol, what in ((1e-8, "exact"), (1e-5, "exact to 1e-5 (a float32 step inside the model)")):
         try:
-            attrs = R.compare(model, None, classes, None, tol=tol, min_logit=0.0, run=run)
+            attrs = R.compare(model, None, classes, n_heads, tol=tol, min_logit=0.0, run=run)
         except AssertionError as e:
             why = str(e).splitlines()[0][:120]
             continue
@@ -179,7 +181,12 @@ def row(model_type: str) -> str:
             raise
         except Exception as e:                              # noqa: BLE001
             return cells("", f"model error without dyntool ({type(e).__name__})", "")
-        return cells(*_verdict(model, run))
+        try:
+            return cells(*_verdict(model, run))
+        except _Timeout:
+            raise
+        except Exception as e:                              # noqa: BLE001  (the scan's own failure: a row)
+            return cells("", f"scan error ({type(e).__name__}: {_short(str(e))[:80]})", "")
     except _Timeout:
         return cells("", f"not scanned (over {_SECONDS} s)", "")
     finally:
