@@ -110,7 +110,8 @@ def grid_figure(values: np.ndarray, marks: np.ndarray, crange: dict, label: str,
                                hovertemplate="%{y} %{x}<br>" + html.escape(label) + " = %{z:.6g}<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_layout(title=dict(text=title, x=0, xanchor="left", font=dict(size=15)), template="plotly_white",
-                      height=max(260, 110 + 90 * L), margin=dict(l=10, r=100, t=70, b=10))
+                      height=max(260, 110 + 90 * L), margin=dict(l=10, r=100, t=70, b=10),
+                      modebar=dict(orientation="v"))      # as plots.py: the toolbar never covers the title
     return fig
 
 
@@ -121,8 +122,11 @@ def curve_figure(steps: np.ndarray, arr: np.ndarray, step: int, label: str, leve
     for l in range(arr.shape[1]):
         for h in range(arr.shape[2]):
             df[f"L{l}H{h}"] = arr[:, l, h]
-            names[f"L{l}H{h}"] = f"layer {l} head {h}"
+            names[f"L{l}H{h}"] = f"L{l}H{h}"
     fig = plots.curves(df, list(names), f"{label} over steps (every head)", names=names, y_title=label)
+    # short head names in rows below the plot: a legend column on the right sits under the toolbar
+    fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.25, xanchor="left", x=0, font=dict(size=11)),
+                      margin=dict(b=60))
     fig.add_vline(x=step, line=dict(color="#444", width=1, dash="dash"))
     for name, y in levels.items():
         fig.add_hline(y=y, line=dict(color="#888", width=1, dash="dot"), annotation_text=name,
