@@ -276,9 +276,12 @@ def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None
         if run is not None:
             try:                               # its checkpoint is asked for once, quickly
                 e.next_step = next_step(run.path, ck_path, trainer.step)
-            except DyntoolError:
-                e.next_step = (f"stopped at step {trainer.step}; once the storage answers, continue from the last "
-                               f"checkpoint (if one was written) with: dyntool train --resume {run.path}")
+            except DyntoolError:               # still down: its first one is told by the step reached
+                every = cfg.train.checkpoint_every or cfg.train.max_steps + 1
+                e.next_step = (f"stopped at step {trainer.step}, before its first checkpoint: start it again"
+                               if ckpt is None and trainer.step < every else
+                               f"stopped at step {trainer.step}; once the storage answers, continue from its last "
+                               f"checkpoint with: dyntool train --resume {run.path}")
         raise
 
 

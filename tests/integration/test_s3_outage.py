@@ -15,15 +15,15 @@ from tests.integration.test_s3_hardening import FlakyProxy
 from dyntool.cli import main  # noqa: E402
 from dyntool.run import open_run  # noqa: E402
 
-CHUNK = b"/record.zarr/attn/c/"        # in a PUT's request line: a record chunk
+CHUNK = b"/record.zarr/step/c/"        # in a PUT's request line: a record chunk (every record has step)
 
 
 class OutageProxy(FlakyProxy):
     """Goes down when the first request naming ``trigger`` passes, for ``seconds`` (None: until
     :meth:`up` is called), so the outage falls in the middle of a run, wherever its timing lands."""
 
-    def __init__(self, target: str, trigger: bytes, seconds: float | None):
-        self.trigger, self.seconds, self.fired = trigger, seconds, threading.Event()
+    def __init__(self, target: str, trigger: bytes, seconds: float | None, nth: int = 1):
+        self.trigger, self.seconds, self.fired, self.left = trigger, seconds, threading.Event(), nth
         super().__init__(target)
 
     def _pipe(self, a, b) -> None:                # type: ignore[override]
@@ -31,6 +31,8 @@ class OutageProxy(FlakyProxy):
             while data := a.recv(65536):
                 line = data.split(b"\r\n", 1)[0]          # a request line (responses never start "PUT ")
                 if line.startswith(b"PUT ") and self.trigger in line and not self.fired.is_set():
+                    self.left -= 1
+                if self.left == 0 and not self.fired.is_set():
                     self.fired.set()
                     self.down()                   # this request is cut too: it must be retried
                     if self.seconds is not None:
@@ -53,8 +55,9 @@ def proxied(s3, monkeypatch):   # noqa: F811
     monkeypatch.setattr(remote, "_DOWN", set())
     made = []
 
-    def make(seconds):
-        p = OutageProxy(s3["AWS_ENDPOINT_URL"], CHUNK, seconds)
+    def make(seconds, trigger=CHUNK, nth=1):
+        p = OutageProxy(s3["AWS_ENDPOINT_URL"], trigger, seconds, nth)
+        p.target_url = s3["AWS_ENDPOINT_URL"]
         monkeypatch.setenv("AWS_ENDPOINT_URL", p.url)
         made.append(p)
         return p
@@ -66,6 +69,12 @@ def proxied(s3, monkeypatch):   # noqa: F811
                 p.up()
             except OSError:                       # already back up
                 pass
+
+
+def _gave_up(line: str) -> bool:
+    """The record's chunk or a checkpoint could not be written past the 2 s ride-out (the first
+    request to give up says "retried"; one made after it tried once, quickly)."""
+    return "can't be written" in line and ("(retried for 2 s)" in line or "ride-out of 2 s" in line)
 
 
 TOY = ["sim", "toy", "--steps", "12", "--record.chunk_steps=2", "--quiet"]
@@ -94,7 +103,7 @@ def test_sim_toy_past_the_ride_out_is_one_line(proxied, monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("dyntool: error: "), err
     # the record's chunk, or a checkpoint written on the way out (then after one quick try)
-    assert "can't be written" in err[0] and ("(retried for 2 s)" in err[0] or "ride-out of 2 s" in err[0]), err
+    assert _gave_up(err[0]), err
     assert "retries" not in err[0], err                    # obstore's own count is not ours
     assert "dyntool ls" in err[0] or "--resume" in err[0], err       # how the run goes on
     assert "internal error" not in err[0] and len(err[0]) < 600, err
@@ -109,3 +118,30 @@ def test_a_bad_ride_out_setting_is_one_line(s3, monkeypatch, capsys):   # noqa: 
     assert main([*TOY, "--out", f"s3://{BUCKET}/outage", "--name", "bad"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "DYNTOOL_S3_RIDE_OUT='soon'" in err[0], err
+
+
+def _train(*extra):
+    from tests.integration.test_fsdp import ARGS
+    return main(["train", *ARGS, "--max-steps", "8", *extra])
+
+
+@pytest.mark.slow                      # about a minute: three trainings (the sims above run by default)
+def test_train_rides_out_a_four_second_outage_and_resumes_after_a_long_one(proxied, monkeypatch, capsys):
+    """``train`` through a 4-second outage finishes; through one past the ride-out it stops with one
+    line naming ``dyntool train --resume RUN``, and that command, once the store is back, finishes
+    the run from its last checkpoint."""
+    proxied(4.0)
+    assert _train("--out", f"s3://{BUCKET}/outage", "--name", "tblip") == 0
+    run = open_run(f"s3://{BUCKET}/outage/tblip")
+    assert run.status == "finished" and run.steps_written == 5 and not run.problems, (run, run.problems)
+
+    monkeypatch.setenv("DYNTOOL_S3_RIDE_OUT", "2")
+    proxy = proxied(None, b"/checkpoint.pt", nth=2)          # down from the second checkpoint on
+    capsys.readouterr()
+    assert _train("--out", f"s3://{BUCKET}/outage", "--name", "tdown") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    url = f"s3://{BUCKET}/outage/tdown"
+    assert len(err) == 1 and _gave_up(err[0]) and f"dyntool train --resume {url}" in err[0], err
+    proxy.up()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.target_url)
+    assert main(["train", "--resume", url, "--max-steps", "8", "--quiet"]) == 0
