@@ -234,7 +234,7 @@ class AtlasProbe(Callback):
         # one C×C Gram matrix of the top tokens' embeddings for every head (the V'×C product is the cost)
         gram = model.wte.weight[self.top].double().T @ model.lm_head.weight[self.top].double()
         gf = model.ln_f.weight if model.ln_f.weight is not None else None
-        out = {}
+        names, ovs = [], []
         for l, blk in enumerate(model.h):
             a = blk.attn
             C, nh = a.n_embd, a.n_head
@@ -247,5 +247,6 @@ class AtlasProbe(Callback):
                     ov = ov * blk.ln_1.weight[None, :]
                 if gf is not None:
                     ov = gf[:, None] * ov
-                out[mn.head("atlas_copying", l, h)] = S.copying_gram(ov, gram)
-        return out
+                names.append(mn.head("atlas_copying", l, h))
+                ovs.append(ov)
+        return dict(zip(names, S.copying_batch(torch.stack(ovs), gram).tolist()))

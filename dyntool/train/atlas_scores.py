@@ -96,9 +96,15 @@ def copying(ov: torch.Tensor, emb: torch.Tensor, unemb: torch.Tensor | None = No
 
 def copying_gram(ov: torch.Tensor, gram: torch.Tensor) -> float:
     """:func:`copying` from the Gram matrix ``embᵀ unemb`` (C×C, float64), shared by every head."""
-    lam = torch.linalg.eigvals(ov.double() @ gram)
-    den = lam.abs().sum()
-    return float(lam.real.sum() / den) if den > 0 else 0.0
+    return float(copying_batch(ov[None], gram)[0])
+
+
+def copying_batch(ovs: torch.Tensor, gram: torch.Tensor) -> torch.Tensor:
+    """:func:`copying` of many heads at once: ``ovs`` (n, C, C) → (n,), one batched eigensolve
+    (and on a GPU one host sync for all heads)."""
+    lam = torch.linalg.eigvals(ovs.double() @ gram)                 # (n, C)
+    den = lam.abs().sum(-1)
+    return torch.where(den > 0, lam.real.sum(-1) / den.clamp_min(1e-300), torch.zeros_like(den))
 
 
 def sink_share(first: torch.Tensor, eps: float) -> float:

@@ -132,3 +132,24 @@ def test_forward_only_probe_gives_the_same_scores_without_the_head():
 def test_schedule_of_the_two_sides(every, grad_every, want):
     s = AtlasSettings(every=every, grad_every=grad_every)
     assert [s.probes(i) for i in range(18)] == want
+
+
+def test_copying_score_is_the_eigenvalues_of_the_full_token_map():
+    """Per head: Σ Re λ / Σ |λ| of the top tokens' V'×V' map ``E' D_f W_O W_V D_1 E'ᵀ`` (LN gains
+    included), computed directly, against the probe's batched C×C eigensolve."""
+    p, model = _probe("mhsa")
+    with torch.no_grad():
+        for blk in model.h:                                  # gains away from 1, so they matter
+            blk.ln_1.weight.uniform_(0.5, 1.5)
+        model.ln_f.weight.uniform_(0.5, 1.5)
+    got = p.measure()
+    E = model.wte.weight[p.top].detach()
+    C, hs = 8, 4
+    for l, blk in enumerate(model.h):
+        for h in range(2):
+            wv = blk.attn.c_attn.weight[2 * C + h * hs: 2 * C + (h + 1) * hs].detach()
+            wo = blk.attn.c_proj.weight[:, h * hs:(h + 1) * hs].detach()
+            m = E @ torch.diag(model.ln_f.weight.detach()) @ wo @ wv @ torch.diag(blk.ln_1.weight.detach()) @ E.T
+            lam = torch.linalg.eigvals(m)
+            assert got[mn.head("atlas_copying", l, h)] == pytest.approx((lam.real.sum() / lam.abs().sum()).item(),
+                                                                        abs=1e-9)

@@ -106,6 +106,10 @@ def test_copying_score_matches_the_full_token_map_and_its_closed_forms():
     assert S.copying(-eye, emb) == pytest.approx(-1.0)
     rot = torch.tensor([[0.0, -1.0], [1.0, 0.0]], dtype=torch.float64)    # eigenvalues ±i: no copying
     assert S.copying(rot, torch.eye(2, dtype=torch.float64)) == pytest.approx(0.0, abs=1e-12)
+    # many heads in one eigensolve: each as alone (and a zero map scores 0, not NaN)
+    e2 = torch.eye(2, dtype=torch.float64)
+    got = S.copying_batch(torch.stack([e2, -e2, rot, torch.zeros(2, 2, dtype=torch.float64)]), e2)
+    assert got.tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-12)
 
 
 def test_sink_share_and_the_icl_gap():
