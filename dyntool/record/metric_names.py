@@ -76,9 +76,10 @@ def is_bijection_manifold(name: str) -> bool:
 
 
 # Key orthogonality per layer (dyntool.manifold.key_orthogonality): mean |cos| between the keys of the
-# sequence's distinct key tokens (``ctx``) or of the whole vocabulary E W_K (``vocab``); ``signed``: mean cos
+# sequence's distinct key tokens (``ctx``), of the whole vocabulary E W_K (``vocab``) or of each key token
+# fed alone at position 0 (``single``: Paper I's value at init); ``signed``: mean cos
 KEY_ORTH = "key_orth"
-KEY_SETS = ("ctx", "vocab")
+KEY_SETS = ("ctx", "vocab", "single")      # the wind tunnel's key sets (dyntool/sims/bijection_analysis.py)
 
 
 def key_orth(keys: str, l: int, signed: bool = False) -> str:

@@ -12,10 +12,14 @@ Per layer ``l`` (0-based, "output of block l"):
   (where the model predicts π(x_k)), labelled by the exact posterior entropy H_Bayes:
   ``resid`` = the residual stream after block l (Paper I's "value manifold" reads the final one),
   ``g`` = the layer's head outputs g_i = Σ_j α_ij v_j of all heads, concatenated (before c_proj);
-* key orthogonality (D8) with two definitions: ``ctx`` = keys k_j of the L (distinct) key tokens
-  inside each sequence, per head, mean |cos| over pairs (as in Paper III, arXiv 2512.23752), and ``vocab`` = the
+* key orthogonality (D8) with three definitions: ``ctx`` = keys k_j of the L (distinct) key tokens
+  inside each sequence, per head, mean |cos| over pairs (as in Paper III, arXiv 2512.23752), ``vocab`` = the
   vocabulary keys E W_K^h of the V key tokens (Paper I's ``cmd_orthogonality``, raw embedding, no
-  LayerNorm), signed mean and mean |cos|;
+  LayerNorm), and ``single`` = the layer's keys of the V key tokens each fed alone (a one-token
+  sequence at position 0: D8's "keys of a set of reference inputs"), signed mean and mean |cos|.
+  At initialisation ``ctx`` and ``vocab`` sit at the random level (≈ 0.15 mean |cos| for 32-d
+  heads) while ``single`` shares the position-0 embedding across its V inputs and reads ≈ 0.43, as
+  Paper I's "0.40–0.45 at random init" does (docs/wind_tunnel_differences.md);
 * attention entropy (D5): per-head entropy of α_i· averaged over heads and over query positions
   i >= 1 (position 0 always has entropy 0); the uniform level is the mean of log(i+1).
 
@@ -126,6 +130,7 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
     pre = mn.bijection_manifold(mn.BIJECTION_BASELINE)
     metrics.update({pre + k: float(getattr(base, k)) for k in COMPARED})
     kpos = torch.arange(0, 2 * L, 2, device=tokens.device)
+    single = _single_token_keys(model, V, tokens.device)                 # layer -> (V, nh, 1, hs)
     for l in range(len(model.h)):
         _attention_entropy(metrics, tap.attn(l).double(), l)
         st = tap.out[l]
@@ -138,6 +143,9 @@ def analyze(model, tokens: torch.Tensor, V: int, n_plot: int = 0, h_bayes: np.nd
             if sc is not None:
                 arrays[f"pcs_{name}"].append(sc)
         _key_orthogonality(metrics, model, st["k"][:, :, kpos], V, l)
+        sk = key_orthogonality(single[l][:, :, 0].transpose(0, 1).double().cpu().numpy())   # groups: heads
+        metrics[mn.key_orth("single", l)] = sk["mean_abs"]
+        metrics[mn.key_orth("single", l, signed=True)] = sk["mean"]
     if readout == "normed_values":
         m, sc = normed_value_geometry(resid["normed"], h_bayes, onehot, r2=r2, n_plot=n_plot)
         metrics.update(m)
@@ -165,6 +173,12 @@ def _forward(model, tokens: torch.Tensor, normed: bool):
             hk.remove()
         model.train(was)
     return tap, resid
+
+
+def _single_token_keys(model, V: int, device) -> dict[int, torch.Tensor]:
+    """Every layer's keys of the V key tokens, each fed alone at position 0: layer -> (V, nh, 1, hs)."""
+    tap, _ = _forward(model, torch.arange(V, device=device)[:, None], normed=False)
+    return {l: tap.out[l]["k"] for l in range(len(model.h))}
 
 
 def _attention_entropy(metrics: dict, a: torch.Tensor, l: int) -> None:

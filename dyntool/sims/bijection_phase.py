@@ -13,7 +13,9 @@ rule reads the accuracy, not how it was reached.
 from __future__ import annotations
 
 LOOKUP_ACCURACY = 0.9
-PAPER_I = {"resid_pc1_share": "84–90 %", "key_mean_abs_cos": "0.09–0.12 (0.40–0.45 at init)",
+# key cosine: Paper I's init value is matched by dyntool's key_orth/single set (≈ 0.43 at init), not by
+# ctx/vocab (≈ 0.15, the random level): docs/wind_tunnel_differences.md, "Key orthogonality at step 0"
+PAPER_I = {"resid_pc1_share": "84–90 %", "key_mean_abs_cos": "0.09–0.12 (0.40–0.45 at init; compare key_orth/single)",
            "attn_entropy_reduction": "85–90 % below uniform", "model": "6×6×192, 100k+ steps, lookup learned"}
 
 
