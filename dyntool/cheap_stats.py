@@ -48,6 +48,25 @@ def grouped(t: torch.Tensor | None, n_kv: int, nh: int) -> torch.Tensor | None:
     return t.unsqueeze(2)                           # shared by every head: broadcast
 
 
+CPU_BLOCK_MIB = 64.0        # cache-sized blocks: larger ones ran no faster on 2-16 cores
+GPU_BLOCK_MIB_MAX = 2048.0
+
+
+def block_budget_mib(max_block_mib: float, device) -> float:
+    """``record.max_block_mib`` for ``device``: a set value as it is; 0 (the default) sized for the
+    device: 64 MiB on the CPU, on a GPU 1/32 of its memory up to 2 GiB (2 GiB on an H100).  Why: a
+    block's work is a few launches whatever its size, so the 64 MiB that suit a CPU cache left the
+    eager cheap tier launch-bound on an H100 (4051 ms per step at T = 2048 against 1018 ms with
+    larger blocks, docs/performance.md)."""
+    if max_block_mib > 0:
+        return float(max_block_mib)
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return CPU_BLOCK_MIB
+    total = torch.cuda.get_device_properties(dev).total_memory / 2**20
+    return float(min(GPU_BLOCK_MIB_MAX, max(CPU_BLOCK_MIB, total / 32)))
+
+
 def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: float,
                live: int = _LIVE_BLOCKS, row_bytes: int = 0) -> int:
     """Query rows per block so that the block's ``live`` (B, nh, rows, Tk) temporaries of
@@ -122,7 +141,7 @@ class Sums:
 
 @torch.no_grad()
 def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, softcap=None, sinks=None,
-               uniform=None, max_block_mib: float = 64.0, grad_scale: float = 1.0) -> None:
+               uniform=None, max_block_mib: float = 0.0, grad_scale: float = 1.0) -> None:
     """Add one forward's statistics to ``sums``.  ``q`` (B, nh, T, d_k), ``k``/``v`` (B, n_kv, Tk, d),
     ``o``/``u`` (B, nh, T, d_v) (U is divided by ``grad_scale``, the loss factor; ``o`` is not read:
     the empty-row decision, ``uniform``, was made from it), ``allowed`` (B|1, nh|1, T, Tk), ``bias``
@@ -132,6 +151,7 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
     B, nh, T, _ = q.shape
     n_kv, Tk = k.shape[1], k.shape[-2]
     dt = compute_dtype(q.dtype)
+    max_block_mib = block_budget_mib(max_block_mib, q.device)
     # a block's temporaries are compute-dtype whatever the inputs' itemsize (sizing them by a bf16
     # input's 2 bytes made blocks twice the budget); per row it also holds its q and U rows cast
     # (U divided), and a per-row bias's row cast when it is not in the compute dtype; the keys and

@@ -82,7 +82,7 @@ def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
 
 class FlightRecorder(Observer):
     def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
-                 max_block_mib: float = 64.0, attention=None, kernel: str = "auto"):
+                 max_block_mib: float = 0.0, attention=None, kernel: str = "auto"):
         from .adapters import AdapterError, find_adapter
         try:
             self.adapter = find_adapter(model, attention)
@@ -91,8 +91,9 @@ class FlightRecorder(Observer):
         self.sites: list[Site] = self.adapter.sites()
         if not self.sites:
             raise FlightError(f"model has no attention modules to record ({self.adapter.name} adapter)")
-        if max_block_mib <= 0:
-            raise FlightError(f"record.max_block_mib must be > 0, got {max_block_mib}")
+        if not max_block_mib >= 0:              # 0: sized for the device (cheap_stats.block_budget_mib)
+            raise FlightError(f"record.max_block_mib must be > 0 (MiB) or 0 (sized for the device), "
+                              f"got {max_block_mib}")
         self.grad_scale, self.seqs, self.max_block_mib = float(grad_scale), seqs, float(max_block_mib)
         self._sums: dict[Site, cheap_stats.Sums] = {}
         self._pending = 0                 # forwards whose backward has not reached the hook yet

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from .capture import Capture
+from .cheap_stats import block_budget_mib
 from .errors import ConfigError
 from .record import names
 from .record.policy import RecordConfig, crops, schedule, storage_dtype
@@ -25,17 +26,20 @@ from .stream import LIVE, rows_per_block, size, stream
 HOST_BUFFER_MIB = 256     # a streamed step's matrices up to this size are written in one zarr call each
 
 
-def _to_host(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """Device tensors as host arrays: on a GPU through pinned buffers, every copy queued without
-    waiting and one synchronisation for all of them; on the CPU, views."""
+def _to_host_later(tensors: dict[str, torch.Tensor]) -> tuple[dict[str, np.ndarray], object | None]:
+    """Device tensors as host arrays and the event after which their contents are there: on a GPU
+    pinned buffers, every copy queued without waiting and one event recorded after them (the
+    writer thread waits on it before it encodes: the training thread never does); on the CPU,
+    views and no event.  Each array keeps its pinned buffer alive (``Tensor.numpy`` holds it)."""
     first = next(iter(tensors.values()), None)
     if first is None or first.device.type != "cuda":
-        return {k: t.numpy() for k, t in tensors.items()}
+        return {k: t.numpy() for k, t in tensors.items()}, None
     host = {k: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for k, t in tensors.items()}
     for k, t in tensors.items():
         host[k].copy_(t, non_blocking=True)
-    torch.cuda.current_stream(first.device).synchronize()
-    return {k: h.numpy() for k, h in host.items()}
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(first.device))
+    return {k: h.numpy() for k, h in host.items()}, ready
 
 
 def plan(cfg: RecordConfig, cap: Capture, n_keys: int) -> tuple[Selection, tuple[int, int] | None]:
@@ -51,12 +55,13 @@ def plan(cfg: RecordConfig, cap: Capture, n_keys: int) -> tuple[Selection, tuple
     L, (S, nh), N = len(cap.sites), slot.q.shape[:2], size(cap)
     sel = resolve(cfg.heads, L, nh)
     item = 8 if slot.q.dtype == torch.float64 else 4
+    budget = block_budget_mib(cfg.max_block_mib, slot.q.device)
     dense = (5 * L + LIVE) * nh * S * N * N * item          # stacked matrices + one layer's work
-    if sel.everything and dense <= cfg.max_block_mib * 2**20:
+    if sel.everything and dense <= budget * 2**20:
         return sel, None
-    rows = rows_per_block(S, N, item, cfg.max_block_mib, cfg.pool or 1)
+    rows = rows_per_block(S, N, item, budget, cfg.pool or 1)
     if rows < 1:
-        raise ConfigError("record.max_block_mib", f"{cfg.max_block_mib} MiB is too small for one query-row "
+        raise ConfigError("record.max_block_mib", f"{budget:g} MiB is too small for one query-row "
                           f"block of the full tier ({S}×{max(cfg.pool, 1)}×{N} scores)")
     chunk = max(1, min(rows, TARGET_CHUNK_BYTES // (n_keys * 4)))   # ~4 MB chunks along query rows
     # blocks of whole chunks fill them without a read-modify-write (pooled blocks start at 0 instead)
@@ -156,11 +161,11 @@ class Recorder:
                     self.store.write_rows(m, n, where, self._to_np(x[..., self.k0:self.k1], m), shape,
                                           (1, 1, 1, chunk, nk))
         small = stream(cap, sel, emit, rows=rows, crop=(self.q0, self.q1), matrices=mats, pool=self.cfg.pool,
-                       max_block_mib=self.cfg.max_block_mib)       # a layer's heads in one block if they fit
+                       max_block_mib=block_budget_mib(self.cfg.max_block_mib, device))   # a layer's heads together
         if buf is not None:
-            host = _to_host(buf)                                       # one copy, one sync
+            host, ready = _to_host_later(buf)                          # one copy, no wait here
             self.store.write_rows_later(n, [(m, (slice(None),) * 4, host[m], shape, (1, 1, 1, chunk, nk))
-                                            for m in mats])
+                                            for m in mats], ready=ready)
         self.write(step, small, extra, grad_scale)
         return small
 
@@ -203,17 +208,24 @@ class Recorder:
         by chunk without ever holding a T×T matrix.  Keeps the names in ``cfg.arrays`` (and their
         pooled overviews) in the storage dtype; ``extra`` scalars (e.g. diagnostics) in float32."""
         out: dict[str, np.ndarray] = {}
+        on_gpu: dict[str, torch.Tensor] = {}      # cast there, copied to the host in one go below
         for name in self.cfg.arrays:
             pooled = names.POOLED.get(name)
-            if self.cfg.pool > 0 and pooled in arrays:
-                out[pooled] = self._to_np(arrays[pooled], name)
-            if name in arrays:
-                out[name] = self._to_np(arrays[name], name)
+            for key, present in ((pooled, self.cfg.pool > 0 and pooled in arrays), (name, name in arrays)):
+                if not present:
+                    continue
+                x = arrays[key]
+                if isinstance(x, torch.Tensor) and x.device.type == "cuda":
+                    on_gpu[key] = x.detach().to(self._torch_dtype(name))
+                else:
+                    out[key] = self._to_np(x, name)
+        host, ready = _to_host_later(on_gpu) if on_gpu else ({}, None)
+        out.update(host)
         out["grad_scale"] = np.asarray(grad_scale, dtype=np.float32)
         with np.errstate(over="ignore"):      # a diverging run's diagnostics become inf, visibly
             for k, v in (extra or {}).items():
                 out[k] = np.asarray(v, dtype=np.float32)
-        self.store.append(int(step), out)
+        self.store.append(int(step), out, ready=ready)
         self.n_recorded += 1
 
     def _torch_dtype(self, name: str) -> torch.dtype:

@@ -46,7 +46,9 @@ class RecordConfig:
     # the cheap tier (dyntool.flight): per-head statistics on the training batch, no T×T kept
     cheap_every: int = 0              # every N steps (1: every step; 0: off)
     cheap_seqs: int = 0               # sequences of each micro-batch it reduces over (0: all)
-    max_block_mib: float = 64.0       # memory of one query-row block of the tiers' T×T work
+    # memory of one query-row block of the tiers' T×T work; 0: sized for the device (64 MiB on the
+    # CPU, 1/32 of a GPU's memory up to 2 GiB: dyntool.cheap_stats.block_budget_mib)
+    max_block_mib: float = 0.0
     # the cheap tier's path (dyntool.fused_path): auto (the fused Triton kernel on CUDA, eager
     # elsewhere), eager, or fused (the kernel or a one-line refusal naming the site)
     kernel: str = "auto"
@@ -93,8 +95,9 @@ class RecordConfig:
             raise ConfigError(p + "kernel", f"must be auto, eager or fused, got {self.kernel!r}")
         if not self.flush_seconds >= 0:
             raise ConfigError(p + "flush_seconds", f"must be >= 0 (seconds between flushes), got {self.flush_seconds}")
-        if not self.max_block_mib > 0:
-            raise ConfigError(p + "max_block_mib", f"must be > 0, got {self.max_block_mib}")
+        if not self.max_block_mib >= 0:
+            raise ConfigError(p + "max_block_mib", f"must be > 0 (MiB) or 0 (sized for the device), "
+                                                   f"got {self.max_block_mib}")
         if self.log_spaced < 0 or self.disk_budget_gb <= 0:
             raise ConfigError(p + "log_spaced/disk_budget_gb", "log_spaced >= 0 and disk_budget_gb > 0")
 

@@ -83,6 +83,7 @@ class StoreWriter:
         self._array_attrs: dict[str, dict] = {}
         self._dims: dict[str, tuple[str, ...]] = {}
         self._buffer: list[dict[str, np.ndarray]] = []
+        self._ready: list = []             # the buffered steps' events (device copies in flight)
         self._n_submitted = 0
         self._last_step: int | None = None
         self._last_flush = self._first_buffered = time.monotonic()
@@ -106,7 +107,10 @@ class StoreWriter:
         if attrs:
             self._array_attrs.setdefault(name, {}).update(attrs)
 
-    def append(self, step: int, arrays: dict[str, np.ndarray]) -> None:
+    def append(self, step: int, arrays: dict[str, np.ndarray], ready=None) -> None:
+        """Buffer one step's arrays.  ``ready``: an event (anything with ``synchronize()``, e.g. a
+        ``torch.cuda.Event``) after which the arrays' contents are there (pinned buffers a GPU copies
+        into without the caller waiting); the writer thread waits on it before it reads them."""
         self._raise_if_failed()
         if self._last_step is not None and step <= self._last_step:
             raise ValueError(f"recorded steps must increase: {step} after {self._last_step}")
@@ -121,6 +125,8 @@ class StoreWriter:
             if not self._buffer:
                 self._first_buffered = time.monotonic()
             self._buffer.append({names.STEP: np.asarray(step, dtype=np.int64), **arrays})
+            if ready is not None:
+                self._ready.append(ready)
             self._last_step = step
             if len(self._buffer) >= self.chunk_steps or \
                     time.monotonic() - self._last_flush > self.flush_seconds:
@@ -179,14 +185,15 @@ class StoreWriter:
             arr.resize((index + 1, *arr.shape[1:]))
         arr[(index, *where)] = data
 
-    def write_rows_later(self, index: int, items: list[tuple]) -> None:
+    def write_rows_later(self, index: int, items: list[tuple], ready=None) -> None:
         """:meth:`write_rows` of one step's matrices, ``items`` = [(name, where, data, per_step,
-        chunks), ...], done by the writer thread (zarr's encoding off the training thread).  At most
-        one such step waits in the queue: the call blocks while the previous one is still being
-        written, so the host holds at most two steps (the one queued, the one being built)."""
+        chunks), ...], done by the writer thread (zarr's encoding off the training thread), after
+        ``ready`` (see :meth:`append`).  At most one such step waits in the queue: the call blocks
+        while the previous one is still being written, so the host holds at most two steps (the one
+        queued, the one being built)."""
         self._raise_if_failed()
         self._rows_slot.acquire()
-        self._queue.put(("rows", index, items))
+        self._queue.put(("rows", index, items, ready))
 
     @property
     def steps_buffered(self) -> int:
@@ -215,12 +222,12 @@ class StoreWriter:
         self._last_flush = time.monotonic()
         if not self._buffer:
             return
-        n0, rows = self._n_submitted, self._buffer
-        stacked = {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+        n0, rows, ready = self._n_submitted, self._buffer, self._ready
         # clear the buffer only once the job is queued: a KeyboardInterrupt arriving while
-        # put() blocks must not drop rows (re-submitting the same rows at n0 is idempotent)
-        self._queue.put((n0, stacked))
-        self._buffer = []
+        # put() blocks must not drop rows (re-submitting the same rows at n0 is idempotent).
+        # The rows are stacked by the writer thread, after their copies arrived (``ready``)
+        self._queue.put((n0, rows, ready))
+        self._buffer, self._ready = [], []
         self._n_submitted += len(rows)
 
     def _worker(self) -> None:
@@ -230,10 +237,15 @@ class StoreWriter:
                 if job is None:
                     return
                 if self._error is None and job[0] == "rows":
+                    if job[3] is not None:
+                        job[3].synchronize()              # the device's copies into the buffers
                     for item in job[2]:
                         self.write_rows(item[0], job[1], *item[1:], _on_writer=True)
                 elif self._error is None:
-                    self._write(*job)
+                    n0, rows, ready = job
+                    for event in ready:
+                        event.synchronize()
+                    self._write(n0, {k: np.stack([r[k] for r in rows]) for k in rows[0]})
             except BaseException as e:    # surfaced on the next append/flush
                 self._error = e
             finally:

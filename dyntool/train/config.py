@@ -155,17 +155,19 @@ class TrainConfig:
     def validate(self, prefix: str = "") -> None:
         rc = self.record
         if rc.enabled and rc.cheap_every > 0:
-            from ..cheap_stats import block_rows
+            from ..cheap_stats import CPU_BLOCK_MIB, block_rows
             S = min(rc.cheap_seqs or self.data.batch_size, self.data.batch_size)
             T = self.data.block_size
-            if block_rows(S, self.model.n_head, T, T, 4, rc.max_block_mib) < 1:
+            # 0 (sized for the device) is at least the CPU's 64 MiB: checked as that
+            if block_rows(S, self.model.n_head, T, T, 4, rc.max_block_mib or CPU_BLOCK_MIB) < 1:
                 raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
                                   f"query row of the cheap tier ({S}×{self.model.n_head}×{T} scores)")
         if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
             from ..record.selection import resolve
             from ..stream import rows_per_block
             resolve(rc.heads, self.model.n_layer, self.model.n_head, prefix + "record.heads")
-            if rows_per_block(rc.seqs, self.data.block_size, 4, rc.max_block_mib, rc.pool or 1) < 1:
+            from ..cheap_stats import CPU_BLOCK_MIB
+            if rows_per_block(rc.seqs, self.data.block_size, 4, rc.max_block_mib or CPU_BLOCK_MIB, rc.pool or 1) < 1:
                 raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
                                   f"query-row block of the full tier ({rc.seqs}×{max(rc.pool, 1)}×"
                                   f"{self.data.block_size} scores)")

@@ -45,3 +45,33 @@ def test_cuda_record_equals_cpu_record(tmp_path, monkeypatch, heads, host_mib):
     assert cheap
     for k in cheap:
         assert r_gpu[k] == pytest.approx(r_cpu[k], rel=1e-3, abs=1e-6), k
+
+
+def test_full_tier_step_makes_no_blocking_copy(tmp_path):
+    """Recording a step's full tier on the GPU queues its copies and returns: no device-to-host copy
+    blocks the training thread (the host reads left are the mask's, once per layer: counted)."""
+    import warnings
+
+    from dyntool.train.config import ModelConfig
+    from dyntool.record.policy import RecordConfig
+    from dyntool.record.store_writer import StoreWriter
+    from dyntool.recorder import Recorder
+    from dyntool.train.gpt import GPT
+    torch.manual_seed(0)
+    L = 2
+    model = GPT(ModelConfig(n_layer=L, n_head=2, n_embd=32), 64, 32).cuda()
+    x = torch.randint(0, 64, (2, 32), device="cuda")
+    rec = Recorder(StoreWriter(tmp_path / "r.zarr"), RecordConfig(every=1, seqs=2), max_steps=1, T=32)
+    with rec.capture(model) as cap:
+        model(x, x)[1].backward()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rec.record_capture(0, cap)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) <= L, syncs
+    rec.close()

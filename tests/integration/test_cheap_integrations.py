@@ -60,7 +60,7 @@ def test_run_recorder_both_tiers_on_one_hf_step(tmp_path):
 def test_run_recorder_refuses_bad_budget():
     model = make_model("gpt2", "sdpa")
     with pytest.raises(Exception, match="max_block_mib"):
-        RunRecorder(model, "unused", max_steps=1, cheap_every=1, max_block_mib=0, batch="train")
+        RunRecorder(model, "unused", max_steps=1, cheap_every=1, max_block_mib=-1, batch="train")
 
 
 def test_hf_trainer_callback_cheap_tier(tmp_path):

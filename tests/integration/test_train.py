@@ -190,7 +190,7 @@ def test_cheap_tier_every_step_equals_the_recorded_full_tier(tmp_path):
 
 
 def test_cheap_tier_bad_budget_exit_2(tmp_path, capsys):
-    rc, path = train(tmp_path, "--max-steps", "1", "--record.cheap_every=1", "--record.max_block_mib=0")
+    rc, path = train(tmp_path, "--max-steps", "1", "--record.cheap_every=1", "--record.max_block_mib=-1")
     assert rc == 2 and not path.exists()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "max_block_mib" in err[0]

@@ -181,7 +181,7 @@ def test_budget_below_one_row_is_refused():
     with pytest.raises(ValueError, match="too small for one query row"):
         both_tiers(m, gpt_loss(*batch()), max_block_mib=1e-6)
     with pytest.raises(FlightError, match="max_block_mib"):
-        FlightRecorder(m, max_block_mib=0)
+        FlightRecorder(m, max_block_mib=-1)
 
 
 def test_micro_steps_accumulate_and_references_drop():
