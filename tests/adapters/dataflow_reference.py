@@ -77,7 +77,7 @@ def kept(classes):
 
     def softmax(x, dim=None, _stacklevel=3, dtype=None):
         out = real["softmax"](x, dim=dim, dtype=None if x.dtype == torch.float64 else dtype)
-        if cur and torch.is_grad_enabled():
+        if cur and torch.is_grad_enabled() and dim in (-1, x.dim() - 1):   # not ConvBERT's kernel softmax
             keep(x, out)
             cur[-1].append(("softmax", x, out))
         return out
@@ -141,7 +141,7 @@ def truth(events, H: int, qk: bool = True) -> dict:
         lx, ly, lo, bt, qi, d, c = _labels(eq_v[0])
         vg, yg = torch.einsum(f"{ly}->{bt}{c}{d}", vg), torch.einsum(f"{lo}->{bt}{qi}{d}", yg)
     T, Tk = a.shape[-2:]
-    H = a.shape[1] if a.dim() == 4 else H
+    H = a.shape[1] if H is None else H            # the scan: a module without a head count, 4-D α
     B = a.numel() // (H * T * Tk)
 
     def heads(t, n):
@@ -289,4 +289,4 @@ def _compare(model, run, classes, H, tol, min_logit):
         T, Tk = ref["attn"].shape[-2:]            # sites of other sizes are padded (Funnel's pooled queries)
         layer = {k: _crop(k, t, T, Tk) for k, t in per_layer(got, i).items()}
         check(layer, ref, ref["attn"] > 0, n_kv, name=f"{type(model).__name__} L{i}", tol=tol, qk=qk)
-    return cap.attrs
+    return {**cap.attrs, "logit_max": logit_max(got)}
