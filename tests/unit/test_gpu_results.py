@@ -1,6 +1,7 @@
 """The committed GPU results (bench/gpu_*.json) and the part selection of bench/gpu_session.sh
-(bench/gpu_parts.py, issue 34): every file names its hardware and holds every key, with a reason
-beside each null; a session owes ``tests`` and exactly the parts whose keys no file has measured."""
+(bench/gpu_parts.py, issues 34 and 46): every file names its hardware and holds every key of its date,
+with a reason beside each null; a session owes exactly the parts whose keys no file has measured, in
+issue 46's priority order, then ``tests``."""
 from __future__ import annotations
 
 import json
@@ -37,14 +38,18 @@ def test_problems_name_what_is_missing(broken, says):
     missing = complete()
     del missing["every50_ratio"]
     assert gpu_parts.problems("f.json", missing) == ["f.json: no key every50_ratio"]
+    # a key added on 2026-11-28 is owed by the files of that date on, not by earlier ones
+    old = {k: v for k, v in complete(date="2026-11-27").items() if k != "wind_tunnel_100k_paper"}
+    assert gpu_parts.problems("f.json", old) == []
+    assert gpu_parts.problems("f.json", {**old, "date": "2026-11-28"}) == ["f.json: no key wind_tunnel_100k_paper"]
 
 
 def test_a_key_measured_by_any_file_is_not_owed():
     a = complete(best_val_ppl_ls=None, wind_tunnel=None, every50_ratio=None,
                  why_null={"best_val_ppl_ls": "x", "wind_tunnel": "x", "every50_ratio": "x"})
-    assert gpu_parts.owed({"a": a}) == ["tests", "timing", "presets", "wind-tunnel"]
+    assert gpu_parts.owed({"a": a}) == ["timing", "wind-tunnel", "presets", "tests"]     # priority order
     b = complete(wind_tunnel={"pc1_share": 0.9}, best_val_ppl_ls=None, why_null={"best_val_ppl_ls": "x"})
-    assert gpu_parts.owed({"a": a, "b": b}) == ["tests", "presets"]
+    assert gpu_parts.owed({"a": a, "b": b}) == ["presets", "tests"]
     assert gpu_parts.owed({"b": complete()}) == ["tests"]
 
 
@@ -52,6 +57,6 @@ def test_the_cli_prints_the_owed_parts_and_checks(tmp_path):
     (tmp_path / "gpu_x.json").write_text(json.dumps(complete(span_delta_val_loss_pct=None)))
     run = lambda *a: subprocess.run([sys.executable, str(BENCH / "gpu_parts.py"), "--dir", str(tmp_path), *a],  # noqa: E731
                                     capture_output=True, text=True)
-    assert run().stdout.split() == ["tests", "span"]
+    assert run().stdout.split() == ["span", "tests"]
     r = run("--check")
     assert r.returncode == 1 and "span_delta_val_loss_pct is null without a reason" in r.stderr
