@@ -17,7 +17,7 @@ import gpu_parts  # noqa: E402
 
 
 def complete(**over) -> dict:
-    d = {"hardware": "some GPU", **{k: 1.0 for k in gpu_parts.KEYS}, "why_null": {}}
+    d = {"date": "2026-11-28", "hardware": "some GPU", **{k: 1.0 for k in gpu_parts.KEYS}, "why_null": {}}
     d.update(over)
     return d
 

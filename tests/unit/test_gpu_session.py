@@ -143,14 +143,15 @@ def test_the_script_continues_each_chain_it_finds(tmp_path):
 
 def test_the_plan_fits_a_session_in_priority_order():
     calls = gpu_parts.plan(gpu_parts.owed({}))
-    flat = [p for c in calls for p in c]
-    assert flat == list(gpu_parts.PARTS)[:len(flat)] and flat[0] == "profile"
-    assert all(sum(min(gpu_parts.SECONDS[p], gpu_parts.CALL_S) for p in c) <= gpu_parts.CALL_S for c in calls)
-    total = sum(min(gpu_parts.SECONDS[p], gpu_parts.CALL_S) for p in flat) + gpu_parts.START_S
-    assert total <= gpu_parts.SESSION_S
-    # everything measured: only the tests are owed, in one call
-    done = {"a": {k: 1.0 for k in gpu_parts.KEYS}}
-    assert gpu_parts.plan(gpu_parts.owed(done)) == [["tests"]]
+    flat = [p for c, _ in calls for p in c]
+    assert flat == ["profile", "timing", "wind-tunnel"]          # issue 46's first three, in its order
+    assert all(d <= gpu_parts.CALL_S for _, d in calls)
+    assert sum(min(gpu_parts.SECONDS[p], d) for c, d in calls for p in c) + gpu_parts.START_S <= gpu_parts.SESSION_S
+    assert calls[-1] == (["wind-tunnel"], 210)                   # the rest of the session; it resumes next time
+    # everything measured (timing since the kernel's rewrite): only the tests are owed, in one call
+    done = {"a": {"date": "2026-11-28", **{k: 1.0 for k in gpu_parts.KEYS}}}
+    assert gpu_parts.plan(gpu_parts.owed(done)) == [(["tests"], gpu_parts.CALL_S)]
+    assert "timing" in gpu_parts.owed({"a": {**done["a"], "date": "2026-11-27"}})
 
 
 def test_the_skeleton_holds_every_key_with_a_reason(tmp_path):
