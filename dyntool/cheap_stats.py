@@ -31,6 +31,8 @@ statistics are the ones of the up-cast inputs while no up-cast copy of q, k, v o
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .quantities import compute_dtype, masked_softmax, score_parts
@@ -112,10 +114,33 @@ def key_ends(allowed: torch.Tensor, uniform: torch.Tensor | None, T: int, Tk: in
     return [int(x) + 1 for x in pad.reshape(nblk, rows).amax(-1).tolist()]     # the one host read
 
 
+@dataclasses.dataclass(frozen=True)
+class SumSpec:
+    """How one running sum becomes its statistic (every path reads this table: :meth:`Sums.finish`,
+    the fused kernel's per-head sums, the flight recorder's all-sites block)."""
+    stat: str          # the statistic it becomes (its metric base, dyntool.record.metric_names)
+    per: str           # averaged over "rows" (query rows) or "seqs" (sequences)
+    u_power: int       # factors of U in each term: divided by grad_scale ** u_power (U = dO / scale)
+    root: bool         # a norm: the square root of the per-sequence sum of squares
+
+
+SUMS = {
+    "ent": SumSpec("attn_entropy", "rows", 0, False),
+    "eb": SumSpec("expected_compat", "rows", 1, False),
+    "var": SumSpec("compat_var", "rows", 2, False),
+    "ds2": SumSpec("score_grad_norm", "seqs", 2, True),
+    "u2": SumSpec("upstream_norm", "seqs", 2, True),
+    "dv2": SumSpec("value_grad_norm", "seqs", 2, True),
+    "colmax": SumSpec("column_max", "rows", 0, False),
+    "colent": SumSpec("column_entropy", "seqs", 0, False),
+    "sink": SumSpec("sink_mass", "rows", 0, False),     # sink models only
+}
+
+
 class Sums:
     """Running per-head sums of one site (nh,), on the device; finished by :meth:`finish`."""
 
-    FIELDS = ("rows", "seqs", "ent", "eb", "var", "ds2", "u2", "dv2", "colmax", "colent", "sink")
+    FIELDS = ("rows", "seqs", *SUMS)
 
     def __init__(self, nh: int, dtype, device):
         z = lambda: torch.zeros(nh, dtype=dtype, device=device)       # noqa: E731
@@ -126,16 +151,13 @@ class Sums:
         self.has_sinks = False
 
     def finish(self) -> dict[str, torch.Tensor]:
-        rows, seqs = self.rows.clamp_min(1), self.seqs.clamp_min(1)
-        out = {
-            "score_max": self.score_max, "logit_max": self.logit_max,
-            "attn_entropy": self.ent / rows, "expected_compat": self.eb / rows, "compat_var": self.var / rows,
-            "score_grad_norm": (self.ds2 / seqs).sqrt(), "upstream_norm": (self.u2 / seqs).sqrt(),
-            "value_grad_norm": (self.dv2 / seqs).sqrt(),
-            "column_max": self.colmax / rows, "column_entropy": self.colent / seqs,
-        }
-        if self.has_sinks:
-            out["sink_mass"] = self.sink / rows
+        count = {"rows": self.rows.clamp_min(1), "seqs": self.seqs.clamp_min(1)}
+        out = {"score_max": self.score_max, "logit_max": self.logit_max}
+        for name, spec in SUMS.items():
+            if name == "sink" and not self.has_sinks:
+                continue
+            x = getattr(self, name) / count[spec.per]
+            out[spec.stat] = x.sqrt() if spec.root else x
         return out
 
 

@@ -49,11 +49,8 @@ from .selfcheck import SelfCheckError, verify
 from .kernels import stats_names as kstats_names
 
 STATS = mn.CHEAP_TIER           # the statistics' names (= their metric bases), formulas in cheap_stats
-# the block path's backward columns (kernels.stats.BACKWARD_SUMS order) → statistic names; the
-# square roots are of the per-sequence sums of squares (as cheap_stats.Sums.finish)
-_BLOCK_NAMES = (mn.EXPECTED_COMPAT, mn.UPSTREAM_NORM, mn.COMPAT_VAR, mn.SCORE_GRAD_NORM, mn.COLUMN_MAX,
-                mn.COLUMN_ENTROPY, mn.VALUE_GRAD_NORM)
-_SQRT_COLUMNS = (False, True, False, True, False, False, True)
+# the block path's backward columns (kernels.stats.BACKWARD_SUMS order) → statistic names
+_BLOCK_NAMES = tuple(cheap_stats.SUMS[n].stat for n in kstats_names.BACKWARD_SUMS)
 
 
 class FlightError(RuntimeError):
@@ -359,9 +356,11 @@ class FlightRecorder(Observer):
         b = torch.where(roots, b.clamp_min(0).sqrt(), b)                # the norms' columns
         rows = float(R * seqs * T)
         out = dict(zip(_BLOCK_NAMES, b.unbind(-1)))
-        out.update(score_max=fm[..., 1], logit_max=fm[..., 2], attn_entropy=fs[..., 0] / rows)
+        col = {n: i for i, n in enumerate(kstats_names.FORWARD_SUMS)}
+        out.update({mn.SCORE_MAX: fm[..., col["score_max"]], mn.LOGIT_MAX: fm[..., col["logit_max"]],
+                    cheap_stats.SUMS["ent"].stat: fs[..., col["ent"]] / rows})
         if has_sinks:
-            out["sink_mass"] = fs[..., 3] / rows
+            out[cheap_stats.SUMS["sink"].stat] = fs[..., col["sink"]] / rows
         return out
 
     def _block_divisors(self, g: float, rows: int, seqs: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -370,10 +369,10 @@ class FlightRecorder(Observer):
         host-to-device copy per step."""
         key = (float(g), rows, seqs, str(device))
         if key not in self._divisors:
-            per = {"eb": rows * g, "u2": seqs * g * g, "var": rows * g * g, "ds2": seqs * g * g, "colmax": rows,
-                   "colent": seqs, "dv2": seqs * g * g}
-            self._divisors[key] = (torch.tensor([float(per[n]) for n in kstats_names.BACKWARD_SUMS], device=device),
-                                   torch.tensor(_SQRT_COLUMNS, device=device))
+            count = {"rows": rows, "seqs": seqs}
+            specs = [cheap_stats.SUMS[n] for n in kstats_names.BACKWARD_SUMS]
+            self._divisors[key] = (torch.tensor([float(count[s.per] * g ** s.u_power) for s in specs], device=device),
+                                   torch.tensor([s.root for s in specs], device=device))
         return self._divisors[key]
 
     def metrics(self, result: dict | None = None) -> dict[str, float]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..cheap_stats import SUMS
+
 from .stats_names import BACKWARD_SUMS, DKV_SLOTS, DQ_SLOTS, FORWARD_SUMS   # every slot, named once
 
 
@@ -53,10 +55,9 @@ def add_to(sums, parts: dict[str, torch.Tensor], B: int, T: int, grad_scale: flo
            has_sinks: bool = False) -> None:
     """Add one forward/backward's ``head_sums`` to a :class:`~dyntool.cheap_stats.Sums`."""
     g = float(grad_scale)
-    power = {"eb": 1, "var": 2, "ds2": 2, "u2": 2, "dv2": 2}
-    for name in ("ent", "eb", "var", "ds2", "u2", "dv2", "colmax", "colent", "sink"):
+    for name, spec in SUMS.items():
         x = parts[name].to(sums.ent.dtype)
-        setattr(sums, name, getattr(sums, name) + x / g ** power.get(name, 0))
+        setattr(sums, name, getattr(sums, name) + x / g ** spec.u_power)
     sums.score_max = torch.maximum(sums.score_max, parts["score_max"].to(sums.ent.dtype))
     sums.logit_max = torch.maximum(sums.logit_max, parts["logit_max"].to(sums.ent.dtype))
     sums.rows += B * T

@@ -2,6 +2,7 @@
 import re
 
 import pytest
+import torch
 
 from dyntool.record import metric_names as mn
 
@@ -152,3 +153,22 @@ def test_ls_local_global_split_comes_from_per_head_columns():
     assert out["global"][1].tolist() == [[2.0, 3.0], [12.0, 13.0]]                       # head 2
     run.config["model"]["attention"] = "mhsa"
     assert set(layer_logits(run)) == {"all"} and np.array_equal(layer_logits(run)["all"][1], out["global"][1])
+
+
+def test_each_cheap_sum_becomes_one_named_statistic():
+    """One table (cheap_stats.SUMS) says what every running sum becomes; its statistics are the
+    cheap tier's public names and the kernel's slots are the table's fields, by name."""
+    from dyntool.cheap_stats import SUMS, Sums
+    from dyntool.kernels.stats_names import BACKWARD_SUMS, DKV_SLOTS, DQ_SLOTS, FORWARD_SUMS
+    stats = [s.stat for s in SUMS.values()]
+    assert len(set(stats)) == len(stats) and set(stats) | {mn.SCORE_MAX, mn.LOGIT_MAX} == set(mn.CHEAP_TIER)
+    kernel_sums = set(BACKWARD_SUMS) | set(FORWARD_SUMS) - {"score_max", "logit_max"}
+    assert kernel_sums == set(SUMS)
+    assert {"var", "ds2"} <= set(DQ_SLOTS) & set(DKV_SLOTS)        # either program may carry them
+    s = Sums(2, torch.float64, "cpu")
+    s.var += 4.0
+    s.ds2 += 9.0
+    s.rows += 2
+    s.seqs += 1
+    out = s.finish()
+    assert out[mn.COMPAT_VAR].tolist() == [2.0, 2.0] and out[mn.SCORE_GRAD_NORM].tolist() == [3.0, 3.0]
