@@ -28,6 +28,10 @@ model's current gradients set aside and restored, so training is not touched.  U
 unwrapped model; ranks other than 0 record nothing.  On a model sharded with FSDP2 every rank
 must construct the recorder and call ``probe_step`` (a sharded forward is a collective): each
 records its own shard of the probe (:mod:`dyntool.integrations.ranked`).
+
+The machinery is the trainer's (:class:`dyntool.recording_session.RecordingSession`: the record, the
+flight recorder, the schedule, a recorded step's row, the cheap tier's read); this class keeps what
+a user's loop needs: the probe step, the micro-step context, and rows written when ``log`` is called.
 """
 from __future__ import annotations
 

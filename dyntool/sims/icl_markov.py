@@ -33,8 +33,8 @@ from ..config import to_dict
 from ..errors import NonFiniteLossError
 from ..flight import FlightRecorder
 from ..progress import progress
-from ..record.policy import check_budget, cheap_wants, schedule
-from ..recorder import Recorder
+from ..record.policy import check_budget, schedule
+from ..recording_session import RecordingSession
 from ..run_writer import RunWriter
 from . import icl_markov_task as task
 from .icl_markov_config import ICLMarkovConfig
@@ -125,10 +125,10 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
     t0 = time.perf_counter()
     try:
         with run:
-            store = run.open_store(rc.chunk_steps, rc.flush_seconds,
-                                   attrs={"task": KIND, "k": cfg.k, "T": T, "prior": prior, "adapter": "dyntool"})
-            rec = Recorder(store, rc, cfg.steps, T)
-            flight = FlightRecorder(model, seqs=rc.cheap_seqs or None, max_block_mib=rc.max_block_mib)
+            session = RecordingSession(run, rc, cfg.steps)
+            rec = session.open_recorder(T, dict(L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs), attrs={
+                "task": KIND, "k": cfg.k, "T": T, "prior": prior, "adapter": "dyntool"})
+            flight = session.open_flight(model)          # its paths (and why) go to meta.json
             for step in progress(range(cfg.steps), desc=f"icl-markov {name}", disable=quiet):
                 row = {}
                 if step % cfg.eval_every == 0 or step == cfg.steps - 1:
@@ -137,15 +137,15 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
                         row.update({f"{k_}@{ep}": v for k_, v in evaluate(model, xo, so, scores=False).items()})
                 x, _ = task.sample(cfg.batch_size, T + 1, cfg.k, cfg.alpha, prior, rng, cfg.unigram_share)
                 x = x.to(dev)
-                cap = rec.capture(model) if rec.wants(step) else None
+                cap = rec.capture(model) if session.wants(step) else None
                 try:
                     loss, res, norm = train_step(model, opt, x, flight, cap, cfg.grad_clip)
                 except NonFiniteLossError:
                     raise NonFiniteLossError(step) from None
                 if cap is not None:
                     rec.record_capture(step, cap, extra={"train_loss": loss.item()})
-                if cheap_wants(rc, step):
-                    row.update(flight.metrics(res))
+                if session.cheap_wants(step):
+                    row.update(session.cheap_read(res).get())
                 run.log(step, loss=loss.item(), grad_norm=float(norm), **row)
             seconds = time.perf_counter() - t0
             run.update_meta(final={"seconds": round(seconds, 1), "sec_per_step": seconds / cfg.steps,

@@ -1,6 +1,9 @@
 """Training callbacks: recording (core Recorder + per-step statistics), metrics, console.
 
-``RecordingCallback`` (rank 0 only) does three things, none of which the loop knows about:
+``RecordingCallback`` (rank 0 only; every rank under FSDP: :mod:`.sharded`) does four things, none
+of which the loop knows about; the recording machinery it shares with ``RunRecorder`` and the
+simulations (the record and its Recorder, the flight recorder, the schedule, a recorded step's
+row, the cheap tier's read) is one :class:`dyntool.recording_session.RecordingSession`:
 
 1. **Recorded steps** (``record.every`` etc.): through :class:`dyntool.recorder.Recorder`.
    ``record.batch = "probe"``: before the step, one extra forward/backward of the uncompiled model
