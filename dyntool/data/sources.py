@@ -78,7 +78,8 @@ class Source:
 
 # ----------------------------------------------------------------------------- locating
 
-def _repo_root() -> Path:
+def repo_root() -> Path:
+    """The dyntool checkout this module runs from (where `../shared/data` and `tests/data` are looked for)."""
     return Path(__file__).resolve().parents[2]  # dyntool/data/sources.py -> repo
 
 

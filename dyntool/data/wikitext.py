@@ -90,7 +90,7 @@ class Corpus:
 # ----------------------------------------------------------------------------- paths
 
 def _repo_root() -> Path:
-    return sources._repo_root()
+    return sources.repo_root()
 
 
 def resolve_data_dir(path: str | os.PathLike | None = None) -> Path:

@@ -51,7 +51,7 @@ def new_shell(tmp_path, monkeypatch):
     """In-process (a subprocess per command costs ~10 s of imports on a loaded machine): a
     repository root and working directory with no ``shared/`` beside them, no hub, no env var."""
     import dyntool.data.sources as sources
-    monkeypatch.setattr(sources, "_repo_root", lambda: tmp_path / "clone")
+    monkeypatch.setattr(sources, "repo_root", lambda: tmp_path / "clone")
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     for k in [k for k in os.environ if k.startswith(("DYNTOOL_", "HF_"))]:
@@ -243,3 +243,23 @@ def test_ls_lists_a_studys_runs_together_in_seed_order(tmp_path, capsys):
     ids = [ln.split()[0] for ln in capsys.readouterr().out.splitlines()[1:] if ln.strip()]
     assert ids == ["toy-a", "st/seed7-em", "st/seed7-sgd", "st/seed42-em", "st/seed42-sgd",
                    "st/seed2024-em", "st/seed2024-sgd"], ids
+
+
+@pytest.mark.parametrize("argv, heavy", [
+    (["train", "--config", "wikitext_mhsa", "--model.n_head=0"], "torch"),
+    (["train", "--config", "wikitext_mhsa", "--optim.lr=-1"], "torch"),
+    (["figures", "no-such-runs", "--out", "figs"], "matplotlib"),
+    (["figures", "no-such-runs"], "matplotlib"),
+])
+def test_a_bad_input_is_refused_before_the_heavy_imports(tmp_path, argv, heavy):
+    """Item 6: some refusals took 10-16 s on a loaded machine, spent importing torch and matplotlib
+    before the value or path was looked at.  In a fresh interpreter they are refused with neither
+    imported (zarr, a second, still is: the --out checks read storage)."""
+    code = ("import sys; from dyntool.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, *(m in sys.modules for m in ('torch', 'matplotlib')))")
+    p = subprocess.run([sys.executable, "-c", code, *argv], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    rc, torch, mpl = p.stdout.split()
+    assert rc == "2" and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert (torch, mpl) == ("False", "False"), (heavy, p.stdout)
+    assert list(tmp_path.iterdir()) == []
