@@ -55,32 +55,35 @@ def _user_seeds(args) -> bool:
 
 def cmd_sim_toy(args) -> int:
     from ..sims.toy import ToyConfig, run_toy
-    cfg, start = _config_or_resume(args, ToyConfig, "toy")
-    if start is None:
-        return 0
-    out, name = start["out"], start["name"]
-    with _guarded(args, out), restart_hint(out, name, resumable=True):
-        run = run_toy(cfg, out, name=name, tags=args.tag, quiet=args.quiet, resume=start["ckpt"],
-                      resumed_from=start["from"])
-    print(f"toy run written to {run.path}")
+    run = _simulate(args, ToyConfig, "toy", run_toy)
+    if run is not None:
+        print(f"toy run written to {run.path}")
     return 0
 
 
 def cmd_bijection(args) -> int:
     from ..sims.bijection import BijectionConfig, run_bijection
-    cfg, start = _config_or_resume(args, BijectionConfig, "bijection", reset={"stop_at_step": 0})
-    if start is None:
+    run = _simulate(args, BijectionConfig, "bijection", run_bijection, reset={"stop_at_step": 0})
+    if run is None:
         return 0
-    out, name = start["out"], start["name"]
-    with _guarded(args, out), restart_hint(out, name, resumable=True):
-        run = run_bijection(cfg, out, name=name, tags=args.tag, quiet=args.quiet, resume=start["ckpt"],
-                            resumed_from=start["from"])
     print(json.dumps(run.meta.get("final", {}), indent=1, default=float))
     print(f"bijection run written to {run.path}")
     nxt = run.meta.get("final", {}).get("next_step")
     if nxt:
         print(nxt)
     return 0
+
+
+def _simulate(args, schema: type, kind: str, run_fn, reset: dict | None = None):
+    """A checkpointing simulation: its config (or the run it resumes), then ``run_fn`` under the
+    Ctrl-C hint; None when a resumed run is already at its steps."""
+    cfg, start = _config_or_resume(args, schema, kind, reset)
+    if start is None:
+        return None
+    out, name = start["out"], start["name"]
+    with _guarded(args, out), restart_hint(out, name, resumable=True):
+        return run_fn(cfg, out, name=name, tags=args.tag, quiet=args.quiet, resume=start["ckpt"],
+                      resumed_from=start["from"])
 
 
 def _config_or_resume(args, schema: str | type, kind: str, reset: dict | None = None):
