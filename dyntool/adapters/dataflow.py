@@ -245,6 +245,9 @@ def _tau(f, allowed, shape) -> tuple[float, bool]:
     _only_through_product(f, probe, d)
     tau_map = (d.to(torch.float64).reshape(shape) / probe.to(torch.float64).reshape(shape))[allowed]
     if tau_map.numel() == 0:
+        if not bool(torch.isfinite(f.alpha).any()):
+            raise DataflowRefusal("the model's own attention weights are NaN everywhere here (its scores are not "
+                                  "finite), so nothing about them can be checked")
         raise DataflowRefusal("α weighs no key")
     tau = float(tau_map.median())
     if tau == 0:

@@ -7,6 +7,7 @@ refused with its reason.  The third generated table of docs/recording.md:
     python -m tests.adapters.dataflow_scan                               # prints the table
     python -m tests.adapters.dataflow_scan --write docs/recording.md     # replaces it in the docs
     python -m tests.adapters.dataflow_scan bloom gpt2                    # some rows only
+    python -m tests.adapters.dataflow_scan --write docs/recording.md bloom   # re-made in place
 
 A row's path is the adapter that took the model (``hf`` the attention registry, ``dataflow``,
 ``sdpa``, ``torch-mha``, ...).  Verdicts: ``exact`` (α, B, advantages, ∂L/∂S, U, dQ, dK, dV to
@@ -14,8 +15,9 @@ A row's path is the adapter that took the model (``hf`` the attention registry, 
 recording: never accepted by the test), ``refused: <dyntool's one-line reason>``, or a row the
 scan could not put to the test: ``not built`` (the shrunk config is not valid for the family),
 ``not a text model`` (its forward takes no ``input_ids``), ``model error`` (the model fails on the
-batch without dyntool), ``no truth`` (the reference's swapped functions see no softmax·V), ``scan
-error`` (this script failed on the family).
+batch without dyntool), ``no truth`` (the reference's swapped functions cannot read the attention:
+no softmax·V among them, other shapes, attention sinks), ``scan error`` (this script failed on the
+family).
 ``test_dataflow_scan.py`` re-runs a few rows and checks the table lists today's model types.
 """
 from __future__ import annotations
@@ -103,22 +105,22 @@ def _loss(out, w):
     return (y * w[: y.numel()].view_as(y).to(y.dtype)).sum() / y.shape[-1] ** 0.5
 
 
-def _scale_qk(model, run, target=30.0) -> None:
+def _scale_qk(model, run, target=30.0) -> dict:
     """q/k weights (found by name, as in :func:`dataflow_reference.make`) scaled once so that max
-    |τ q·k| ≈ target (logits are bilinear in them): trained-size logits where the names are known."""
-    params = [p for n, p in model.named_parameters()
-              if (n.split(".")[-2] in R.QK + ("qkv", "in_proj") and n.split(".")[-1] == "weight")
-              or n.split(".")[-1] in ("q", "k", "in_proj_weight")]
-    if not params:
-        return
+    |τ q·k| ≈ target (logits are bilinear in them): trained-size logits where the names are known.
+    Returns the recording's attributes."""
+    names = [(n.split(".")[-2:], p) for n, p in model.named_parameters()]
+    params = [p for parts, p in names if (len(parts) == 2 and parts[0] in R.QK + ("qkv", "in_proj", "Wq", "Wk")
+                                          and parts[1] == "weight") or parts[-1] in ("q", "k", "in_proj_weight")]
     with Capture(model) as cap:
         run(model).backward()
     model.zero_grad()
     lm = R.logit_max(cap.compute(torch.float64))
-    if lm > 0:
+    if params and lm > 0:
         with torch.no_grad():
             for p in params:
                 p.mul_((target / lm) ** 0.5)
+    return cap.attrs
 
 
 def _short(msg: str) -> str:
@@ -133,9 +135,11 @@ def _verdict(model, run) -> tuple[str, str, str]:
     except CaptureError as e:
         return "none", "refused: " + _short(str(e)), ""
     try:
-        _scale_qk(model, run)
+        attrs = _scale_qk(model, run)
     except CaptureError as e:
         return path, "refused: " + _short(str(e)), ""
+    if "sinks" in attrs.get("score_modifiers", ()):     # α with a sink's share: not the plain softmax's output
+        return path, "no truth (attention sinks: the reference's plain softmax is not the model's α)", ""
     classes = {s.label for s in Capture(model).sites}
     for tol, what in ((1e-8, "exact"), (1e-5, "exact to 1e-5 (a float32 step inside the model)")):
         try:
@@ -146,7 +150,7 @@ def _verdict(model, run) -> tuple[str, str, str]:
             why = str(e).splitlines()[0][:120]
             continue
         except (IndexError, StopIteration, KeyError, AttributeError, RuntimeError) as e:
-            return path, f"no truth (the reference sees no softmax·V: {type(e).__name__})", ""
+            return path, f"no truth (the reference cannot read this attention: {type(e).__name__})", ""
         if attrs.get("qk_grads") == "unavailable":
             what += "; dQ/dK unavailable: " + _short(attrs["qk_unavailable"])
         return path, what, f"{attrs['logit_max']:.0f}"
@@ -226,6 +230,9 @@ def main(argv=None) -> int:
         if MARK not in text:
             print(f"{doc}: no line {MARK}", file=sys.stderr)
             return 2
+        if a.types:                        # only these rows, in the table as it is
+            new = {line.split(" | ")[0]: line for line in got.splitlines()[3:]}
+            got = "\n".join(new.get(line.split(" | ")[0], line) for line in block(text).splitlines())
         doc.write_text(text.replace(block(text), got))
     else:
         sys.stdout.write(got + "\n")

@@ -411,3 +411,16 @@ def test_cheap_tier_backward_reads_the_host_once_per_layer():
         rec.reset()
     assert syncs == ["tolist"] * len(rec.sites), syncs
     assert bool(torch.isfinite(stats["logit_max"]).all())
+
+
+def test_nan_attention_weights_are_refused_saying_so():
+    """A model whose own α is NaN (Canine's tiny default config in the scan) is refused saying its
+    scores are not finite, in one line (was: "α weighs no key")."""
+    m = nano(n_layer=1)
+    with torch.no_grad():
+        m.blocks[0].attn.c_attn.weight.fill_(float("nan"))
+    x, pad = batch()
+    with pytest.raises(CaptureError, match="not finite") as e:
+        with Capture(m):
+            m(x, pad).sum().backward()
+    assert "\n" not in str(e.value)
