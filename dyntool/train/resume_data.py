@@ -28,8 +28,9 @@ def check_trainable(resume: str) -> None:
         return
     if isinstance(config, dict) and config and "train" not in config:
         kind = meta.get("kind", "?") if isinstance(meta, dict) else "?"
-        raise RunError(f"cannot resume {resume}: it is a {kind!r} run, not one `dyntool train` wrote; "
-                       "a simulation keeps no checkpoint, so its own command starts it again")
+        how = (f"continue it with: dyntool sim {kind} --resume {resume}" if kind in ("toy", "bijection") else
+               "a simulation keeps no checkpoint, so its own command starts it again")   # dyntool/sims/resume.py
+        raise RunError(f"cannot resume {resume}: it is a {kind!r} run, not one `dyntool train` wrote; {how}")
 
 
 def use_recorded_data(cfg: TrainConfig, run) -> None:

@@ -218,6 +218,7 @@ def test_train_resume_of_a_simulation_run_says_what_it_is(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path / "sim")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "it is a 'toy' run, not one `dyntool train` wrote" in err[0], err
+    assert f"continue it with: dyntool sim toy --resume {tmp_path / 'sim'}" in err[0]     # issue 46
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sim"]
 
 
