@@ -198,8 +198,8 @@ def register(sub, simsub) -> None:
     config_option(b, BijectionConfig, "steps", help="training steps (default: the config's)")
     config_option(b, BijectionConfig, "seed", help="RNG seed (default 42)")
     config_option(b, BijectionConfig, "device", help="cpu (default), cuda or cuda:N: where the model, batches and "
-                  "held-out set live; data is drawn on the CPU either way.  A missing GPU is refused before "
-                  "anything is written")
+                  "held-out set live; the batches are drawn there and, on CUDA, the step is compiled (--compile=auto|on|off).  "
+                  "A missing GPU is refused before anything is written")
     _config_file_options(b, "bijection.toml")
     common_output_options(b, None, default_says="runs/bijection, or the folder of the --resume run")
     _resume_options(b, "bijection", os.path.join("runs", "bijection"))
