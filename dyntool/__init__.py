@@ -10,13 +10,17 @@ Public API::
         loss.backward()
     cap.compute()                                       # name -> (layer, head, seq, ...) tensors
 """
-from .run import Run, list_runs, open_run
 from .version import __version__
 
 __all__ = ["Run", "open_run", "list_runs", "Capture", "__version__"]
 
 
-def __getattr__(name):          # Capture pulls in torch: imported only when asked for
+def __getattr__(name):
+    # imported when asked for: the run API pulls in zarr (a second), Capture torch; every
+    # `dyntool` command imports this package first, and a refused input should not wait for them
+    if name in ("Run", "open_run", "list_runs"):
+        from . import run
+        return getattr(run, name)
     if name == "Capture":
         from .capture import Capture
         return Capture

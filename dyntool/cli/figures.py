@@ -49,9 +49,19 @@ def _dpi(text: str) -> int:
 
 
 def cmd_figures(args) -> int:
+    from ..storage import open_backend
+    if not args.list:
+        # the user's paths are checked before the figure modules load (matplotlib and torch:
+        # seconds, more on a loaded machine, before a typo was reported)
+        if not args.out:
+            raise ConfigError("--out", "DIR is required (where the figures are written)")
+        if not open_backend(args.out, "--out").plain_files:
+            raise ConfigError("--out", f"{args.out}: figures are written to a local folder "
+                                       "(runs in object storage are read, never written, by figures)")
+        inputs = args.inputs or [DEFAULT_INPUT]
+        runs = collect_runs(inputs)
     from ..figures import FIGURES, export_all, load
     from ..figures.writer import parse_formats
-    from ..storage import open_backend
     from ..figures.registry import FigureError
     load()
     if args.list:
@@ -59,18 +69,11 @@ def cmd_figures(args) -> int:
         for name, spec in FIGURES.items():
             print(f"{name:<{width}}  {spec.title}\n{'':<{width}}  needs: {spec.needs}")
         return 0
-    if not args.out:
-        raise FigureError("--out DIR is required (where the figures are written)")
-    if not open_backend(args.out, "--out").plain_files:
-        raise FigureError(f"--out {args.out}: figures are written to a local folder "
-                          "(runs in object storage are read, never written, by figures)")
     formats = parse_formats(args.format)
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     unknown = [n for n in only or [] if n not in FIGURES]
     if unknown:
         raise FigureError(f"unknown figure(s) {', '.join(unknown)}; see dyntool figures --list")
-    inputs = args.inputs or [DEFAULT_INPUT]
-    runs = collect_runs(inputs)
     for r in runs:
         for prob in r.problems:
             print(f"warning: {r.path}: {prob}", file=sys.stderr)

@@ -21,10 +21,14 @@ def cmd_train(args) -> int:
     from .. import paths
     from ..errors import ConfigError
     from ..location import location
-    from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.config is None and args.resume is None:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
+    if args.resume is None:          # a bad value is refused before torch loads (seconds when loaded)
+        from .. import config
+        from ..train.config import TrainConfig
+        config.load(TrainConfig, args.config, args.preset, args.overrides, values=config_values(args))
+    from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.resume is not None:
         args.resume = str(location(args.resume, "--resume"))   # one line for gs://, '', ~nosuchuser
         from ..train.resume_data import check_trainable

@@ -14,7 +14,7 @@ from typing import Annotated, ClassVar
 from ..config import Device, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
-from ..span import SpanConfig
+from ..span_config import SpanConfig
 
 ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
 

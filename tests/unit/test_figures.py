@@ -264,8 +264,9 @@ def test_cli_writes_reports_skips_and_expands_studies(root, tmp_path, capsys):
     (["--format", "gif"], "unknown figure format"),
     (["/does/not/exist"], "does not exist"),
 ])
-def test_cli_errors_are_one_line_exit_2(argv, msg, tmp_path, capsys):
-    rc = main(["figures", "--out", str(tmp_path / "o"), *argv])
+def test_cli_errors_are_one_line_exit_2(argv, msg, root, tmp_path, capsys):
+    # a real run as input: the inputs are checked first, before the figure modules load
+    rc = main(["figures", str(root / "toy"), *argv, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and msg in err and err.count("\n") == 1
 
