@@ -43,9 +43,11 @@ class Interrupted(KeyboardInterrupt):
 class _Signals:
     depth = 0                   # > 0 inside critical_section()
     pending: int | None = None  # a signal held until the section ends
+    said = False                # this rank told the group's store it was asked to stop
 
 
 def _on_signal(signum, frame):
+    _say_asked_to_stop()
     if _Signals.depth > 0 and _Signals.pending is None:
         _Signals.pending = signum          # finish the step first; a second signal is not held
         return
@@ -63,6 +65,11 @@ def critical_section():
         yield
     except Exception as e:
         signum = _held_while_distributed() if _Signals.depth == 1 else None
+        if isinstance(signum, list):            # a peer vanished: its kill is this run's failure
+            _Signals.pending = None
+            raise RuntimeError(f"rank {', '.join(map(str, signum))} ended without being asked to stop "
+                               f"(killed: SIGKILL, the out-of-memory killer?); this rank's step then "
+                               f"failed: {type(e).__name__}: {e}") from e
         if signum is None:
             raise
         _Signals.pending = None
@@ -76,32 +83,67 @@ def critical_section():
 
 STOP_WAIT_S = 1.0
 FAILED_KEY = "dyntool/step_failed/"     # + rank: in the process group's store
+ASKED_KEY = "dyntool/asked_to_stop/"    # + rank: that rank received SIGTERM/SIGINT
 
 
-def _held_while_distributed() -> int | None:
+def _multi_process():
+    """torch.distributed when this is one rank of several, else None (never imports torch)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist
+    except Exception:                           # noqa: BLE001 - a group being torn down: one process
+        pass
+    return None
+
+
+def _say_asked_to_stop() -> None:
+    """A rank that receives a stop signal says so in the group's store, once: a peer whose
+    collective this rank's leaving breaks then knows it was a stop, not a kill."""
+    dist = _multi_process()
+    if dist is None or _Signals.said:
+        return
+    _Signals.said = True
+    try:
+        store = _group_store()
+        if store is not None:
+            store.set(ASKED_KEY + str(dist.get_rank()), "1")
+    except Exception:                           # noqa: BLE001 - the store is gone: peers read a failure
+        pass
+
+
+def _held_while_distributed() -> int | list[int] | None:
     """The signal held when a step of a multi-process run fails, if the failure came from a stop.
     torchrun sends every rank the signal; a rank that stops at its step boundary breaks the
     collective another rank is in (gloo: connection reset), whose own signal may land a moment
     later, so it is waited for briefly: the run then reads as interrupted.  But torchrun also
     signals every rank when one rank *fails*: so a rank whose step fails with no signal held says
     so in the group's store first, and a signal does not count once another rank has said it.
-    A single process never waits (its failure is its own)."""
+    A single process never waits (its failure is its own).  And a rank killed outright (SIGKILL,
+    the out-of-memory killer) says nothing, breaks the collective all the same, and torchrun then
+    signals the others: a stop only if every other rank was asked to stop too (each says so in
+    the store when its signal lands); else the ranks that were not are returned, for the failure."""
     import time
-
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+    dist = _multi_process()
+    if dist is None:
         return None
     rank, world, store = dist.get_rank(), dist.get_world_size(), _group_store()
     if store is None:
         return None
+    peers = [r for r in range(world) if r != rank]
     try:
         if _Signals.pending is None:            # nothing asked this rank to stop (yet)
             store.set(FAILED_KEY + str(rank), "1")
         end = time.monotonic() + STOP_WAIT_S
         while _Signals.pending is None and time.monotonic() < end:
             time.sleep(0.02)                    # the Python handler runs here (it only records: depth > 0)
-        if any(store.check([FAILED_KEY + str(r)]) for r in range(world) if r != rank):
-            return None                         # another rank failed first: this is its failure
+        if _Signals.pending is None or any(store.check([FAILED_KEY + str(r)]) for r in peers):
+            return None                         # no stop, or another rank failed first: its failure
+        end = time.monotonic() + STOP_WAIT_S
+        while (unasked := [r for r in peers if not store.check([ASKED_KEY + str(r)])]) and time.monotonic() < end:
+            time.sleep(0.02)
+        if unasked:
+            return unasked
     except Exception:                           # the store is gone with its host: the failure stands
         return None
     return _Signals.pending

@@ -21,6 +21,7 @@ def handler():
     yield
     signal.signal(signal.SIGTERM, old)
     run_writer._Signals.pending = None
+    run_writer._Signals.said = False
 
 
 class Store:
@@ -55,13 +56,30 @@ def test_a_signal_in_a_step_is_held_to_its_end(handler):
 
 def test_a_collective_broken_by_a_peer_that_stopped_is_an_interruption(handler, monkeypatch):
     store = world(monkeypatch, 2)
+    store.set(run_writer.ASKED_KEY + "1", "1")                   # the peer got the stop signal too
     # this rank's own SIGTERM lands 0.1 s after its all-reduce failed
     threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()
     with pytest.raises(Interrupted, match=r"signal 15 \(this rank's step ended in RuntimeError\)"):
         with critical_section():
             raise RuntimeError("[gloo/transport/tcp/pair.cc:537] Read error: Connection reset by peer")
     assert run_writer._Signals.pending is None and run_writer._Signals.depth == 0
-    assert store.keys == {run_writer.FAILED_KEY + "0": "1"}     # said before its signal came
+    assert store.keys == {run_writer.FAILED_KEY + "0": "1", run_writer.ASKED_KEY + "0": "1",
+                          run_writer.ASKED_KEY + "1": "1"}      # failed before its signal came
+
+
+def test_a_peer_killed_outright_makes_the_run_failed_not_interrupted(handler, monkeypatch):
+    """Issue 50 item 11: rank 1 killed by SIGKILL breaks rank 0's all-reduce, and torchrun then
+    sends rank 0 a SIGTERM: the run read 'interrupted by signal 15'.  Rank 1 was never asked to
+    stop (it said nothing in the store), so this is a failure that names it."""
+    store = world(monkeypatch, 2)
+    monkeypatch.setattr(run_writer, "STOP_WAIT_S", 0.3)
+    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()      # torchrun's, after the kill
+    with pytest.raises(RuntimeError, match=r"^rank 1 ended without being asked to stop \(killed: SIGKILL.*"
+                                           r"step then failed: RuntimeError: Connection reset by peer$"):
+        with critical_section():
+            raise RuntimeError("Connection reset by peer")
+    assert run_writer._Signals.pending is None and run_writer._Signals.depth == 0
+    assert store.keys == {run_writer.FAILED_KEY + "0": "1", run_writer.ASKED_KEY + "0": "1"}
 
 
 def test_a_peer_that_failed_first_keeps_the_run_failed(handler, monkeypatch):
