@@ -47,13 +47,14 @@ class Step:
     non-finite loss stops the run before the update (a host sync: the CPU's behaviour).  The loss
     and the norm are tensors, read only on logged steps."""
 
-    def __init__(self, model, opt, cfg, loss_of, compiled: bool = False):
+    def __init__(self, model, opt, cfg, loss_of, compiled: bool = False, backend: str = "inductor"):
         self.model, self.opt, self.cfg, self.compiled = model, opt, cfg, compiled
         self.graphs = compiled and next(model.parameters()).device.type == "cuda"
         if compiled:
             # mode reduce-overhead = CUDA graphs on a GPU; on the CPU it is inductor's default
-            self.loss = torch.compile(lambda x, y: loss_of(model, x, y), dynamic=False,
-                                      mode="reduce-overhead" if self.graphs else "default")
+            # (backend: inductor; a test may trace without code generation, "aot_eager", in seconds)
+            self.loss = torch.compile(lambda x, y: loss_of(model, x, y), dynamic=False, backend=backend,
+                                      mode="reduce-overhead" if self.graphs and backend == "inductor" else None)
         else:
             self.loss = lambda x, y: loss_of(model, x, y)
 

@@ -18,14 +18,14 @@ from dyntool.sims.bijection_task import task_loss, value_scores
 STEPS = 3
 
 
-def _run(cfg, model, compiled: bool, gen: torch.Generator | None = None):
+def _run(cfg, model, compiled: bool, gen: torch.Generator | None = None, backend: str = "inductor"):
     """``STEPS`` steps of a copy of ``model`` from ``cfg.seed``'s batches (drawn on ``gen``'s device)."""
     model = copy.deepcopy(model)
     opt = torch.optim.AdamW(model.param_groups(cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
 
     def loss_of(mdl, x, y):
         return task_loss(value_scores(mdl, x, cfg.V, cfg.task.head), x, y, cfg.V, cfg.task)
-    step = bijection_step.Step(model, opt, cfg, loss_of, compiled=compiled)
+    step = bijection_step.Step(model, opt, cfg, loss_of, compiled=compiled, backend=backend)
     gen = (gen or torch.Generator()).manual_seed(cfg.seed)
     out = [step(i, gen) for i in range(STEPS)]
     return [float(o[0]) for o in out], [float(o[2]) for o in out], model.state_dict()
@@ -46,6 +46,19 @@ def test_the_compiled_step_equals_the_eager_step(preset):
         torch.testing.assert_close(c_params[k], v, rtol=1e-5, atol=1e-6, msg=k)
     # and the parameters moved: the comparison is not of two untouched copies
     assert any(not torch.equal(v, model.state_dict()[k]) for k, v in c_params.items())
+
+
+def test_the_traced_step_equals_the_eager_step_in_seconds():
+    """The same comparison through dynamo and AOTAutograd without inductor's code generation (5-7 s
+    of CPU): the step traces whole, the pointer head's ln_f hook and the model's forward included."""
+    cfg = config.load(BijectionConfig, "bijection", "ci", values={"task.head": "pointer", "batch_size": 8})
+    model = build_model(cfg)
+    torch._dynamo.reset()
+    e_loss, e_norm, e_params = _run(cfg, model, compiled=False)
+    c_loss, c_norm, c_params = _run(cfg, model, compiled=True, backend="aot_eager")
+    assert e_loss == pytest.approx(c_loss, rel=1e-6) and e_norm == pytest.approx(c_norm, rel=1e-5)
+    for k, v in e_params.items():
+        torch.testing.assert_close(c_params[k], v, rtol=1e-6, atol=1e-7, msg=k)
 
 
 def test_compile_auto_is_on_for_cuda_only():
