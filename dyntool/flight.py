@@ -151,8 +151,13 @@ class FlightRecorder(Observer):
 
     # -- context management -------------------------------------------------------------
     def __enter__(self) -> "FlightRecorder":
-        for s, n in self._token_sizes.items():    # fresh tokens, made outside a compiled graph
-            self._fused[s].token = torch.zeros(n, device=self._device, requires_grad=True)
+        if self._token_sizes:                     # fresh tokens, made outside a compiled graph:
+            # one allocation for the step, each site's slice its own leaf; never filled, since
+            # only a token's gradient is ever read (the op takes it for its autograd edge)
+            sizes = list(self._token_sizes.values())
+            block = torch.empty(sum(sizes), device=self._device)
+            for s, t in zip(self._token_sizes, block.split(sizes)):
+                self._fused[s].token = t.detach().requires_grad_()
         self.adapter.attach(self)
         self._arm(True)
         self._attached = True

@@ -146,7 +146,8 @@ class _Fused:
             return self._run_compiled(op, q, k, v, has_sinks, kw)
         token = None
         if self.mode == "stats":
-            token = torch.zeros(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
+            # never filled: only its gradient is read (the op takes it for its autograd edge)
+            token = torch.empty(op.bwd_stats_size(q, k), device=q.device, requires_grad=True)
         try:
             y, _, fst = op.attention(q, k, v, token=token, stats=True, seqs=self.seqs, **kw)
         except Exception as e:                  # noqa: BLE001  auto: never fail a step for the kernel
