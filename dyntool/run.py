@@ -201,28 +201,40 @@ def is_run(where) -> bool:
     return open_backend(where).is_run()
 
 
-def open_run(path: str | Path, root: str | Path | None = None) -> Run:
+def open_run(path: str | Path | Backend, root: str | Path | None = None) -> Run:
     """The run at ``path``: a local folder, ``s3://bucket/prefix/RUN`` or ``file:///path/RUN``
-    (:mod:`dyntool.location`, read through :mod:`dyntool.storage`).  Every local file read must
-    resolve inside ``root`` (default: the run directory itself; the app and ``ls`` pass the runs
-    folder).  Malformed files are reported in ``Run.problems``, never raised; a recording's chunks
-    are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
-    p = location(path)
-    _need_dir(p, f"no run at {p} (not a directory)")
-    backend = open_backend(p, root=root)
+    (:mod:`dyntool.location`, read through :mod:`dyntool.storage`), or the run's backend itself
+    (what :meth:`~dyntool.storage.Backend.runs` yields; ``root`` is then the backend's).  Every local
+    file read must resolve inside ``root`` (default: the run directory itself; the app and ``ls``
+    pass the runs folder).  Malformed files are reported in ``Run.problems``, never raised; a
+    recording's chunks are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
+    if isinstance(path, Backend):
+        backend = path
+    else:
+        p = location(path)
+        _need_dir(p, f"no run at {p} (not a directory)")
+        backend = open_backend(p, root=root)
     if not backend.is_run():
         raise RunError(f"{backend.path} is not a dyntool run (no meta.json or config.json)")
+    return _read(backend)
+
+
+def _read(backend: Backend) -> Run:
+    """The run on ``backend``, known to be one (:func:`open_run` asked; a listing found it)."""
+    p = backend.where
     if not backend.contained():
         raise RunError(f"{p} resolves outside {backend.root}; not read")
     problems: list[str] = []
     meta = check_meta(read_json(backend, "meta.json", problems), problems)
+    if meta.get("status") == "running":     # still written: not from a listing made before its marker
+        backend = backend.live()
     config = read_json(backend, "config.json", problems)
     notes = []
     # local folders only: in object storage the files' ages would cost a HEAD per file on every
     # open (the app re-opens live runs every few seconds), so a stale remote run is not noted
     if meta.get("status") == "running" and isinstance(p, Path) and _stale(p):
         notes.append("status is 'running' but nothing was written for 10 minutes (killed?)")
-    return Run(backend.where, config, meta, problems, notes=notes, backend=backend)
+    return Run(p, config, meta, problems, notes=notes, backend=backend)
 
 
 def open_remote_run(url) -> Run:
@@ -252,43 +264,30 @@ def _stale(p: Path, seconds: float = 600) -> bool:
     return time.time() - newest > seconds
 
 
-def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Path | URLPath]:
-    """Run folders below ``runs_dir`` (study folders included), sorted by path, on either backend;
-    folders resolving outside ``root`` (default ``runs_dir``) are skipped, folders named ``*.zarr``
-    or ``.*`` never entered (an object store: one delimited LIST per folder visited)."""
+def run_backends(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Backend]:
+    """The backends of the runs below ``runs_dir`` (study folders included), in name order, from
+    one backend opened here and the child backends its listing yields (a disk: one listing per
+    folder; an object store: one LIST of everything below, :meth:`~dyntool.storage.Backend.runs`); folders resolving outside ``root``
+    (default ``runs_dir``) are skipped, folders named ``*.zarr`` or ``.*`` never entered."""
     start = location(runs_dir, "RUNS_DIR")
     _need_dir(start, f"runs directory {start} does not exist")
     top = open_backend(start, "RUNS_DIR", root=root)
-    if not top.exists():                    # object stores have no empty folders: nothing is there
+    found = list(top.runs(max_depth))
+    if not found and not top.exists():      # object stores have no empty folders: nothing is there
         raise RunError(f"runs directory {top.path} does not exist (nothing is stored under it)")
-    found: list[Path | URLPath] = []
-
-    def walk(b, depth: int):
-        try:                                 # an unreadable folder (permissions, /proc) is skipped
-            if not b.contained():
-                return
-            if b.is_run():
-                found.append(b.where)
-                return
-            if depth >= max_depth:
-                return
-            dirs = b.list()[0]
-        except (OSError, ValueError):
-            return
-        for d in sorted(dirs):
-            if not d.startswith(".") and not d.endswith(".zarr"):
-                walk(b.child(d), depth + 1)
-
-    walk(top, 0)
     return found
+
+
+def find_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Path | URLPath]:
+    """The locations of :func:`run_backends`, sorted by path, on either backend."""
+    return [b.where for b in run_backends(runs_dir, max_depth, root)]
 
 
 def list_runs(runs_dir: str | Path, max_depth: int = 3, root: str | Path | None = None) -> list[Run]:
     """Every run below ``runs_dir`` (runs inside study directories included), newest first.  A
     malformed run is listed with its problems, never raised; nothing outside ``root`` (default
-    ``runs_dir``) is read."""
-    where = location(runs_dir, "RUNS_DIR")
-    real_root = open_backend(where, "RUNS_DIR", root=root).root      # None in object storage: no links
-    found = [open_run(d, real_root) for d in find_runs(where, max_depth, real_root)]
+    ``runs_dir``) is read.  Each run is read on the backend its listing yielded (never asked again
+    whether it is a run)."""
+    found = [_read(b) for b in run_backends(runs_dir, max_depth, root)]
     found.sort(key=lambda r: r.meta.get("created", ""), reverse=True)
     return found

@@ -191,7 +191,7 @@ def cmd_info(args) -> int:
     backend = open_backend(p, "RUN_OR_STUDY")
     if backend.is_dir() and not backend.is_run():
         return _info_study(p)
-    r = open_run(p)
+    r = open_run(backend)                      # the backend that answered, not a second one
     m = r.meta
     if args.verify:
         r.check(full=True)
@@ -260,7 +260,7 @@ def cmd_check(args) -> int:
     if not backend.is_dir():
         raise RunError(f"{p} is a file, not a folder" if backend.exists() else f"no run or folder at {p}")
     one = backend.is_run()                     # asked once: on object storage it is a request
-    runs = [open_run(p)] if one else list_runs(p)
+    runs = [open_run(backend)] if one else list_runs(p)
     if not runs:
         print(f"{p}: no runs here (nothing checked)")
         return 1

@@ -17,7 +17,7 @@ from .. import safeio
 from ..atomic import replacing
 from ..errors import ConfigError, RunError
 from ..record.guarded import GuardedStore, chunk_files, zstd_frame_ok
-from .base import RUN_FILES, Outside
+from .base import RUN_FILES, Backend, Outside
 
 
 def write_atomic(path: Path, data: bytes, last_resort: bool = False) -> None:
@@ -75,8 +75,10 @@ def _has_records(q: Path) -> bool:
     return any(m.stat().st_size > 0 for m in q.rglob("metrics.jsonl"))
 
 
-class LocalBackend:
-    """A local folder.  ``root``: every file read must resolve inside it (default: the folder)."""
+class LocalBackend(Backend):
+    """A local folder.  ``root``: every file read must resolve inside it (default: the folder).
+    Every default of :class:`~.base.Backend` is overridden: a disk streams files, has links and
+    FIFOs to refuse, and folders that exist empty."""
 
     def __init__(self, where: Path, root: Path | str | None = None):
         self.where = Path(where)
@@ -130,6 +132,9 @@ class LocalBackend:
     def open_file(self, key: str):
         with safeio.open_regular(self._inside(key)) as (f, _):
             yield f
+
+    def has(self, key: str) -> bool:
+        return self.what_is(key) == "file"
 
     def what_is(self, key: str) -> str:
         p = self._at(key)

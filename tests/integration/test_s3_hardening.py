@@ -109,10 +109,15 @@ class FlakyProxy:
             for a, b in ((c, u), (u, c)):
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
 
-    @staticmethod
-    def _pipe(a, b) -> None:
+    def cut(self, data: bytes) -> bool:
+        """Whether to drop the connection instead of passing ``data`` on (a subclass's trigger)."""
+        return False
+
+    def _pipe(self, a, b) -> None:
         try:
             while data := a.recv(65536):
+                if self.cut(data):
+                    return
                 b.sendall(data)
         except OSError:
             pass
@@ -212,3 +217,48 @@ def test_export_of_a_remote_run_missing_a_chunk_is_refused_as_locally(s3, tmp_pa
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
     assert main(["export", f"s3://{BUCKET}/exp/r", "--to", str(tmp_path / "ok"), "--format", "npz",
                  "--arrays", "compat"]) == 0
+
+
+def _requests(caplog) -> list[str]:
+    """The request lines the local S3 server logged ("GET /bucket?list-type=2&... HTTP/1.1")."""
+    return [r.getMessage().split('"')[1] for r in caplog.records
+            if r.name == "werkzeug" and r.getMessage().count('"') >= 2]
+
+
+def test_ls_of_a_folder_of_runs_lists_once_not_once_per_run(s3, caplog, capsys):   # noqa: F811
+    """Issue 51: ``ls s3://…`` opened a backend to list, then one per run, asking ``is_run`` twice
+    (a LIST each).  Now one backend is opened and its listing yields the runs' backends: the LIST
+    requests do not grow with the number of runs (the GETs of each run's files do)."""
+    import logging
+
+    import boto3
+    import numpy as np
+
+    from dyntool.run_writer import RunWriter
+    with RunWriter.create(f"s3://{BUCKET}/many/src", "synthetic", {"n": 1}, name="r0") as w:
+        st = w.open_store(chunk_steps=1, flush_seconds=0)
+        for step in range(3):                     # three chunks of each array: each checked by `ls`
+            st.append(step, {"x": np.full(4, step, np.float32), "y": np.zeros(2, np.float32)})
+            w.log(step, loss=1.0)
+    c = boto3.client("s3", endpoint_url=s3["AWS_ENDPOINT_URL"])
+    keys = [o["Key"] for o in c.list_objects_v2(Bucket=BUCKET, Prefix="many/src/r0/")["Contents"]]
+    counts = {}
+    for n in (1, 4):
+        for i in range(n):                        # byte copies of one run, in two study-like folders
+            for k in keys:
+                c.copy_object(Bucket=BUCKET, Key=k.replace("many/src/r0/", f"many/n{n}/s{i % 2}/r{i}/"),
+                              CopySource={"Bucket": BUCKET, "Key": k})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="werkzeug"):
+            assert main(["ls", f"s3://{BUCKET}/many/n{n}"]) == 0
+        out = capsys.readouterr().out
+        assert out.count("finished") == n, out
+        reqs = _requests(caplog)
+        counts[n] = sum("list-type=2" in r for r in reqs)
+        assert reqs, "the server's request log was not captured"
+    assert counts[1] == counts[4] == 1, counts              # was 2 + 2 per run, and a LIST per array
+    c.delete_object(Bucket=BUCKET, Key="many/n4/s1/r3/record.zarr/x/c/1/0")
+    assert main(["ls", f"s3://{BUCKET}/many/n4"]) == 0      # the listing's chunks are what is checked
+    out = capsys.readouterr().out
+    assert out.count("finished") == 3 and "s1/r3" in out and "1 corrupt run(s)" in out, out
+

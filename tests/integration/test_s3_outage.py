@@ -19,34 +19,24 @@ CHUNK = b"/record.zarr/step/c/"        # in a PUT's request line: a record chunk
 
 
 class OutageProxy(FlakyProxy):
-    """Goes down when the first request naming ``trigger`` passes, for ``seconds`` (None: until
+    """Goes down when the ``nth`` PUT naming ``trigger`` passes, for ``seconds`` (None: until
     :meth:`up` is called), so the outage falls in the middle of a run, wherever its timing lands."""
 
     def __init__(self, target: str, trigger: bytes, seconds: float | None, nth: int = 1):
         self.trigger, self.seconds, self.fired, self.left = trigger, seconds, threading.Event(), nth
         super().__init__(target)
 
-    def _pipe(self, a, b) -> None:                # type: ignore[override]
-        try:
-            while data := a.recv(65536):
-                line = data.split(b"\r\n", 1)[0]          # a request line (responses never start "PUT ")
-                if line.startswith(b"PUT ") and self.trigger in line and not self.fired.is_set():
-                    self.left -= 1
-                if self.left == 0 and not self.fired.is_set():
-                    self.fired.set()
-                    self.down()                   # this request is cut too: it must be retried
-                    if self.seconds is not None:
-                        threading.Timer(self.seconds, self.up).start()
-                    return
-                b.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for x in (a, b):
-                try:
-                    x.shutdown(2)
-                except OSError:
-                    pass
+    def cut(self, data: bytes) -> bool:
+        line = data.split(b"\r\n", 1)[0]          # a request line (responses never start "PUT ")
+        if line.startswith(b"PUT ") and self.trigger in line and not self.fired.is_set():
+            self.left -= 1
+        if self.left != 0 or self.fired.is_set():
+            return False
+        self.fired.set()
+        self.down()                               # this request is cut too: it must be retried
+        if self.seconds is not None:
+            threading.Timer(self.seconds, self.up).start()
+        return True
 
 
 @pytest.fixture

@@ -1,6 +1,8 @@
-"""The storage backend interface (dyntool/storage): the same round trips on a local folder and on
-an S3-compatible server (moto, the fixture of tests/integration/test_s3.py), and the local one's
-atomic writes, containment and clean-up after a rejection."""
+"""The storage backend interface (dyntool/storage), as one conformance class every backend runs
+(:class:`BackendTests`, as zarr's ``StoreTests``): a local folder, an S3-compatible server (moto, the
+fixture of tests/integration/test_s3.py), a ``file://`` prefix through obstore, and a backend of
+nothing but the base's primitives over a dict (:class:`MemoryBackend`: what the derived defaults
+give a new backend for free).  Below the class: the local one's atomic writes, links and FIFOs."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +12,10 @@ import pytest
 
 from dyntool import safeio
 from dyntool.errors import RunError
+from dyntool.location import URLPath, join
+from dyntool.run import open_run
 from dyntool.storage import Backend, LocalBackend, ObjectStoreBackend, Outside, open_backend
+from dyntool.storage.base import POLL_SECONDS
 
 
 try:                                  # the moto S3 server fixture; without obstore/moto the s3 cases skip
@@ -19,16 +24,292 @@ except pytest.skip.Exception:
     BUCKET = s3 = None
 
 
-@pytest.fixture(params=["local", "s3"])
-def backend(request, tmp_path):
-    """A fresh, empty location on each backend."""
-    if request.param == "local":
+class MemoryBackend(Backend):
+    """The primitives only, over one dict shared by a location and its children: a new backend
+    writes no more than this (docs/architecture.md, "How to add a backend")."""
+
+    def __init__(self, where: str = "mem://x", objects: dict | None = None):
+        self.where, self.objects = URLPath(where.replace("mem://", "s3://")), {} if objects is None else objects
+
+    @property
+    def path(self) -> str:
+        return self.where.url
+
+    def _key(self, key: str) -> str:
+        return join(self.where.url, key)
+
+    def get(self, key, cap=None):
+        data = self.objects.get(self._key(key))
+        data = data.to_bytes() if data is not None and not isinstance(data, bytes) else data   # zarr's Buffer
+        if data is not None and cap is not None and len(data) > cap:
+            raise safeio.BadFile(f"{key} is over the {cap}-byte limit for it; not read")
+        return data
+
+    def put(self, key, data, exclusive=False, last_resort=False):
+        if exclusive and self._key(key) in self.objects:
+            raise RunError(f"{self._key(key)} already exists")
+        self.objects[self._key(key)] = bytes(data)
+
+    def list(self, key=""):
+        top = self._key(key) + "/"
+        below = [k[len(top):].split("/") for k in self.objects if k.startswith(top)]
+        return sorted({p[0] for p in below if len(p) > 1}), sorted(p[0] for p in below if len(p) == 1)
+
+    def delete(self, key=""):
+        gone = self._key(key)
+        for k in [k for k in self.objects if k == gone or k.startswith(gone + "/")]:
+            del self.objects[k]
+
+    def child(self, name):
+        return MemoryBackend(self._key(name), self.objects)
+
+    def zarr_store(self, sub, mode="r", specs=None):
+        from zarr.storage import MemoryStore
+        return MemoryStore(_Prefixed(self.objects, self._key(sub)), read_only=mode == "r")
+
+    def check_out(self, what="--out"):
+        return self.path
+
+
+class _Prefixed(dict):
+    """zarr's MemoryStore keys below one prefix of the backend's dict (a view, not a copy)."""
+
+    def __init__(self, objects, prefix):
+        super().__init__()
+        self.objects, self.prefix = objects, prefix + "/"
+
+    def __getitem__(self, k):
+        return self.objects[self.prefix + k]
+
+    def __setitem__(self, k, v):
+        self.objects[self.prefix + k] = v
+
+    def __delitem__(self, k):
+        del self.objects[self.prefix + k]
+
+    def __contains__(self, k):
+        return self.prefix + k in self.objects
+
+    def get(self, k, default=None):
+        return self.objects.get(self.prefix + k, default)
+
+    def __iter__(self):
+        return (k[len(self.prefix):] for k in list(self.objects) if k.startswith(self.prefix))
+
+    def keys(self):
+        return list(iter(self))
+
+    def __len__(self):
+        return len(self.keys())
+
+
+class BackendTests:
+    """What every backend must do.  A subclass says how to make a fresh, empty location."""
+
+    local = False            # a disk: plain files, empty folders exist, links, stat signatures
+    by_location = True       # reachable through open_backend (a checkpoint is saved by its location)
+
+    @pytest.fixture
+    def backend(self, request, tmp_path) -> Backend:
+        raise NotImplementedError
+
+    def folder(self, backend, name: str) -> None:
+        """Make ``name`` hold files (a disk needs the folder first; objects make prefixes)."""
+        if self.local:
+            (backend.where / name).mkdir()
+
+    def test_get_put_exists_delete(self, backend):
+        assert backend.get("meta.json") is None and not backend.exists("meta.json")
+        backend.put("meta.json", b'{"a": 1}')
+        backend.put("meta.json", b'{"a": 2}')                       # replaced whole
+        assert backend.get("meta.json") == b'{"a": 2}' and backend.exists("meta.json")
+        with pytest.raises(RunError, match="already exists"):
+            backend.put("meta.json", b"{}", exclusive=True)
+        with pytest.raises(safeio.BadFile, match="limit"):
+            backend.get("meta.json", cap=3)
+        self.folder(backend, "sub")
+        backend.put("sub/x.bin", b"\0" * 10)
+        assert backend.list() == (["sub"], ["meta.json"])
+        assert backend.list("sub") == ([], ["x.bin"])
+        assert backend.exists("sub") and backend.child("sub").get("x.bin") == b"\0" * 10
+        assert backend.walk("")[0] == {"meta.json", "sub/x.bin"} and backend.walk("sub")[0] == {"x.bin"}
+        assert backend.size() >= 18
+        backend.delete("sub")
+        assert not backend.exists("sub") and backend.get("meta.json") == b'{"a": 2}'
+        backend.delete()
+        assert backend.get("meta.json") is None
+
+    def test_append_and_appender(self, backend):
+        backend.append("log.jsonl", '{"step": 0}\n')
+        backend.append("log.jsonl", '{"step": 1}\n')
+        assert list(backend.lines("log.jsonl")) == [b'{"step": 0}\n', b'{"step": 1}\n']
+        w = backend.appender("metrics.jsonl")
+        for i in range(3):
+            w.write(f'{{"step": {i}}}\n')
+        w.close()                                                   # an object store's: PUT on close
+        assert backend.get("metrics.jsonl") == b"".join(f'{{"step": {i}}}\n'.encode() for i in range(3))
+        assert list(backend.lines("missing.jsonl")) == []
+
+    def test_write_with_open_file_and_what_is(self, backend):
+        """A large object streamed in (a checkpoint): atomic on every backend, read back as a file."""
+        assert backend.what_is("big.bin") == "missing"
+        with pytest.raises(FileNotFoundError):
+            with backend.open_file("big.bin"):
+                pass
+
+        def write(target):                     # a temp file's Path (a disk) or a buffer (one PUT)
+            target.write_bytes(b"v1") if isinstance(target, Path) else target.write(b"v1")
+        backend.write_with("big.bin", write)
+        with backend.open_file("big.bin") as f:
+            assert f.read() == b"v1"
+        assert backend.what_is("big.bin") == "file" and backend.has("big.bin") and not backend.has("nope")
+
+        def fails(target):
+            raise RuntimeError("the writer broke half-way")
+        with pytest.raises(RuntimeError):
+            backend.write_with("big.bin", fails)
+        assert backend.get("big.bin") == b"v1" and backend.list() == ([], ["big.bin"])   # old kept, no temp
+        self.folder(backend, "sub")
+        backend.put("sub/x", b"1")
+        assert backend.what_is("sub") == "folder"
+
+    def test_checkpoint_save_and_load(self, backend):
+        if not self.by_location:
+            pytest.skip("a checkpoint is saved by its location: this backend has none open_backend knows")
+        import torch
+
+        from dyntool.train import checkpoint
+        where = backend.where / "checkpoint.pt"
+        checkpoint.save({"step": 3, "w": torch.arange(4.0)}, where)
+        assert backend.what_is("checkpoint.pt") == "file"
+        with backend.open_file("checkpoint.pt") as f:
+            sd = torch.load(f, weights_only=True)
+        assert sd["step"] == 3 and sd["format_version"] == checkpoint.FORMAT_VERSION
+        with pytest.raises(RunError, match="not a dyntool training checkpoint"):
+            checkpoint.load(where)                                  # read back, then its keys checked
+        with pytest.raises(RunError, match="can't be read"):
+            checkpoint.load(backend.where / "missing.pt")
+
+    def test_create_run_and_is_run(self, backend):
+        parent = backend
+        run = parent.create("r1")
+        assert not run.is_run()
+        run.put("config.json", b"{}", exclusive=True)
+        run.put("meta.json", b"{}")
+        assert run.is_run() and parent.child("r1").is_run() and parent.list()[0] == ["r1"]
+        with pytest.raises(RunError, match="already exists"):
+            parent.create("r1")
+        assert run.contained()
+
+    def test_runs_yields_child_backends_that_open_as_runs(self, backend):
+        """A folder of runs and a study folder: the listing yields each run's backend, in name
+        order, never a run inside a run, nothing in ``.hidden`` or ``*.zarr``; ``open_run`` takes it."""
+        for name in ("b", "a", "study/s1", "study/s0", "a/inner", ".hidden/h", "x.zarr/z"):
+            for part in [name.split("/")[0], name] if "/" in name else [name]:
+                if not backend.exists(part):
+                    self.folder(backend, part)
+            backend.put(f"{name}/meta.json", b'{"kind": "toy", "status": "finished"}')
+        self.folder(backend, "empty")
+        found = list(backend.runs())
+        assert [str(b.where.relative_to(backend.where)) for b in found] == ["a", "b", "study/s0", "study/s1"]
+        assert all(type(b) is type(backend) for b in found)
+        run = open_run(found[2])
+        assert run.kind == "toy" and run.status == "finished" and run.path == backend.where / "study" / "s0"
+        assert [b.where for b in backend.child("study").runs(max_depth=0)] == []
+        with pytest.raises(RunError, match="not a dyntool run"):
+            open_run(backend.child("study"))
+
+    def test_zarr_store_round_trip_and_reader(self, backend):
+        from dyntool.record.ranks import RECORD_DIR, open_record
+        from dyntool.record.store_writer import StoreWriter
+        run = backend.create("rec")
+        assert not run.has_group(RECORD_DIR) and open_record(run) is None
+        w = StoreWriter(run.zarr_store(RECORD_DIR, "w"), chunk_steps=2, flush_seconds=0)
+        data = np.arange(12, dtype=np.float32).reshape(3, 4)
+        for i in range(3):
+            w.append(i, {"x": data[i]})
+        w.close()
+        r = open_record(run)
+        assert r.steps_written == 3 and not r.problems
+        np.testing.assert_array_equal(r["x"][:], data)
+        import zarr
+        g = zarr.open_group(store=run.zarr_store(RECORD_DIR, "r"), mode="r")
+        assert g.attrs["steps_written"] == 3
+
+    def test_check_out_and_clean_up_after_a_rejection(self, backend):
+        backend.check_out()
+        mark = backend.mark()
+        made = backend.create("rejected")
+        made.put("config.json", b"{}", exclusive=True)
+        kept = backend.create("logged")
+        kept.put("config.json", b"{}", exclusive=True)
+        kept.append("metrics.jsonl", '{"step": 0}\n')
+        backend.clean_up(mark)
+        assert not backend.child("rejected").exists("config.json")
+        assert backend.child("logged").exists("metrics.jsonl")      # a run that logged rows keeps them
+
+    def test_what_only_one_kind_of_place_has_is_asked_of_the_backend(self, backend, monkeypatch):
+        """The capabilities consumers ask instead of telling a folder from a URL themselves."""
+        import types
+
+        from dyntool.storage import base
+        assert backend.is_dir()                                   # a prefix: always, without a LIST
+        assert backend.plain_files == self.local                  # matplotlib/netCDF write local files only
+        want = (backend.where / "study" / "run").resolve()         # a URL resolves to itself
+        assert backend.below("study/run") == want and backend.below("./study//run") == want
+        for escape in ("../x", "/etc", "study/../../x"):
+            with pytest.raises(Outside):
+                backend.below(escape)
+        backend.put("meta.json", b"{}")
+        keys = ["meta.json", "missing.json"]
+        if self.local:                                            # a stat each: changes with the file
+            sig = backend.signature(keys)
+            backend.put("meta.json", b'{"a": 1}')
+            assert sig[1] is None and backend.signature(keys) != sig
+        else:                                                     # the clock: one re-read per window at most
+            clock = types.SimpleNamespace(time=lambda: 7.0)
+            monkeypatch.setattr(base, "time", clock)
+            sig = backend.signature(keys)
+            backend.put("meta.json", b'{"a": 1}')
+            assert backend.signature(keys) == sig
+            clock.time = lambda: 7.0 + POLL_SECONDS
+            assert backend.signature(keys) != sig
+        assert backend.ensure_dir() == backend.path
+
+
+class TestLocal(BackendTests):
+    local = True
+
+    @pytest.fixture
+    def backend(self, tmp_path):
         (tmp_path / "where").mkdir()
         return open_backend(tmp_path / "where")
-    if s3 is None:
-        pytest.skip("obstore or moto[server] not installed")
-    request.getfixturevalue("s3")
-    return open_backend(f"s3://{BUCKET}/unit/{tmp_path.name}", create=True)
+
+
+class TestS3(BackendTests):
+    @pytest.fixture
+    def backend(self, request, tmp_path):
+        if s3 is None:
+            pytest.skip("obstore or moto[server] not installed")
+        request.getfixturevalue("s3")
+        return open_backend(f"s3://{BUCKET}/unit/{tmp_path.name}", create=True)
+
+
+class TestFileURL(BackendTests):
+    """The object-store backend over a ``file://`` prefix (obstore's local store)."""
+
+    @pytest.fixture
+    def backend(self, tmp_path):
+        pytest.importorskip("obstore")
+        return open_backend(f"file://{tmp_path}/where", create=True)
+
+
+class TestMemory(BackendTests):
+    by_location = False
+
+    @pytest.fixture
+    def backend(self):
+        return MemoryBackend()
 
 
 def test_open_backend_chooses_once_from_the_location(tmp_path):
@@ -41,79 +322,6 @@ def test_open_backend_chooses_once_from_the_location(tmp_path):
     assert isinstance(open_backend(tmp_path), Backend)       # the Protocol is what callers see
 
 
-def test_get_put_exists_delete(backend):
-    assert backend.get("meta.json") is None and not backend.exists("meta.json")
-    backend.put("meta.json", b'{"a": 1}')
-    backend.put("meta.json", b'{"a": 2}')                       # replaced whole
-    assert backend.get("meta.json") == b'{"a": 2}' and backend.exists("meta.json")
-    with pytest.raises(RunError, match="already exists"):
-        backend.put("meta.json", b"{}", exclusive=True)
-    with pytest.raises(safeio.BadFile, match="limit"):
-        backend.get("meta.json", cap=3)
-    backend.put("sub/x.bin", b"\0" * 10) if not isinstance(backend, LocalBackend) else \
-        ((backend.where / "sub").mkdir(), backend.put("sub/x.bin", b"\0" * 10))
-    assert backend.list() == (["sub"], ["meta.json"])
-    assert backend.list("sub") == ([], ["x.bin"])
-    assert backend.exists("sub") and backend.child("sub").get("x.bin") == b"\0" * 10
-    assert backend.size() >= 18
-    backend.delete("sub")
-    assert not backend.exists("sub") and backend.get("meta.json") == b'{"a": 2}'
-    backend.delete()
-    assert backend.get("meta.json") is None
-
-
-def test_append_and_appender(backend):
-    backend.append("log.jsonl", '{"step": 0}\n')
-    backend.append("log.jsonl", '{"step": 1}\n')
-    assert list(backend.lines("log.jsonl")) == [b'{"step": 0}\n', b'{"step": 1}\n']
-    w = backend.appender("metrics.jsonl")
-    for i in range(3):
-        w.write(f'{{"step": {i}}}\n')
-    w.close()                                                   # an object store's: PUT on close
-    assert backend.get("metrics.jsonl") == b"".join(f'{{"step": {i}}}\n'.encode() for i in range(3))
-    assert list(backend.lines("missing.jsonl")) == []
-
-
-def test_write_with_open_file_and_what_is(backend):
-    """A large object streamed in (a checkpoint): atomic on both, read back as a file."""
-    assert backend.what_is("big.bin") == "missing"
-    with pytest.raises(FileNotFoundError):
-        with backend.open_file("big.bin"):
-            pass
-
-    def write(target):                     # a temp file's Path (a disk) or a buffer (one PUT)
-        target.write_bytes(b"v1") if isinstance(target, Path) else target.write(b"v1")
-    backend.write_with("big.bin", write)
-    with backend.open_file("big.bin") as f:
-        assert f.read() == b"v1"
-    assert backend.what_is("big.bin") == "file"
-
-    def fails(target):
-        raise RuntimeError("the writer broke half-way")
-    with pytest.raises(RuntimeError):
-        backend.write_with("big.bin", fails)
-    assert backend.get("big.bin") == b"v1" and backend.list() == ([], ["big.bin"])   # old kept, no temp
-    backend.put("sub/x", b"1") if not isinstance(backend, LocalBackend) else \
-        ((backend.where / "sub").mkdir(), backend.put("sub/x", b"1"))
-    assert backend.what_is("sub") == "folder"
-
-
-def test_checkpoint_save_and_load_through_either_backend(backend):
-    import torch
-
-    from dyntool.train import checkpoint
-    where = backend.where / "checkpoint.pt"
-    checkpoint.save({"step": 3, "w": torch.arange(4.0)}, where)
-    assert backend.what_is("checkpoint.pt") == "file"
-    with backend.open_file("checkpoint.pt") as f:
-        sd = torch.load(f, weights_only=True)
-    assert sd["step"] == 3 and sd["format_version"] == checkpoint.FORMAT_VERSION
-    with pytest.raises(RunError, match="not a dyntool training checkpoint"):
-        checkpoint.load(where)                                  # read back, then its keys checked
-    with pytest.raises(RunError, match="can't be read"):
-        checkpoint.load(backend.where / "missing.pt")
-
-
 def test_local_what_is_names_links_and_fifos(tmp_path):
     import os
     (tmp_path / "real").write_bytes(b"x")
@@ -124,49 +332,6 @@ def test_local_what_is_names_links_and_fifos(tmp_path):
     with pytest.raises(safeio.BadFile, match="not a regular file"):
         with b.open_file("fifo"):                               # refused, never hangs
             pass
-
-
-def test_create_run_and_is_run(backend):
-    parent = backend
-    run = parent.create("r1")
-    assert not run.is_run()
-    run.put("config.json", b"{}", exclusive=True)
-    run.put("meta.json", b"{}")
-    assert run.is_run() and parent.child("r1").is_run() and parent.list()[0] == ["r1"]
-    with pytest.raises(RunError, match="already exists"):
-        parent.create("r1")
-    assert run.contained()
-
-
-def test_zarr_store_round_trip_and_reader(backend):
-    from dyntool.record.ranks import RECORD_DIR, open_record
-    from dyntool.record.store_writer import StoreWriter
-    run = backend.create("rec")
-    assert not run.has_group(RECORD_DIR) and open_record(run) is None
-    w = StoreWriter(run.zarr_store(RECORD_DIR, "w"), chunk_steps=2, flush_seconds=0)
-    data = np.arange(12, dtype=np.float32).reshape(3, 4)
-    for i in range(3):
-        w.append(i, {"x": data[i]})
-    w.close()
-    r = open_record(run)
-    assert r.steps_written == 3 and not r.problems
-    np.testing.assert_array_equal(r["x"][:], data)
-    import zarr
-    g = zarr.open_group(store=run.zarr_store(RECORD_DIR, "r"), mode="r")
-    assert g.attrs["steps_written"] == 3
-
-
-def test_check_out_and_clean_up_after_a_rejection(backend):
-    backend.check_out()
-    mark = backend.mark()
-    made = backend.create("rejected")
-    made.put("config.json", b"{}", exclusive=True)
-    kept = backend.create("logged")
-    kept.put("config.json", b"{}", exclusive=True)
-    kept.append("metrics.jsonl", '{"step": 0}\n')
-    backend.clean_up(mark)
-    assert not backend.child("rejected").exists("config.json")
-    assert backend.child("logged").exists("metrics.jsonl")      # a run that logged rows keeps them
 
 
 def test_local_put_is_atomic_and_leaves_no_temp_file(tmp_path, monkeypatch):
@@ -192,36 +357,6 @@ def test_local_reads_never_follow_a_link_out_of_the_root(tmp_path):
     with pytest.raises(Outside):
         b.get("meta.json")
     assert open_backend(run, root=tmp_path).get("meta.json") == b"{}"
-
-
-def test_what_only_one_kind_of_place_has_is_asked_of_the_backend(backend, monkeypatch):
-    """The capabilities consumers ask instead of telling a folder from a URL themselves."""
-    import types
-
-    from dyntool.storage import objects
-    local = isinstance(backend, LocalBackend)
-    assert backend.is_dir()                                   # a prefix: always, without a LIST
-    assert backend.plain_files == local                       # matplotlib/netCDF write local files only
-    want = (backend.where / "study" / "run").resolve()         # a URL resolves to itself
-    assert backend.below("study/run") == want and backend.below("./study//run") == want
-    for escape in ("../x", "/etc", "study/../../x"):
-        with pytest.raises(Outside):
-            backend.below(escape)
-    backend.put("meta.json", b"{}")
-    keys = ["meta.json", "missing.json"]
-    if local:                                                 # a stat each: changes with the file
-        sig = backend.signature(keys)
-        backend.put("meta.json", b'{"a": 1}')
-        assert sig[1] is None and backend.signature(keys) != sig
-    else:                                                     # the clock: one re-read per window at most
-        clock = types.SimpleNamespace(time=lambda: 7.0)
-        monkeypatch.setattr(objects, "time", clock)
-        sig = backend.signature(keys)
-        backend.put("meta.json", b'{"a": 1}')
-        assert backend.signature(keys) == sig
-        clock.time = lambda: 7.0 + objects.POLL_SECONDS
-        assert backend.signature(keys) != sig
-    assert backend.ensure_dir() == backend.path
 
 
 def test_choosing_the_object_store_backend_makes_no_request(monkeypatch):
