@@ -21,10 +21,13 @@ from ..location import URLPath, join
 from .base import RUN_FILES, Backend
 from .remote import Remote, failure, short
 
+LISTED_MAX = 50_000     # objects one listing of a folder of runs reads (50 pages) before walking it instead
+
 class ObjectStoreBackend(Backend):
     """The objects below one URL.  ``create``: a writer's (may make a ``file://`` folder)."""
 
     root = None                               # keys have no links that could lead out of a root
+    walking = False                           # runs(): folder by folder, never one whole listing
 
     def __init__(self, where, create: bool = False, listed: dict[str, int] | None = None):
         self.where = URLPath(str(where))
@@ -75,7 +78,9 @@ class ObjectStoreBackend(Backend):
     def child(self, name: str) -> "ObjectStoreBackend":
         sub = None if self.listed is None else \
             {k[len(name) + 1:]: n for k, n in self.listed.items() if k.startswith(name.strip("/") + "/")}
-        return ObjectStoreBackend(join(self.where.url, name), self.creates, sub)
+        child = ObjectStoreBackend(join(self.where.url, name), self.creates, sub)
+        child.walking = self.walking
+        return child
 
     def zarr_store(self, sub: str, mode: str = "r", specs: dict | None = None):
         # no specs: each chunk is one GET of a whole object, nothing to bound as a local read is
@@ -125,8 +130,17 @@ class ObjectStoreBackend(Backend):
         """The runs below, as the default walk finds them, from **one** LIST of every object below
         (paged by the server, 1000 objects a page) instead of a LIST per folder and per run; each
         run's backend is handed its part of that listing, so reading N finished runs (``ls``:
-        sizes, every committed chunk there) asks no LIST per run."""
-        sizes = self.remote.list()
+        sizes, every committed chunk there) asks no LIST per run.  Past :data:`LISTED_MAX` objects
+        (big records) the default walk takes over: a LIST per folder, a HEAD per run."""
+        if self.walking:
+            yield from super().runs(max_depth)
+            return
+        sizes = self.remote.list(limit=LISTED_MAX)
+        if len(sizes) > LISTED_MAX:
+            walker = ObjectStoreBackend(self.where, self.creates)
+            walker.walking = True                 # its children walk too: never one big listing each
+            yield from walker.runs(max_depth)
+            return
         found: set[tuple[str, ...]] = set()
         for key in sizes:
             folder, _, name = key.rpartition("/")

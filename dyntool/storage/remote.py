@@ -205,14 +205,19 @@ class Remote:
         except Exception as e:
             raise failure(e, join(self.url, key), "written") from None
 
-    def list(self, prefix: str = "") -> dict[str, int]:
-        """key -> size of every object below ``prefix``."""
+    def list(self, prefix: str = "", limit: int | None = None) -> dict[str, int]:
+        """key -> size of every object below ``prefix`` (past ``limit`` objects: stopped there,
+        the pages after it never asked for)."""
         import obstore
+        out: dict[str, int] = {}
         try:
-            return {o["path"]: o["size"] for batch in obstore.list(self.store, prefix or None)
-                    for o in batch}
+            for batch in obstore.list(self.store, prefix or None):
+                out.update((o["path"], o["size"]) for o in batch)
+                if limit is not None and len(out) > limit:
+                    break
         except Exception as e:
             raise failure(e, self.url, "listed") from None
+        return out
 
     def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
         """(sub-folders, objects) directly below ``prefix``: one delimited LIST, never a listing

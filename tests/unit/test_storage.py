@@ -394,3 +394,20 @@ def test_an_s3_error_says_its_code_and_message_first():
     assert "AKIASECRET" not in short(e)
     assert short(Exception("connection refused\ndetails")) == "connection refused"
     assert short(ValueError("")) == "ValueError"
+
+
+def test_a_folder_of_big_runs_is_walked_instead_of_listed_whole(tmp_path, monkeypatch):
+    """Past LISTED_MAX objects one listing would page through every chunk of every run: the
+    folder-by-folder walk finds the same runs."""
+    pytest.importorskip("obstore")
+    from dyntool.storage import objects
+    b = open_backend(f"file://{tmp_path}/runs", create=True)
+    for name in ("b", "a", "study/s0", "a/inner"):
+        b.put(f"{name}/meta.json", b"{}")
+        b.put(f"{name}/record.zarr/x/c/0", b"0")
+    listed = [x.where for x in b.runs()]
+    assert all(x.listed is not None for x in b.runs())
+    monkeypatch.setattr(objects, "LISTED_MAX", 3)
+    walked = list(b.runs())
+    assert [x.where for x in walked] == listed == [b.where / n for n in ("a", "b", "study/s0")]
+    assert all(x.listed is None for x in walked)
