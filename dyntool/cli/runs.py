@@ -49,6 +49,14 @@ class _Desc(str):
         return str.__gt__(self, other)
 
 
+def _size_means(r) -> str:
+    """What a run's size counts, said where it is shown: the same run reads 14 MB on a disk and
+    661 KB in object storage (docs/scale.md)."""
+    if r.backend.plain_files:
+        return "on disk (allocated blocks, as du counts them: each small chunk file takes a whole block)"
+    return "stored (the objects' bytes)"
+
+
 def _table(runs, root) -> list[str]:
     from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
@@ -226,7 +234,7 @@ def cmd_info(args) -> int:
     rec = r.steps
     shown = [str(int(x)) for x in rec] if len(rec) <= 4 else [*(str(int(x)) for x in rec[:3]), "…", str(int(rec[-1]))]
     at = f" (steps {', '.join(shown)})" if len(rec) else ""
-    print(f"{'record':<{LABEL}}{r.steps_written} recorded states{at}, {_human(r.size_bytes())} on disk")
+    print(f"{'record':<{LABEL}}{r.steps_written} recorded states{at}, {_human(r.size_bytes())} {_size_means(r)}")
     arrays = list(r.arrays.items())
     wn = max((len(k) for k, _ in arrays), default=0)
     wd = max((len(str(a.dtype)) for _, a in arrays), default=0)
@@ -299,7 +307,11 @@ def _precision_note(run) -> str | None:
 
 
 def register(sub, simsub) -> None:
-    ls = sub.add_parser("ls", help="table of runs under RUNS_DIR (a malformed run shows as 'corrupt')")
+    ls = sub.add_parser("ls", help="table of runs under RUNS_DIR (a malformed run shows as 'corrupt')",
+                        description="Table of the runs under RUNS_DIR, a study's runs together in seed order. "
+                                    "SIZE is what a disk allocates (as du counts it: each small chunk file takes "
+                                    "a whole block), in object storage the objects' bytes: the same run can read "
+                                    "14 MB on a disk and 661 KB in S3.")
     ls.add_argument("runs_dir", nargs="?", default=DEFAULT_RUNS, metavar="RUNS_DIR",
                     help=f"folder holding runs and studies (default: {DEFAULT_RUNS})")
     ls.set_defaults(fn=cmd_ls)
