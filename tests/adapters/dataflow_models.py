@@ -8,6 +8,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from dyntool.capture import Capture
+
+from . import dataflow_reference as R
+from .reference import check, per_layer
+
 
 class CausalSelfAttention(nn.Module):
     """nanoGPT's non-flash path, written the way research code writes it."""
@@ -114,3 +119,26 @@ def batch(B=2, T=8, V=29, padding="right", seed=1):
     elif B > 1 and padding == "left":
         pad[1, :3] = False
     return x, pad
+
+
+def nano_truth(m, x, pad, memory=None, tol=1e-8):
+    """Record one step of a TinyNano with Capture and assert it equals the float64 autograd truth
+    of the same step (``dataflow_reference.kept``); returns the Capture."""
+    w = torch.randn(*x.shape, 29, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    loss = lambda: (m(x, pad, memory) * w).sum()             # noqa: E731
+    with Capture(m) as cap:
+        loss().backward()
+    m.zero_grad()
+    got = cap.compute()
+    assert R.logit_max(got) >= 20
+    qk = cap.attrs.get("qk_grads") != "unavailable"
+    with R.kept({"CausalSelfAttention"}) as (calls, attach):
+        attach(m)
+        loss().backward()
+    m.zero_grad()
+    assert len(calls) == got["attn"].shape[0]
+    for i, (_, events) in enumerate(calls):
+        ref = R.truth(events, 2, qk)
+        n_kv = ref.pop("n_kv")
+        check(per_layer(got, i), ref, ref["attn"] > 0, n_kv, name=f"nano L{i}", tol=tol, qk=qk)
+    return cap
