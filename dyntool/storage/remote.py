@@ -175,58 +175,63 @@ class Remote:
             self._quick_store = _quick(self.url)
         return self._quick_store
 
+    def _call(self, request, where: str, verb: str):
+        """``request(store)``; a failure as :func:`failure`'s one line (a missing object stays
+        :class:`FileNotFoundError`, an existing one in create mode :class:`FileExistsError`)."""
+        try:
+            out = request(self.store)
+        except (FileNotFoundError, FileExistsError):
+            raise
+        except Exception as e:
+            raise failure(e, where, verb) from None
+        _DOWN.discard(_endpoint() or "")        # it answers: the next outage is ridden out again
+        return out
+
     def get(self, key: str) -> bytes | None:
         import obstore
         try:
-            return bytes(obstore.get(self.store, key).bytes())
+            return self._call(lambda s: bytes(obstore.get(s, key).bytes()), join(self.url, key), "read")
         except FileNotFoundError:
             return None
-        except Exception as e:
-            raise failure(e, join(self.url, key), "read") from None
 
     def head(self, key: str) -> bool:
         """Whether the object ``key`` exists (its metadata only, never its bytes)."""
         import obstore
         try:
-            obstore.head(self.store, key)
+            self._call(lambda s: obstore.head(s, key), join(self.url, key), "read")
             return True
         except FileNotFoundError:
             return False
-        except Exception as e:
-            raise failure(e, join(self.url, key), "read") from None
 
     def put(self, key: str, data: bytes, create: bool = False) -> None:
         import obstore
+        mode = "create" if create else "overwrite"
         try:
-            obstore.put(self.store, key, data, mode="create" if create else "overwrite")
+            self._call(lambda s: obstore.put(s, key, data, mode=mode), join(self.url, key), "written")
         except FileExistsError:
             raise RunError(f"run {self.url} already exists; choose another name "
                            "(existing runs are never overwritten)") from None
-        except Exception as e:
-            raise failure(e, join(self.url, key), "written") from None
 
     def list(self, prefix: str = "", limit: int | None = None) -> dict[str, int]:
         """key -> size of every object below ``prefix`` (past ``limit`` objects: stopped there,
         the pages after it never asked for)."""
         import obstore
-        out: dict[str, int] = {}
-        try:
-            for batch in obstore.list(self.store, prefix or None):
+
+        def pages(store) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for batch in obstore.list(store, prefix or None):
                 out.update((o["path"], o["size"]) for o in batch)
                 if limit is not None and len(out) > limit:
                     break
-        except Exception as e:
-            raise failure(e, self.url, "listed") from None
-        return out
+            return out
+        return self._call(pages, self.url, "listed")
 
     def list_dir(self, prefix: str = "") -> tuple[list[str], list[str]]:
         """(sub-folders, objects) directly below ``prefix``: one delimited LIST, never a listing
         of every chunk below it."""
         import obstore
-        try:
-            got = obstore.list_with_delimiter(self.store, prefix.strip("/") or None)
-        except Exception as e:
-            raise failure(e, join(self.url, prefix), "listed") from None
+        got = self._call(lambda s: obstore.list_with_delimiter(s, prefix.strip("/") or None),
+                         join(self.url, prefix), "listed")
         return ([d.rstrip("/").rsplit("/", 1)[-1] for d in got["common_prefixes"]],
                 [o["path"].rsplit("/", 1)[-1] for o in got["objects"]])
 

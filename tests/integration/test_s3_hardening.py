@@ -199,7 +199,10 @@ def test_a_writer_whose_endpoint_stays_down_fails_in_one_line(s3, monkeypatch): 
     msg = str(e.value)
     assert "\n" not in msg and len(msg) < 500 and msg.startswith("recording writer failed: "), msg
     assert "what was committed before is kept" in msg and e.value.exit_code == 1
+    assert remote._DOWN                            # later requests try once, quickly
     proxy.up()
+    remote.Remote(f"s3://{BUCKET}/down").put("after", b"1")
+    assert not remote._DOWN                        # it answers: the next outage is ridden out again
 
 
 def test_export_of_a_remote_run_missing_a_chunk_is_refused_as_locally(s3, tmp_path, capsys):   # noqa: F811
