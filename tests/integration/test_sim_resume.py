@@ -15,6 +15,7 @@ import torch
 import dyntool
 from dyntool.cli import main
 from dyntool.sims import bijection
+from tests.integration.test_s3 import BUCKET, s3  # noqa: F401  (the module's local S3 server)
 
 BIJ = ["sim", "bijection", "--config", "bijection", "--preset", "ci", "--quiet"]
 TOY = ["sim", "toy", "--quiet", "--steps"]
@@ -126,3 +127,17 @@ def test_resume_refusals_are_one_line_and_make_nothing(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and says in err, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "toy"]
+
+
+@pytest.mark.slow      # the local S3 server and three runs: ~20 s on 2 loaded cores
+def test_a_run_in_object_storage_resumes_beside_itself(s3, capsys):   # noqa: F811
+    """``--resume s3://…/RUN``: the checkpoint is one PUT, read back through the run's backend."""
+    from dyntool.run import open_run
+    base = f"s3://{BUCKET}/resume"
+    assert main(TOY + ["6", "--out", base, "--name", "whole"]) == 0
+    assert main(TOY + ["3", "--out", base, "--name", "part"]) == 0
+    assert main(["sim", "toy", "--quiet", "--resume", f"{base}/part", "--steps", "6"]) == 0
+    resumed, whole = open_run(f"{base}/part-resume3"), open_run(f"{base}/whole")
+    assert resumed.status == "finished" and not resumed.problems
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in VOLATILE} for r in rows]   # noqa: E731
+    assert strip(resumed.metrics.to_dict("records")) == strip(whole.metrics[whole.metrics.step >= 3].to_dict("records"))
