@@ -37,8 +37,9 @@
 # gpu_recorder_cost arguments, default --no-eager), ARMS (gpu_check's, default mhsa), RUN_S (a run's
 # limit in presets / span / ls-logits, default 450), WT_MIN (the wind tunnel's minutes per call, default
 # 7), WT_RUNS, WT_DIR (where its runs live between calls: default ./.gpu_runs, git-ignored; carry it to
-# a fresh machine), TESTS (the test paths, default tests/gpu), TIMING (the timing part's steps, default
-# "fused recorder throughput"; "tune": bench/gpu_kernel_tune.py, limit TU_S, default 240), SPAN_SEEDS
+# a fresh machine), WT_DEVICE (default cuda; cpu: the part's CPU test), WT_ARGS (more sim arguments),
+# TESTS (the test paths, default tests/gpu), TIMING (the timing part's steps, default "fused recorder
+# throughput"; "tune": bench/gpu_kernel_tune.py, limit TU_S, default 240), SPAN_SEEDS
 # (e.g. "0 1 2": one span study per seed, all at once), SPAN_ARMS, SPAN_ARGS (more study arguments,
 # e.g. --max-steps 125 for about one epoch), LS_PRESETS (e.g. "gpu512 gpu1024 gpu2048": one ls-logits
 # study per length, at once; default gpu) and LS_ARGS, PRESETS (default "ls qknorm"), DRY_RUN=1.
@@ -121,9 +122,10 @@ if [ -z "$DRY" ]; then
   else
     export PYTHONPATH=$PWD
   fi
-  { python3 -c "import torch, zarr, dyntool; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-torch.cuda.get_device_name(0), 'zarr', zarr.__version__)" || exit 1
-    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv; nproc; } | tee "$OUT/hardware.txt"
+  python3 -c "import torch, zarr, dyntool" || exit 1
+  { python3 -c "import torch, zarr; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU', 'zarr', zarr.__version__)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1; nproc; } | tee "$OUT/hardware.txt"
 fi
 NO_REC=""                     # set when recording on CUDA fails its test: the runs then train unrecorded
 
@@ -220,10 +222,10 @@ part_wind-tunnel() {                         # every run of WT_RUNS at once, eac
     from=$(python3 bench/gpu_parts.py --resume-from "$WT_DIR" "$chain")     # read-only: also in a dry run
     if [ -n "$from" ]; then
       step wind-tunnel "${chain}_from_$(basename "$from")" "$limit" python3 -m dyntool sim bijection --resume "$from" \
-        --time_limit_min=${WT_MIN:-7} --out "$WT_DIR" --quiet &
+        --time_limit_min=${WT_MIN:-7} --out "$WT_DIR" --quiet ${WT_ARGS:-} &
     elif ! ls -d "$WT_DIR/$chain" >/dev/null 2>&1; then
       step wind-tunnel "$chain" "$limit" python3 -m dyntool sim bijection --preset "$preset" --seed "$seed" \
-        --device cuda --time_limit_min=${WT_MIN:-7} --name "$chain" --out "$WT_DIR" --quiet &
+        --device ${WT_DEVICE:-cuda} --time_limit_min=${WT_MIN:-7} --name "$chain" --out "$WT_DIR" --quiet ${WT_ARGS:-} &
     else
       echo "-- $chain: its chain in $WT_DIR is at its steps (or has no checkpoint): nothing to continue"
       continue

@@ -165,3 +165,29 @@ def test_the_skeleton_holds_every_key_with_a_reason(tmp_path):
     assert "ran" in d["why_null"]["profile_recorded_step_T2048"]
     assert "time limit" in d["why_null"]["fused_vs_sdpa_T2048"]
     assert "not reached" in d["why_null"]["best_val_ppl_ls"]
+
+
+@pytest.mark.slow      # three calls of the script, two small runs: ~125 s on 2 loaded cores
+def test_the_wind_tunnel_part_runs_and_continues_across_calls_on_the_cpu(tmp_path):
+    """The part for real (WT_DEVICE=cpu, the ci preset): a first call stopped at step 5, a second one
+    that continues the chain to its 12 steps with --resume, a third with nothing left to do."""
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "WT_DIR": str(tmp_path / "wt"), "WT_RUNS": "ci:42",
+           "WT_DEVICE": "cpu", "WT_MIN": "1", "COMMIT": "abc"}
+
+    def call(**more):
+        r = subprocess.run(["bash", str(BENCH / "gpu_session.sh"), "wind-tunnel"], cwd=ROOT, env={**env, **more},
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+    call(WT_ARGS="--stop_at_step=5")
+    assert sorted(p.name for p in (tmp_path / "wt").iterdir()) == ["wt_ci_s42"]
+    call()
+    assert sorted(p.name for p in (tmp_path / "wt").iterdir()) == ["wt_ci_s42", "wt_ci_s42-resume5"]
+    final = json.loads((tmp_path / "wt" / "wt_ci_s42-resume5" / "meta.json").read_text())["final"]
+    assert final["steps_done"] == 12 and not final["stopped_early"]
+    assert "nothing to continue" in call()
+    rows = [json.loads(x) for x in (tmp_path / "out" / "parts.jsonl").read_text().splitlines()]
+    assert [r["rc"] for r in rows] == [0, 0] and all(r["commit"] == "abc" for r in rows)
+    assert "--resume" in rows[1]["command"] and (tmp_path / "out" / "results.tgz").is_file()
+    sk = gpu_parts.skeleton(tmp_path / "out")
+    assert sk["why_null"]["wind_tunnel_100k_paper"].startswith("ran") and gpu_parts.problems("s", sk) == []
