@@ -6,7 +6,8 @@ is the base config (overrides still apply), its ``checkpoint.pt`` (written atomi
 optimizer, the step reached, the sim's data generators and the process RNG states, and the
 resumed run is a **new** run beside it, ``RUN-resumeSTEP`` (``-2``, ``-3``, … while taken), whose
 rows start at that step.  Restored that way, a resumed run's rows and parameters are bitwise those
-of the uninterrupted run on the same device (tests/integration/test_sim_resume.py).
+of the uninterrupted run on the CPU (tests/integration/test_sim_resume.py), and equal to float
+rounding on CUDA, whose backward kernels may add in any order (tests/gpu/test_bijection_cuda.py).
 
 A sim writes its checkpoint (:class:`Checkpointer`) when SIGTERM/SIGINT stops it (between two
 steps: each step runs in :func:`dyntool.run_writer.critical_section`), when its time limit or
