@@ -208,12 +208,8 @@ def open_run(path: str | Path | Backend, root: str | Path | None = None) -> Run:
     file read must resolve inside ``root`` (default: the run directory itself; the app and ``ls``
     pass the runs folder).  Malformed files are reported in ``Run.problems``, never raised; a
     recording's chunks are checked on first use of ``Run.problems`` via :meth:`Run.check` (``corrupt``)."""
-    if isinstance(path, Backend):
-        backend = path
-    else:
-        p = location(path)
-        _need_dir(p, f"no run at {p} (not a directory)")
-        backend = open_backend(p, root=root)
+    backend = path if isinstance(path, Backend) else open_backend(location(path), root=root)
+    _need_dir(backend.where, f"no run at {backend.where} (not a directory)")
     if not backend.is_run():
         raise RunError(f"{backend.path} is not a dyntool run (no meta.json or config.json)")
     return _read(backend)
