@@ -1,6 +1,6 @@
 """What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
 
-    python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--json FILE]
+    python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--parts 30] [--json FILE]
 
 dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
 random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
@@ -12,7 +12,11 @@ random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a t
 - ``atlas_forward``: the forward scores alone, every step (what the probe adds on 15 steps of 16);
 - ``atlas_grad``: the gradient side on every step (what it adds on the 16th).
 
-Target of issue 49: ``atlas`` ≤ 1.05 × ``cheap``.  A round runs ``--steps`` steps of each arm (16:
+Target of issue 49: ``atlas`` ≤ 1.05 × ``cheap``.  Two clocks: wall time (``over_cheap``) and the
+process's CPU time (``cpu_over_cheap``; with one thread it is the work done, and it holds still on
+a machine whose other jobs take the cores away at random, where wall-time ratios drift).
+``--parts N``: each side's CPU time per call against one step, N interleaved rounds, and the
+schedule's cost they imply (finer than whole arms on a loaded machine: a round is one second).  A round runs ``--steps`` steps of each arm (16:
 one period of the gradient side, so every round of ``atlas`` holds one gradient step); rounds
 rotate the order of the arms; ratios are the medians of the per-round ratios (paired, so the
 drift of a shared machine cancels).
@@ -23,6 +27,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,7 +75,56 @@ def arm(cfg, batch, probe: AtlasSettings | None):
             opt.step()
             opt.zero_grad(set_to_none=True)
             state["step"] += 1
+    run.probe = p
     return run
+
+
+def parts(cfg, batch, rounds: int) -> dict:
+    """CPU time per call of the probe's two sides against one cheap-tier step, interleaved, and the
+    cost of the default schedule they imply: 1 + ((g − 1) f + grad) / g per step (g = grad_every)."""
+    step, probe = arm(cfg, batch, None), arm(cfg, batch, AtlasSettings()).probe
+    calls = {"step": lambda: step(1), "forward": lambda: probe.measure(grad=False),
+             "grad": lambda: probe.measure(grad=True)}
+    for f in calls.values():
+        f()
+    cpu = {n: [] for n in calls}
+    for r in range(rounds):
+        for n, f in list(calls.items())[r % 3:] + list(calls.items())[:r % 3]:
+            c = time.process_time()
+            f()
+            cpu[n].append(time.process_time() - c)
+    f, g = ratio(cpu, "forward", "step"), ratio(cpu, "grad", "step")
+    every = AtlasSettings().grad_every
+    return {"rounds": rounds, "cpu_s": {n: statistics.median(v) for n, v in cpu.items()},
+            "forward_over_step": f, "grad_over_step": g, "grad_every": every,
+            "implied_atlas_over_cheap": 1 + ((every - 1) * f + g) / every}
+
+
+def logged(name: str, run, cpu: dict):
+    """``run`` that keeps each call's CPU time per step in ``cpu[name]`` and says on stderr what it
+    took (a shared machine may end the bench early: the rounds it finished are still there)."""
+    def timed(n):
+        t, c = time.perf_counter(), time.process_time()
+        run(n)
+        cpu.setdefault(name, []).append((time.process_time() - c) / n)
+        print(f"{name}: {n} steps in {time.perf_counter() - t:.3f} s wall, {cpu[name][-1] * n:.3f} s cpu",
+              file=sys.stderr, flush=True)
+    return timed
+
+
+def arms_ratios(cfg, batch, reps: int, steps: int) -> dict:
+    never = 10 ** 9                                     # grad_every past any step but 0
+    arms = {"cheap": arm(cfg, batch, None),
+            "atlas": arm(cfg, batch, AtlasSettings()),
+            "atlas_forward": arm(cfg, batch, AtlasSettings(grad_every=never)),
+            "atlas_grad": arm(cfg, batch, AtlasSettings(grad_every=1))}
+    cpu: dict = {}
+    t = interleave({n: logged(n, run, cpu) for n, run in arms.items()}, reps, steps)
+    cpu = {n: v[1:] for n, v in cpu.items()}                 # the rounds (the first call warms up)
+    return {"reps": reps, "steps": steps, "step_s": {n: statistics.median(v) for n, v in t.items()},
+            "over_cheap": {n: ratio(t, n, "cheap") for n in arms if n != "cheap"},
+            "cpu_step_s": {n: statistics.median(v) for n, v in cpu.items()},
+            "cpu_over_cheap": {n: ratio(cpu, n, "cheap") for n in arms if n != "cheap"}}
 
 
 def main(argv=None) -> int:
@@ -79,27 +133,25 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--parts", type=int, default=0, metavar="N",
+                    help="also time the probe's two sides call by call against a step (N rounds, CPU time)")
     a = ap.parse_args(argv)
     cfg = load_config("atlas.toml", a.preset, [])
     d, m = cfg.data, cfg.model
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, VOCAB, (d.batch_size, d.block_size), generator=g)
     batch = (x, torch.roll(x, -1, 1))
-    never = 10 ** 9                                     # grad_every past any step but 0
-    arms = {"cheap": arm(cfg, batch, None),
-            "atlas": arm(cfg, batch, AtlasSettings()),
-            "atlas_forward": arm(cfg, batch, AtlasSettings(grad_every=never)),
-            "atlas_grad": arm(cfg, batch, AtlasSettings(grad_every=1))}
-    t = interleave(arms, a.reps, a.steps)
     try:
         import os
         load = os.getloadavg()
     except OSError:
         load = None
     out = {"hardware": hardware(), "load_avg_1_5_15": load, "preset": a.preset,
-           "shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}",
-           "reps": a.reps, "steps": a.steps, "step_s": {n: statistics.median(v) for n, v in t.items()},
-           "over_cheap": {n: ratio(t, n, "cheap") for n in arms if n != "cheap"}}
+           "shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}"}
+    if a.reps:                                          # --reps 0: the parts alone
+        out.update(arms_ratios(cfg, batch, a.reps, a.steps))
+    if a.parts:
+        out["parts"] = parts(cfg, batch, a.parts)
     print(json.dumps(out, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
