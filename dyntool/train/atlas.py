@@ -5,7 +5,8 @@ Arms ``mhsa`` and ``qknorm`` (QK-norm: what it changes in logit growth and sinks
 both arms of a seed share the initialisation seed and data order.  Each run records the cheap
 tier every step (max|logit|, entropy, ‖∂L/∂S‖, ...), the full tier on a log-spaced schedule, and
 the atlas probe (:mod:`.atlas_probe`) every ``atlas.every`` steps.  Presets of ``atlas.toml``:
-``ci`` (the tests), ``cpu`` (alias ``small``, 2 cores), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
+``ci`` (the tests), ``cpu`` (alias ``small``, 2 cores), ``cpu_small`` (the cpu shape on a schedule
+that forms a sink on 2 cores), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
 probe (:class:`.atlas_probe.AtlasSettings`); every other ``--section.key=value`` goes to the runs.
 
 ``summary.json`` holds per run the chance levels, the per-head start/peak/last of every score, and
@@ -25,7 +26,7 @@ from .atlas_probe import HEAD_BASES, AtlasProbe, AtlasSettings
 from .study_runs import new_study_dir, train_arm
 
 CONFIG = "atlas.toml"
-PRESETS = {None: "cpu", "small": "cpu", "cpu": "cpu", "ci": "ci", "gpu": "gpu"}
+PRESETS = {None: "cpu", "small": "cpu", "cpu": "cpu", "cpu_small": "cpu_small", "ci": "ci", "gpu": "gpu"}
 ARMS = {"mhsa": {"model.attention": "mhsa"}, "qknorm": {"model.attention": "qknorm"}}
 
 
@@ -54,7 +55,7 @@ def configs(study, preset, overrides) -> dict:
     preset ← the user's overrides ← the arm ← ``--seeds``/``--max-steps``."""
     from .runner import load_config
     if preset not in PRESETS:
-        raise ConfigError("--preset", f"atlas presets: ci, cpu (small), gpu; got {preset!r}")
+        raise ConfigError("--preset", f"atlas presets: ci, cpu (small), cpu_small, gpu; got {preset!r}")
     arms = study.pick(ARMS)
     user = parse_overrides(overrides)
     fixed = {"train.max_steps": study.max_steps} if study.max_steps else {}
