@@ -28,6 +28,9 @@ def main(argv=None) -> int:
                     "without, or both (default)")
     ap.add_argument("--dq", choices=["split", "atomic", "both"], default="both", help="the backward's dQ "
                     "policy (DYNTOOL_KERNEL_DQ): the deterministic split, FA2's atomic adds, or both (default)")
+    ap.add_argument("--step", action="store_true", help="also count the ATen ops and host reads that reading "
+                    "a recorded step's statistics costs outside the graph (bench/step_ops.py, 12 x 12 fused sites, "
+                    "in a subprocess under the interpreter)")
     ap.add_argument("--json", default=None, help="also write every number here")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") == "1":
@@ -46,6 +49,17 @@ def main(argv=None) -> int:
                 print(census.table(progs, D))
                 out["census"].append({"d": D, "stats": stats, "dq": dq,
                                       "programs": [p.row() | {"spills": p.spills} for p in progs]})
+    if args.step:
+        import subprocess
+        env = dict(os.environ, TRITON_INTERPRET="1")
+        r = subprocess.run([sys.executable, str(Path(__file__).with_name("step_ops.py")), "--json"], env=env,
+                           capture_output=True, text=True, timeout=600)
+        if r.returncode:
+            print(f"kernel_census: the step's op count failed: {r.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+            return 1
+        out["step"] = json.loads(r.stdout.strip().splitlines()[-1])
+        print(f"recorded step, {out['step']['layers']} x {out['step']['heads']} fused sites: {out['step']['ops']} "
+              f"ATen ops outside the graph to read the statistics, {out['step']['host_reads']} blocking reads")
     bounds = census.HOT_BOUNDS | census.HOT_BOUNDS_ATOMIC
     print("bounds (statistics on): hot loop " + ", ".join(f"{k} <= {v}" for k, v in bounds.items())
           + "; no FSETP in a hot loop; no LDSM/STSM in dK/dV's; 0 spills; forward >= 3 blocks/SM at d = 64")

@@ -236,33 +236,19 @@ def test_qknorm_under_autocast_takes_the_autocast_dtype():
 def test_reading_a_recorded_step_costs_a_fixed_handful_of_ops():
     """Issue 45: the fused sites' statistics reach a metrics row in a few device ops whatever the
     number of layers (the per-site path ran ~1,125 at 12 layers × 12 heads), and none reads the
-    host: ``metrics_later`` leaves the values on the device until ``get``."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops: list[str] = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops.append(str(func))
-            return func(*args, **(kwargs or {}))
+    host: ``metrics_later`` leaves the values on the device until ``get``.  (bench/step_ops.py, the
+    census's count; the second step is counted: the divisors are made once, on the first.)"""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from step_ops import step_ops
 
     counts = []
     for n_layer in (2, 5):
-        torch.manual_seed(0)
-        m = GPT(ModelConfig(n_layer=n_layer, n_head=2, n_embd=32), V, T)
-        x = torch.randint(0, V, (2, T))
-        flight = FlightRecorder(m, kernel="fused", grad_scale=0.5)
-        for _ in range(2):          # the second step: the divisors are made once, on the first
-            flight.reset()
-            with flight:
-                (m(x, x)[1] * 0.5).backward()
-            with Count() as c:
-                pending = flight.metrics_later()
-        assert len(c.ops) <= 20, c.ops
-        assert not any("_local_scalar_dense" in o for o in c.ops), c.ops          # no host read
-        counts.append(len(c.ops))
+        ops, reads, pending = step_ops(n_layer, 2, T)
+        assert len(ops) <= 20, ops
+        assert reads == [] and not any("_local_scalar_dense" in o for o in ops), ops          # no host read
+        counts.append(len(ops))
         row = pending.get()
         assert len(row) == n_layer * 2 * len([n for n in STATS if n != "sink_mass"])
         assert all(v == v for v in row.values())                                  # finite, not NaN
