@@ -19,9 +19,9 @@ def __getattr__(name):
     # imported when asked for: the run API pulls in zarr (a second), Capture torch; every
     # `dyntool` command imports this package first, and a refused input should not wait for them
     if name in ("Run", "open_run", "list_runs"):
-        from . import run
+        from . import run           # deferred: keeps zarr off `import dyntool`
         return getattr(run, name)
     if name == "Capture":
-        from .capture import Capture
+        from .capture import Capture  # deferred: keeps torch off `import dyntool`
         return Capture
     raise AttributeError(f"module 'dyntool' has no attribute {name!r}")

@@ -35,7 +35,9 @@ import numpy as np
 from . import safeio
 from .dataset import check_arrays, need, select_steps, to_xarray  # noqa: F401  (the export API)
 from .errors import DyntoolError, ExportError  # noqa: F401  (ExportError: re-exported)
+from .paths import inside_run
 from .run_writer import RECORD_DIR
+from .storage import open_backend
 
 FORMATS = ("parquet", "csv", "netcdf", "npz")
 METRIC_FORMATS = ("parquet", "csv")
@@ -96,8 +98,6 @@ def _netcdf_attrs(ds):
 
 def check_destination(out: str | Path, what: str = "--to") -> None:
     """An export never goes inside a run (the one exported or any other)."""
-    from .paths import inside_run
-    from .storage import open_backend
     if "\0" in str(out):
         raise ExportError(f"{what}: contains a NUL byte")
     backend = open_backend(out, what)

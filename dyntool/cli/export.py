@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+
+from ..errors import DyntoolError
 
 
 def cmd_export(args) -> int:
-    from ..errors import DyntoolError
+    # deferred: keeps zarr off `dyntool --help` (every command's parser is built for it)
     from ..export import ExportError, check_destination, check_readable, export_run, parse_formats
     from ..run import open_run
     if not (args.to or args.to_tensorboard or args.to_wandb):
@@ -16,7 +19,6 @@ def cmd_export(args) -> int:
         if dest is not None:
             check_destination(dest, flag)
     if args.to_tensorboard:     # a second event file in one folder: TensorBoard shows every scalar twice
-        from pathlib import Path
         old = sorted(Path(args.to_tensorboard).glob("events.out.tfevents*"))
         if old:
             raise ExportError(f"--to-tensorboard {args.to_tensorboard} already holds an event file ({old[0].name}); "
@@ -28,7 +30,7 @@ def cmd_export(args) -> int:
         for p in export_run(run, args.to, formats, arrays, args.steps):
             print(p)
     if args.to_tensorboard or args.to_wandb:
-        from ..sinks import TensorBoardSink, WandbSink, export_scalars
+        from ..sinks import TensorBoardSink, WandbSink, export_scalars   # deferred: as the run's imports
         sink = TensorBoardSink(args.to_tensorboard) if args.to_tensorboard else WandbSink(args.to_wandb, run)
         try:
             n = export_scalars(run, sink, args.steps)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from ..errors import ConfigError, RunError
+from ..location import location
 
 DEFAULT_INPUT = "runs"
 DPI_RANGE = (30, 1200)          # beyond 1200 dpi a page-sized figure needs gigabytes of raster
@@ -17,7 +18,7 @@ DPI_RANGE = (30, 1200)          # beyond 1200 dpi a page-sized figure needs giga
 
 def collect_runs(inputs: list[str]) -> list:
     """Runs named by ``inputs`` (run dirs, study dirs, runs folders), each at most once, in order."""
-    from ..location import location
+    # deferred: keeps zarr off `dyntool --help` (every command's parser is built for it)
     from ..run import list_runs, open_run
     from ..storage import open_backend
     out, seen = [], set()
@@ -49,7 +50,7 @@ def _dpi(text: str) -> int:
 
 
 def cmd_figures(args) -> int:
-    from ..storage import open_backend
+    from ..storage import open_backend      # deferred: keeps zarr off `dyntool --help`
     if not args.list:
         # the user's paths are checked before the figure modules load (matplotlib and torch:
         # seconds, more on a loaded machine, before a typo was reported)
@@ -60,6 +61,7 @@ def cmd_figures(args) -> int:
                                        "(runs in object storage are read, never written, by figures)")
         inputs = args.inputs or [DEFAULT_INPUT]
         runs = collect_runs(inputs)
+    # deferred: matplotlib and torch load after the user's paths are checked (above)
     from ..figures import FIGURES, export_all, load
     from ..figures.writer import parse_formats
     from ..figures.registry import FigureError
@@ -77,7 +79,7 @@ def cmd_figures(args) -> int:
     for r in runs:
         for prob in r.problems:
             print(f"warning: {r.path}: {prob}", file=sys.stderr)
-    from ..figures.common import where
+    from ..figures.common import where      # deferred: as the figure modules above
     from ..run import study_summary
     for study in dict.fromkeys(where(r).parent for r in runs):   # the study figures read its summary
         said: list[str] = []
@@ -92,7 +94,8 @@ def cmd_figures(args) -> int:
             print(f"  wrote   {name:<20} {files}  ({rep.seconds[name]:.1f}s)", flush=True)
 
     rep = export_all(runs, args.out, formats, only=only, dpi=args.dpi, log=log)
-    from ..figures.recorded import not_drawn       # one run per recorded_* figure: name the others
+    # one run per recorded_* figure: name the others
+    from ..figures.recorded import not_drawn       # deferred: as the figure modules above
     for (drawn, rest), names in not_drawn(runs, rep.written).items():
         print(f"  note    {', '.join(names)} drew {drawn} only; not drawn: {', '.join(rest)} "
               f"(give each run its own `dyntool figures RUN --out DIR`)")

@@ -10,6 +10,7 @@ SCHEMA = "dyntool.sims.icl_markov_config:ICLMarkovConfig"
 
 
 def cmd_icl_markov(args) -> int:
+    # deferred: keeps the config layer (tomllib, inspect: ~0.1 s) and torch off `dyntool --help`
     from .. import config
     from ..sims.icl_markov_config import ICLMarkovConfig
     from ..sims.icl_markov_study import run_study, table

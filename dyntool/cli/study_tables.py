@@ -11,6 +11,10 @@ import contextlib
 import io
 import math
 
+from ..sims.summary import table as sticky_table
+from ..train.ls_logits import print_summary as ls_logits_summary
+from ..train.span_study import table as span_table
+
 
 def _printed(fn, summary: dict) -> str:
     """What a study's ``print_summary`` prints, as text."""
@@ -21,27 +25,25 @@ def _printed(fn, summary: dict) -> str:
 
 
 def _sticky(s: dict) -> str:
-    from ..sims.summary import table
-    return table(s)
+    return sticky_table(s)
 
 
 def _separable(s: dict) -> str:
-    from ..sims.separable import table
+    from ..sims.separable import table          # deferred: keeps torch off `dyntool info` of other studies
     return table(s)
 
 
 def _icl_markov(s: dict) -> str:
-    from ..sims.icl_markov_study import table
+    from ..sims.icl_markov_study import table   # deferred: keeps torch off `dyntool info` of other studies
     return table(s)
 
 
 def _ls_logits(s: dict) -> str:
-    from ..train.ls_logits import print_summary
-    return _printed(print_summary, s)
+    return _printed(ls_logits_summary, s)
 
 
 def _atlas(s: dict) -> str:
-    from ..train.atlas import print_summary
+    from ..train.atlas import print_summary     # deferred: keeps torch off `dyntool info` of other studies
     return _printed(print_summary, s)
 
 
@@ -50,8 +52,7 @@ def _span(s: dict) -> str:
     mean ± std over seeds (the table ``dyntool study span`` prints; a study with ``arms``, every
     reading it ran, by the study's own table)."""
     if "arms" in s:
-        from ..train.span_study import table
-        return table(s)
+        return span_table(s)
     def f(x, w, p=4):
         return f"{x:{w}.{p}f}" if isinstance(x, (int, float)) and math.isfinite(x) else " " * (w - 1) + "-"
     lines = [f"{'seed':>4}  {'baseline val':>12}  {'span val':>10}  {'Δ% final':>9}  {'Δ% best':>8}"]

@@ -17,6 +17,7 @@ def load() -> dict[str, FigureSpec]:
     """Import the figure modules (once) and return :data:`FIGURES`."""
     global _loaded
     if not _loaded:
+        # deferred: torch (atlas, icl_markov) loads with the first figure asked for, not with dyntool.figures
         from . import (atlas, bijection, controls, dynamics, frame_precision, geometry, icl_markov, ls,  # noqa: F401
                        ls_logits, recorded, span, sticky)  # imported for their side effect: each registers its figures
         groups = ("dynamics", "ls", "span", "recorded")

@@ -178,7 +178,7 @@ def h_min(runs: list) -> float | None:
         if isinstance(src.get("h_min"), (int, float)):
             return float(src["h_min"])
     try:
-        from ..sims.sticky_data import h_min as _h, transition_matrix
+        from ..sims.sticky_data import h_min as _h, transition_matrix  # deferred: keeps torch off the figures
         cfg = runs[0].config or {}
         data = cfg.get("data", cfg)
         P = transition_matrix(int(data.get("n", data.get("n_symbols", 8))), float(data.get("rho", 0.3)),

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
-from .common import fmt_pm, is_sweep, main_study, need, summary_of
+from .common import by_parent, fmt_pm, is_sweep, main_study, need, summary_of
 from .registry import figure
 
 KIND = "sticky-markov"
@@ -28,7 +28,6 @@ def _sweep_study(runs):
 
 
 def _by_study(runs):
-    from .common import by_parent
     return list(by_parent(runs).values())
 
 

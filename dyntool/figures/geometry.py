@@ -14,6 +14,7 @@ import numpy as np
 
 from ..manifold import pca
 from ..stats import pearson
+from . import manifold_panel as mp
 from . import style
 from .common import (align, arms_of, array, diag, first_head, main_study, mean_std, need, normalise_rows,
                      offsets, seed_arm)
@@ -311,7 +312,6 @@ def _f6_data(runs) -> tuple[dict, dict]:
     """-> (data written beside the figure: per run the PCA numbers of the training-sequence values
     and the held-out metrics the simulation logged, and the shown runs' points; what only the
     drawing needs: the shown runs' unrounded scores and the arms' colour order)."""
-    from . import manifold_panel as mp
     per_run, shown = [], {}
     reps = _representatives(runs, has=lambda r: array(r, "values") is not None)
     for arm, rs in arms_of(runs).items():
@@ -339,7 +339,6 @@ def _f6_data(runs) -> tuple[dict, dict]:
 
 
 def _f6_draw(data: dict, arrays: dict):
-    from . import manifold_panel as mp
     shown = arrays["shown"]
     arms = list(shown)
     fig = style.figure(style.DOUBLE, 2.7)
@@ -372,7 +371,6 @@ def _f6_draw(data: dict, arrays: dict):
 
 
 def _f6_caption(data: dict) -> str:
-    from . import manifold_panel as mp
     per_run, arms, ho_steps = data["runs"], list(data["points"]), data["heldout_steps"]
     groups = mp.groups(per_run)
     ho_txt = (" and, from the simulation's log on the HELD-OUT sequence (another path of the same chain; "

@@ -18,6 +18,7 @@ import pandas as pd
 
 from . import style
 from ..stats import mean_std
+from ..train.config import ModelConfig
 from .common import metric, need
 from .registry import figure
 from .train_common import (KIND, attention, best_group, diverged, final_val, layer_logits, logit_series,
@@ -43,7 +44,6 @@ def main_variant(rs: list) -> list:
     groups: dict[tuple, list] = {}
     for r in rs:
         groups.setdefault(_variant(r), []).append(r)
-    from ..train.config import ModelConfig      # imported here: figures load without the trainer's modules
     d = ModelConfig()
     default = (d.window, d.n_local, d.n_global)
     best = max(groups.items(), key=lambda kv: (len(kv[1]), kv[0] == default))

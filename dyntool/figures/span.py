@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from . import style
+from ..span_config import SpanConfig        # not ..span: that pulls in torch
 from ..stats import mean_std
 from .common import metric, need
 from .registry import figure
@@ -52,7 +53,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 def _span_defaults() -> dict:
-    from ..span import SpanConfig               # imported here: span.py pulls in torch
     return {f.name: getattr(SpanConfig(), f.name) for f in fields(SpanConfig)}
 
 

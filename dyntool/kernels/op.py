@@ -21,6 +21,7 @@ import torch
 import triton
 from torch.library import triton_op, wrap_triton
 
+from ..errors import ConfigError
 from . import backward as bw
 from . import forward as fw
 from . import stats as kstats
@@ -45,7 +46,6 @@ def tuning(spec: str | None) -> tuple[int, int, int | None, int | None] | None:
         vals = []
     pow2 = lambda x: x >= 1 and x & (x - 1) == 0                    # noqa: E731
     if not 2 <= len(vals) <= 4 or not all(pow2(x) for x in vals[:3]) or min(vals[:2]) < 16 or min(vals) < 1:
-        from ..errors import ConfigError             # a user's setting: one line, exit 2
         raise ConfigError(TUNING_ENV, f"{spec!r} is not BLOCK_M,BLOCK_N[,WARPS[,STAGES]] (tiles powers of 2 "
                                       ">= 16, warps a power of 2, stages >= 1)")
     return (*vals, *[None] * (4 - len(vals)))
@@ -65,7 +65,6 @@ def dq_policy(spec: str | None) -> str:
     process default, read once at import as the tiles are; ``attention(dq=...)`` per call."""
     spec = (spec or "split").strip()
     if spec not in DQ_POLICIES:
-        from ..errors import ConfigError             # a user's setting: one line, exit 2
         raise ConfigError(DQ_ENV, f"{spec!r} is not one of {', '.join(DQ_POLICIES)}")
     return spec
 

@@ -18,6 +18,7 @@ import math
 
 import numpy as np
 
+from ..export import select_steps
 from ..record import metric_names as mn
 from .tensorboard import TensorBoardSink
 from .wandb import WandbSink
@@ -51,7 +52,6 @@ def _recorded_per_head(run, steps: str | None):
     step = np.asarray(st["step"][:], dtype=np.int64)
     idx = np.arange(len(step))
     if steps is not None:
-        from ..export import select_steps
         idx = select_steps(step, steps, strict=False)
     for i in idx:
         row = {}
@@ -70,7 +70,6 @@ def export_scalars(run, sink, steps: str | None = None) -> int:
     df = run.metrics
     if len(df) and "step" in df:
         if steps is not None:
-            from ..export import select_steps
             df = df.iloc[select_steps(df["step"].to_numpy(np.int64), steps, strict=False)]
         for row in df.to_dict("records"):
             vals = scalars(row)
@@ -87,7 +86,7 @@ def export_scalars(run, sink, steps: str | None = None) -> int:
 def SinkCallback(sink):
     """A training :class:`~dyntool.train.trainer.Callback` that logs each step's metrics to
     ``sink`` live (rank 0 only, as the other writers) and closes it at the end."""
-    from ..train.trainer import Callback
+    from ..train.trainer import Callback   # deferred: keeps torch off `dyntool export` (replaying a run)
 
     class _SinkCallback(Callback):
         def on_step_end(self, step: int, metrics: dict) -> None:

@@ -21,11 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..config import PosInt, Seed, merge, nest
+from ..config import PosInt, Seed, merge, nest, parse_overrides
+from ..errors import ConfigError
 from ..stats import mean_std
+from . import runner
 from .atlas import study_atlas            # the attention atlas: its presets, probe, events
 from .ls_logits import study_ls_logits    # the LS logit study: its presets, arms, per-head table
 from .span_study import run_span_study    # the span study: its arms (readings of the paper), clip and logits
+from .study_runs import continue_study
 
 # no 60 MB checkpoint per study run unless asked (--train.checkpoint=true): studies don't resume
 STUDY_DEFAULTS = {"train.checkpoint": False}
@@ -39,7 +42,6 @@ class StudyConfig:
     arms: Optional[list[str]] = None        # a subset of the study's arms, in its order (None: all)
 
     def validate(self, prefix: str = "") -> None:
-        from ..errors import ConfigError
         if not self.seeds:
             raise ConfigError(prefix + "seeds", "needs at least one seed")
         if len(set(self.seeds)) != len(self.seeds):
@@ -53,7 +55,6 @@ class StudyConfig:
             return arms
         unknown = [a for a in self.arms if a not in arms]
         if unknown:
-            from ..errors import ConfigError
             raise ConfigError("arms", f"{', '.join(unknown)} is not an arm of this study (its arms: {', '.join(arms)})")
         return {a: v for a, v in arms.items() if a in self.arms}
 
@@ -64,8 +65,6 @@ def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyCon
 
     Priority: packaged file ← preset ← the study's defaults (``base_values``) ← the user's
     ``--section.key=value`` ← the arm ← ``--seed``/``--max-steps``."""
-    from ..config import parse_overrides
-    from .runner import load_config
     user = parse_overrides(overrides)
     cfgs = {}
     for seed in study.seeds:
@@ -74,7 +73,7 @@ def _configs(files: dict[str, str], arm_values: dict[str, dict], study: StudyCon
             values = merge(merge(merge(nest({**STUDY_DEFAULTS, **(base_values or {})}), user),
                                  nest(arm_values.get(arm, {}))),
                            nest(fixed))
-            cfgs[arm, seed] = load_config(f, preset, [], values=values)
+            cfgs[arm, seed] = runner.load_config(f, preset, [], values=values)
     return cfgs
 
 
@@ -97,7 +96,6 @@ def run_study(which: str, out: str, study: StudyConfig | None = None, preset: st
     try:
         summary = fn(out, study, preset, overrides or [], quiet, name, tuple(tags or ()))
     except KeyboardInterrupt as e:
-        from .study_runs import continue_study
         e.next_step = continue_study(e, which, study.seeds, study.max_steps, preset, overrides or [], out,
                                      study.arms)
         raise

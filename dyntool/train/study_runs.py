@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import datetime as _dt
 import secrets
+import shlex
 from pathlib import Path
 
 from ..errors import NonFiniteLossError, RunError
 
 
 def train_arm(study_dir: Path, name: str, cfg, quiet, tags, callbacks=None):
+    # deferred: keeps torch and zarr off `dyntool info STUDY` (the study's table imports ls_logits or
+    # span_study, which import this module)
     from ..run import open_run
     from .runner import run_training
     if not quiet:
@@ -29,7 +32,6 @@ def continue_study(e: KeyboardInterrupt, which: str, seeds: list[int], max_steps
     """What an interrupted study prints: where it stopped and the command that runs the seeds it
     did not finish (a study has no checkpoints to resume: the seed that was running starts again,
     into a new study folder; the finished runs stay where they are)."""
-    import shlex
     d, seed = getattr(e, "study_dir", None), getattr(e, "study_seed", None)
     if d is None or seed not in seeds:
         return "the study stopped before its first run"
