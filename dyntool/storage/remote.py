@@ -12,9 +12,11 @@ one-line :class:`StorageError` (exit 1).
 """
 from __future__ import annotations
 
+import asyncio
 import datetime as _dt
 import os
 import re
+import time
 from urllib.parse import urlparse
 
 from zarr.storage import ObjectStore, WrapperStore
@@ -75,7 +77,8 @@ def _quick(url: str):
 # a timeout, a 5xx) is retried with exponential backoff for up to ride_out_seconds() (30 s unless
 # DYNTOOL_S3_RIDE_OUT says otherwise), so a writer rides out a short outage (obstore's own 2
 # retries were spent in 0.24 s); the first contact of a process is a quick PROBE instead, so a
-# silent or absent endpoint is refused in seconds.
+# silent or absent endpoint is refused in seconds.  Where obstore gives up early (a connection cut
+# mid-request), Remote._call and OneLineErrors ask again themselves until the same ride-out ends.
 RIDE_OUT_ENV = "DYNTOOL_S3_RIDE_OUT"
 RIDE_OUT_S = 30
 RIDE_OUT = {"max_retries": 16, "retry_timeout": None, "init_backoff": 0.25, "max_backoff": 8,
@@ -144,6 +147,13 @@ def _lost(e: BaseException) -> bool:
     return type(e).__module__.split(".")[0] == "obstore" and "<Code>" not in str(e)
 
 
+def _again(e: BaseException, where: str, started: float, delay: float) -> bool:
+    """Ask again after ``delay`` seconds: the endpoint is lost but the ride-out begun at
+    ``started`` lasts (obstore gives up early on some failures, e.g. a connection cut mid-request)."""
+    return where.startswith("s3://") and _lost(e) and (_endpoint() or "") not in _DOWN and \
+        time.monotonic() - started + delay < ride_out_seconds()
+
+
 def failure(e: BaseException, where: str, verb: str) -> Exception:
     """The one-line error for a failed request: :class:`StorageError` (exit 1; later requests of
     this process try once, quickly) when the endpoint stayed down past the ride-out, else
@@ -178,12 +188,18 @@ class Remote:
     def _call(self, request, where: str, verb: str):
         """``request(store)``; a failure as :func:`failure`'s one line (a missing object stays
         :class:`FileNotFoundError`, an existing one in create mode :class:`FileExistsError`)."""
-        try:
-            out = request(self.store)
-        except (FileNotFoundError, FileExistsError):
-            raise
-        except Exception as e:
-            raise failure(e, where, verb) from None
+        started, delay = time.monotonic(), 0.25
+        while True:
+            try:
+                out = request(self.store)
+                break
+            except (FileNotFoundError, FileExistsError):
+                raise
+            except Exception as e:
+                if not _again(e, where, started, delay):
+                    raise failure(e, where, verb) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 8)
         _DOWN.discard(_endpoint() or "")        # it answers: the next outage is ridden out again
         return out
 
@@ -244,7 +260,8 @@ class Remote:
 
 
 class OneLineErrors(WrapperStore):
-    """A recording writer's zarr store: obstore's failures as :func:`failure`'s one line."""
+    """A recording writer's zarr store: a lost endpoint asked again while the ride-out lasts, then
+    obstore's failure as :func:`failure`'s one line (not a page of Rust debug)."""
 
     def __init__(self, store, url: str = ""):
         super().__init__(store)
@@ -253,28 +270,31 @@ class OneLineErrors(WrapperStore):
     def _with_store(self, inner):
         return type(self)(inner, self.url)
 
-    async def _do(self, verb: str, key: str, call):
-        try:
-            return await call
-        except Exception as e:
-            raise _one_line(e, self.url, key, verb) from None
+    async def _do(self, verb: str, key: str, request):
+        """``await request()``, asked again as :meth:`Remote._call` does; obstore's failure as one line."""
+        where, started, delay = join(self.url, key), time.monotonic(), 0.25
+        while True:
+            try:
+                return await request()
+            except Exception as e:
+                if type(e).__module__.split(".")[0] != "obstore":
+                    raise
+                if not _again(e, where, started, delay):
+                    raise failure(e, where, verb) from None
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 8)
 
     async def get(self, key, prototype, byte_range=None):
-        return await self._do("read", key, self._store.get(key, prototype, byte_range))
+        return await self._do("read", key, lambda: self._store.get(key, prototype, byte_range))
 
     async def exists(self, key):
-        return await self._do("read", key, self._store.exists(key))
+        return await self._do("read", key, lambda: self._store.exists(key))
 
     async def set(self, key, value):
-        return await self._do("written", key, self._store.set(key, value))
+        return await self._do("written", key, lambda: self._store.set(key, value))
 
     async def set_if_not_exists(self, key, value):
-        return await self._do("written", key, self._store.set_if_not_exists(key, value))
+        return await self._do("written", key, lambda: self._store.set_if_not_exists(key, value))
 
     async def delete(self, key):
-        return await self._do("deleted", key, self._store.delete(key))
-
-
-def _one_line(e: BaseException, url: str, key: str, verb: str) -> BaseException:
-    """obstore's error as :func:`failure`'s, any other left as it is."""
-    return failure(e, join(url, key), verb) if type(e).__module__.split(".")[0] == "obstore" else e
+        return await self._do("deleted", key, lambda: self._store.delete(key))
