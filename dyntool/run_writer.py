@@ -44,6 +44,7 @@ class _Signals:
     depth = 0                   # > 0 inside critical_section()
     pending: int | None = None  # a signal held until the section ends
     said = False                # this rank told the group's store it was asked to stop
+    watching = False            # a rank without a RunWriter says so too (_say_when_stopped)
 
 
 def _on_signal(signum, frame):
@@ -60,6 +61,8 @@ def critical_section():
     """Hold SIGTERM/SIGINT (as installed by RunWriter) until the block ends, then raise
     :class:`Interrupted`: used around one training step so parameters, optimizer, RNG and
     metrics always describe the same step when a run is interrupted and checkpointed."""
+    if not _Signals.watching and _Signals.depth == 0 and _multi_process() is not None:
+        _say_when_stopped()
     _Signals.depth += 1
     try:
         yield
@@ -110,6 +113,27 @@ def _say_asked_to_stop() -> None:
             store.set(ASKED_KEY + str(dist.get_rank()), "1")
     except Exception:                           # noqa: BLE001 - the store is gone: peers read a failure
         pass
+
+
+def _say_when_stopped() -> None:
+    """A rank that writes no run (DDP's others) keeps Python's own SIGTERM/SIGINT behaviour, but
+    says it was asked to stop first, so rank 0 can tell a stop from a kill."""
+    _Signals.watching = True
+
+    def say_then(default):
+        def handler(signum, frame):
+            _say_asked_to_stop()
+            if default is signal.default_int_handler:
+                default(signum, frame)                    # KeyboardInterrupt, as before
+            signal.signal(signum, signal.SIG_DFL)         # SIGTERM's default: end the process
+            os.kill(os.getpid(), signum)
+        return handler
+    for sig, default in ((signal.SIGTERM, signal.SIG_DFL), (signal.SIGINT, signal.default_int_handler)):
+        try:
+            if signal.getsignal(sig) is default:
+                signal.signal(sig, say_then(default))
+        except ValueError:                                # not the main thread
+            pass
 
 
 def _held_while_distributed() -> int | list[int] | None:

@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from dyntool.run import list_runs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,3 +68,58 @@ def test_a_rank_that_fails_fails_the_run(tmp_path):
     meta = json.loads((out / "f" / "meta.json").read_text())
     assert meta["status"] == "failed", meta
     assert "continue with" not in p.stderr
+
+
+def _ddp_with(tmp_path, hook: str, **popen):
+    """torchrun with 2 ranks of a tiny 50-step DDP run whose ``Trainer._one_step`` runs ``hook``
+    (Python, with ``self`` the trainer) first; returns the Popen."""
+    script = tmp_path / "hooked.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, sys, time
+        from dyntool.train.trainer import Trainer
+        step = Trainer._one_step
+        def hooked(self, *a, **k):
+            {hook}
+            return step(self, *a, **k)
+        Trainer._one_step = hooked
+        from dyntool.cli import main
+        sys.exit(main(sys.argv[1:]))
+    """))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+           "train", "--config", str(REPO / "dyntool" / "presets" / "wikitext_mhsa.toml"), "--preset", "small",
+           "--max-steps", "50", "--out", str(tmp_path / "runs"), "--name", "f", "--quiet", f"--data.path={TINY}",
+           "--data.batch_size=2", "--data.block_size=16", "--model.n_layer=1", "--model.n_head=2",
+           "--model.n_embd=16", "--record.every=0", "--train.eval_every=0", "--device=cpu", "--parallel=ddp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **popen)
+
+
+@pytest.mark.slow
+def test_a_rank_killed_outright_fails_the_run_naming_it(tmp_path):
+    """Issue 50 item 11: rank 1 killed by SIGKILL read as a user interrupt ('signal 15': torchrun's
+    SIGTERM to rank 0 after the death) with a resume command; it is a failure naming rank 1."""
+    p = _ddp_with(tmp_path, 'if self.step == 3 and os.environ["RANK"] == "1": os.kill(os.getpid(), signal.SIGKILL)')
+    _, err = p.communicate(timeout=240)
+    assert p.returncode != 0, err[-3000:]
+    meta = json.loads((tmp_path / "runs" / "f" / "meta.json").read_text())
+    assert meta["status"] == "failed" and "rank 1 ended without being asked to stop" in meta["error"], meta
+    assert "continue with" not in err
+
+
+@pytest.mark.slow
+def test_a_sigterm_to_torchrun_still_interrupts_the_run(tmp_path):
+    """The other side of the same rule: torchrun stopped by SIGTERM signals every rank, each says
+    so in the store, and the run reads interrupted with the command that continues it."""
+    import signal
+    import time
+    p = _ddp_with(tmp_path, 'time.sleep(0.2) if self.step >= 3 else None')
+    meta, rows = tmp_path / "runs" / "f" / "meta.json", tmp_path / "runs" / "f" / "metrics.jsonl"
+    end = time.monotonic() + 180
+    while time.monotonic() < end and not (rows.is_file() and rows.read_text().count("\n") >= 4):
+        time.sleep(0.5)
+    p.send_signal(signal.SIGTERM)
+    _, err = p.communicate(timeout=120)
+    m = json.loads(meta.read_text())
+    assert m["status"] == "interrupted" and m["error"].startswith("signal 15"), (m, err[-2000:])

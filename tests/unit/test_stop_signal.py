@@ -18,10 +18,12 @@ from dyntool.run_writer import Interrupted, critical_section
 @pytest.fixture
 def handler():
     old = signal.signal(signal.SIGTERM, run_writer._on_signal)
+    old_int = signal.getsignal(signal.SIGINT)         # a 2-rank world installs its own on SIGINT
     yield
     signal.signal(signal.SIGTERM, old)
+    signal.signal(signal.SIGINT, old_int)
     run_writer._Signals.pending = None
-    run_writer._Signals.said = False
+    run_writer._Signals.said = run_writer._Signals.watching = False
 
 
 class Store:
