@@ -14,11 +14,11 @@ holds what they share::
     later = session.cheap_read()        # the cheap tier's row, on its way to the host (never waited on)
     row = resolved({**row, CHEAP: later})                             # read when the row is written
 
-Under FSDP every rank records its own sequences (:class:`Shard`): its store says which (``rank``,
-``seq_offset``, ...) and declares how the per-rank scalars merge (:mod:`dyntool.record.ranks`);
-the per-head numbers of the metrics row are combined with small all-reduces (entropy: mean,
-max |logit|: max), through the ``reduce`` the caller hands down (``train.fsdp.all_reduce``; the
-session sits below the trainer).
+Under FSDP every rank records its own sequences (:class:`Shard`) into the run rank 0 made
+(:func:`rank_writers`): its store says which (``rank``, ``seq_offset``, ...) and declares how the
+per-rank scalars merge (:mod:`dyntool.record.ranks`); the per-head numbers of the metrics row are
+combined with small all-reduces (entropy: mean, max |logit|: max).  The collectives are the
+caller's (``train.fsdp.all_reduce``, ``broadcast``), handed down: the session sits below the trainer.
 """
 from __future__ import annotations
 
@@ -27,11 +27,14 @@ from typing import Callable
 
 import torch
 
+from .errors import RunError
 from .flight import FlightRecorder, PendingMetrics
+from .location import location
 from .record import metric_names as mn
 from .record.policy import RecordConfig, check_budget, cheap_wants, schedule
 from .record.ranks import declare_reducers
 from .recorder import Recorder
+from .run_writer import RankRun
 
 CHEAP = "__cheap_tier_pending__"     # a row's key for its cheap-tier values still on their way (PendingMetrics)
 
@@ -49,6 +52,26 @@ class Shard:
     def attrs(self) -> dict:
         return {"rank": self.rank, "world_size": self.world, "shard_axis": "seq", "seq_offset": self.offset,
                 "parallel": "fsdp"}
+
+
+def rank_writers(rank: int, make: Callable, broadcast: Callable) -> tuple:
+    """Under FSDP: rank 0 runs ``make()`` (a :class:`~dyntool.run_writer.RunWriter`) and every rank
+    gets ``(rank 0's run or None, the writer of its own record)``: the run itself on rank 0, a
+    :class:`~dyntool.run_writer.RankRun` into the run's location (a folder or an object-store URL)
+    on the others.  Rank 0's refusal (``RunError``) is raised on every rank, so none waits for a run
+    that was never made; ``broadcast(obj)`` returns rank 0's ``obj`` on every rank."""
+    run, msg = None, None
+    if rank == 0:
+        try:
+            run = make()
+        except RunError as e:
+            broadcast(("error", str(e)))
+            raise
+        msg = ("ok", str(run.path))
+    msg = broadcast(msg)
+    if msg is None or msg[0] != "ok":
+        raise RunError(msg[1] if msg else "rank 0 could not create the run")
+    return run, run if run is not None else RankRun(location(msg[1]), rank)
 
 
 class RecordingSession:

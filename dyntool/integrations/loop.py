@@ -50,10 +50,10 @@ from ..flight import FlightRecorder
 from ..record.policy import RecordConfig, crops
 from ..record.selection import parse_heads, resolve
 from ..recorder import Recorder, plan
-from ..recording_session import CHEAP, RecordingSession, Shard, resolved
-from ..run_writer import RankRun, RunWriter
+from ..recording_session import CHEAP, RecordingSession, Shard, rank_writers, resolved
+from ..run_writer import RunWriter
 from ..stream import size
-from ..train.fsdp import all_reduce
+from ..train.fsdp import all_reduce, broadcast
 from . import ranked
 
 
@@ -128,11 +128,9 @@ class RunRecorder:
             self.run = RunWriter.create(out_dir, kind, full, name=name, device=_device(model))
         else:
             full["world_size"], full["parallel"] = self.world, "fsdp"
-            self.run, path = ranked.create_run(self.rank, lambda: RunWriter.create(
+            _, self.run = rank_writers(self.rank, lambda: RunWriter.create(     # rank r: its own record
                 out_dir, kind, full, name=name, device=_device(model),
-                extra_meta={"world_size": self.world, "parallel": "fsdp"}))
-            if self.run is None:
-                self.run = RankRun(path, self.rank)
+                extra_meta={"world_size": self.world, "parallel": "fsdp"}), broadcast)
         self.session.bind(self.run)         # which path each site's cheap tier takes, and why: meta
 
     # -- schedule -------------------------------------------------------------------------

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import RunError
-from ..train.fsdp import broadcast
-
 
 class ShardError(ValueError):
     """A probe (or option) that can't be recorded rank by rank: one line."""
@@ -80,21 +77,3 @@ def split_probe(probe, rank: int, world: int, seqs: int):
     if isinstance(probe, (tuple, list)):
         return type(probe)(cut(v) for v in probe)
     return cut(probe)
-
-
-def create_run(rank: int, make):
-    """Rank 0 runs ``make()`` (a :class:`~dyntool.run_writer.RunWriter`); every rank gets
-    ``(run or None, path)``: ranks > 0 the path rank 0 created, or rank 0's error raised on every
-    rank (so no rank waits on a run that was never made)."""
-    run, msg = None, None
-    if rank == 0:
-        try:
-            run = make()
-            msg = ("ok", str(run.path))
-        except RunError as e:
-            broadcast(("error", str(e)))
-            raise
-    msg = broadcast(msg)
-    if msg is None or msg[0] != "ok":
-        raise RunError(msg[1] if msg else "rank 0 could not create the run")
-    return run, msg[1]

@@ -179,13 +179,14 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         corpus = load_wikitext(cfg.data.path or None, log=say)
         model = _build_model(cfg, corpus, dist, ckpt, resume)
         meta = _run_meta(cfg, model, corpus, dist, sharded, ckpt, resume, extra_meta)
-        run = _create_run(out_dir, kind, cfg, name, tags, dist, meta, sharded) if dist.is_main else None
-        rank_run = None
-        if sharded:                                    # every rank records its own shard
-            from ..run_writer import RankRun
-            from .sharded import share_run
-            path = share_run(run, dist)
-            rank_run = run if run is not None else RankRun(path, dist.rank)
+        run, rank_run = None, None
+        if sharded:                                    # every rank records its own shard into rank 0's run
+            from ..recording_session import rank_writers
+            from .fsdp import broadcast
+            run, rank_run = rank_writers(dist.rank, lambda: _create_run(out_dir, kind, cfg, name, tags, dist, meta),
+                                         broadcast)
+        elif dist.is_main:
+            run = _create_run(out_dir, kind, cfg, name, tags, dist, meta)
         with run if run is not None else (rank_run or _Null()):
             final = _fit(cfg, model, corpus, dist, run, rank_run, ckpt, resume, quiet, callbacks)
             if run is not None:
@@ -226,18 +227,12 @@ def _run_meta(cfg: TrainConfig, model, corpus, dist, sharded: bool, ckpt: dict |
     return meta
 
 
-def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, meta: dict, sharded: bool):
-    """The run folder (rank 0 only); under FSDP a refusal reaches the other ranks, which wait for its path."""
+def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, meta: dict):
+    """The run folder (rank 0 only; under FSDP its refusal reaches the other ranks: rank_writers)."""
     from ..config import to_dict
     from ..run_writer import RunWriter
-    try:
-        return RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
-                                device=str(dist.device), extra_meta=meta)
-    except RunError as e:
-        if sharded:
-            from .fsdp import broadcast
-            broadcast(("error", str(e)))
-        raise
+    return RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
+                            device=str(dist.device), extra_meta=meta)
 
 
 def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None, resume: str | None,

@@ -15,12 +15,7 @@ entropy: mean over ranks; max|logit|: max; per-group gradient norms from the loc
 """
 from __future__ import annotations
 
-from pathlib import Path
-
-import torch
-
-from ..errors import ConfigError, RunError
-from ..location import URLPath, location
+from ..errors import ConfigError
 from ..recording_session import Shard
 from . import fsdp
 from .recording import RecordingCallback
@@ -32,16 +27,6 @@ def check(cfg, world: int) -> None:
     if world > 1 and rc.enabled and rc.batch == "probe" and rc.seqs % world:
         raise ConfigError("record.seqs", f"the probe's {rc.seqs} sequence(s) can't be split evenly "
                                          f"over {world} ranks under train.parallel=fsdp; use a multiple of {world}")
-
-
-def share_run(run, dist) -> Path | URLPath:
-    """Rank 0's run location on every rank (a ``Path``, or a ``URLPath`` for object storage: the
-    storage backend each rank opens on it tells them apart), or rank 0's error raised on every rank."""
-    msg = fsdp.broadcast(("ok", str(run.path)) if run is not None else None) if dist.is_main else \
-        fsdp.broadcast(None)
-    if msg is None or msg[0] != "ok":
-        raise RunError(msg[1] if msg else "rank 0 could not create the run")
-    return location(msg[1])
 
 
 class ShardedRecordingCallback(RecordingCallback):
