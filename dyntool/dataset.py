@@ -27,6 +27,7 @@ def need(module: str):
 
 def _lazy(arr, n: int | None = None):
     """xarray lazy-indexing wrapper around a zarr array (or RecordedArray) with basic indexing."""
+    # deferred: xarray is an optional extra (export), asked for only by Run.to_xarray and exports
     from xarray.backends import BackendArray
     from xarray.core import indexing
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import torch
 
+from . import core, dataflow, hf, sdpa, tlens, torch_mha
 from .base import Adapter, AdapterError, BlocksAdapter  # noqa: F401  (the package's public names)
 
 
 def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
     """The adapter for ``model``; ``attention`` (class name(s) or classes) names the modules to
     record, and the adapter is chosen by what those modules do (:func:`_named`)."""
-    from . import core, dataflow, hf, sdpa, tlens, torch_mha
     if attention is not None:
         return _named(model, attention)
     for mod in (core, tlens, hf, torch_mha):
@@ -70,7 +70,6 @@ def _named(model, attention) -> Adapter:
     torch's ``nn.MultiheadAttention`` (it, or inside it), the attention registry (it, or a module
     inside it: ``ViTAttention`` holds ``ViTSelfAttention``), an ``F.scaled_dot_product_attention``
     call in its code, else its own softmax (the dataflow adapter)."""
-    from . import dataflow, hf, sdpa, torch_mha
     named = dataflow.candidates(model, attention)
     if not named:
         raise AdapterError(f"no module of class {attention!r} in {type(model).__name__}")
@@ -79,10 +78,10 @@ def _named(model, attention) -> Adapter:
     mha = [(n, m) for n, m in inside if isinstance(m, torch.nn.MultiheadAttention)]
     if mha:
         return torch_mha.TorchMHAAdapter(model, mha)
-    registry = [(n, m) for n, m in inside if hf._uses_registry(m)]
+    registry = [(n, m) for n, m in inside if hf.uses_registry(m)]
     if registry:
         return hf.HFAdapter(model, registry)
-    if any(sdpa._calls_sdpa(m, include_hf=True) and not _eager_hf(m) for _, m in named):
+    if any(sdpa.calls_sdpa(m, include_hf=True) and not _eager_hf(m) for _, m in named):
         return sdpa.SDPAAdapter(model, attention)
     return dataflow.DataflowAdapter(model, named)
 

@@ -42,7 +42,7 @@ FUSED = PREFIX + "fused"
 _ROUTES: dict[type, bool] = {}
 
 
-def _uses_registry(m) -> bool:
+def uses_registry(m) -> bool:
     """Does this module's forward dispatch through ``ALL_ATTENTION_FUNCTIONS``?  Read from its
     source once per class: it finds every attention transformers routes through the registry
     (decoders, BERT/RoBERTa/ViT encoders, T5/BART self- and cross-attention) without a list."""
@@ -66,7 +66,7 @@ def site_kind(name: str, module) -> tuple[str, str]:
 
 
 def _inner(impl: str, module):
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS   # deferred: an optional extra (hf)
     if impl in ALL_ATTENTION_FUNCTIONS and impl != "eager":
         return ALL_ATTENTION_FUNCTIONS[impl]
     fn = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
@@ -128,6 +128,7 @@ def _fused_attention(module, query, key, value, attention_mask, **kw):
 
 
 def _register_fused() -> str:
+    # deferred: transformers is an optional extra (hf), asked for only when a model is one of its
     from transformers.masking_utils import AttentionMaskInterface, flash_attention_mask
     from transformers.modeling_utils import AttentionInterface
     AttentionInterface.register(FUSED, _fused_attention)
@@ -136,6 +137,7 @@ def _register_fused() -> str:
 
 
 def _register(impl: str) -> str:
+    # deferred: an optional extra (hf), as above
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
     name = PREFIX + impl
@@ -207,7 +209,7 @@ class HFAdapter(Adapter):
 def detect(model):
     if not any(type(m).__module__.startswith("transformers.") for m in model.modules()):
         return None
-    named = [(n, m) for n, m in model.named_modules() if _uses_registry(m)]
+    named = [(n, m) for n, m in model.named_modules() if uses_registry(m)]
     if named:
         return HFAdapter(model, named)
     return None

@@ -11,7 +11,7 @@ from ..extras import need
 class TensorBoardSink:
     def __init__(self, logdir: str | Path):
         need("tensorboard", "--to-tensorboard", ExportError)      # torch's writer imports it
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter   # deferred: an optional extra (tensorboard)
         self.logdir = Path(logdir)
         p, self._created = self.logdir.absolute(), None
         while not p.exists():                   # the top-most directory we create, for cleanup

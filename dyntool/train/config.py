@@ -14,7 +14,9 @@ from typing import Annotated, ClassVar
 from ..config import Device, NonNegFloat, NonNegInt, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
+from ..record.selection import resolve
 from ..span_config import SpanConfig
+from .final_eval import MODES, normalize
 
 ATTENTIONS = ("mhsa", "ls", "span", "qknorm")
 
@@ -121,12 +123,10 @@ class TrainLoopConfig:
                                          "log_interval": "log_every"}
 
     def __post_init__(self) -> None:
-        from .final_eval import normalize
         self.final_eval = normalize(self.final_eval)
 
     def validate(self, prefix: str = "") -> None:
         p = prefix
-        from .final_eval import MODES
         if self.final_eval not in MODES:
             raise ConfigError(p + "final_eval", f"auto, full or off, got {self.final_eval!r}")
         if self.max_steps < 1 or self.stop_at < 0:
@@ -155,6 +155,7 @@ class TrainConfig:
     def validate(self, prefix: str = "") -> None:
         rc = self.record
         if rc.enabled and rc.cheap_every > 0:
+            # deferred: keeps torch off checking a config (`dyntool train` refuses a bad value before torch loads)
             from ..cheap_stats import CPU_BLOCK_MIB, block_rows
             S = min(rc.cheap_seqs or self.data.batch_size, self.data.batch_size)
             T = self.data.block_size
@@ -163,10 +164,9 @@ class TrainConfig:
                 raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
                                   f"query row of the cheap tier ({S}×{self.model.n_head}×{T} scores)")
         if rc.enabled and (rc.every or rc.steps or rc.log_spaced):
-            from ..record.selection import resolve
-            from ..stream import rows_per_block
+            from ..stream import rows_per_block         # deferred: as cheap_stats above
             resolve(rc.heads, self.model.n_layer, self.model.n_head, prefix + "record.heads")
-            from ..cheap_stats import CPU_BLOCK_MIB
+            from ..cheap_stats import CPU_BLOCK_MIB     # deferred: as above
             if rows_per_block(rc.seqs, self.data.block_size, 4, rc.max_block_mib or CPU_BLOCK_MIB, rc.pool or 1) < 1:
                 raise ConfigError(prefix + "record.max_block_mib", f"{rc.max_block_mib} MiB is too small for one "
                                   f"query-row block of the full tier ({rc.seqs}×{max(rc.pool, 1)}×"

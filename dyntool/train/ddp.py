@@ -7,11 +7,14 @@ stream (the data generator is seeded with the rank) and DDP averages the gradien
 """
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from ..errors import ConfigError
 
 
 @dataclass
@@ -32,11 +35,9 @@ def resolve_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(name)
     if dev.type == "mps" and not torch.backends.mps.is_available():
-        from ..errors import ConfigError
         raise ConfigError("device", "mps requested but not available on this machine; use --device=cpu")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            from ..errors import ConfigError
             raise ConfigError("device", "CUDA was requested but torch.cuda.is_available() is False")
         if dev.index is None:
             dev = torch.device("cuda", local_rank)
@@ -70,7 +71,6 @@ def cleanup(info: DistInfo) -> None:
     tensor during finalisation, which aborts the rank ("terminate called without an active
     exception", seen once in ~3 loaded test runs).  Collect first, then destroy the group."""
     if info.initialised and dist.is_initialized():
-        import gc
         gc.collect()
         dist.destroy_process_group()
 
