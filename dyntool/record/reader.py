@@ -15,16 +15,52 @@ Whatever can't be read as written goes to ``problems`` (one broken array never h
 """
 from __future__ import annotations
 
+import asyncio
 import math
+import threading
 from typing import Any
 
 import numpy as np
 import zarr
+import zarr.core.sync
 
 from .. import safeio
 from ..errors import RunError
 from .guarded import RecordError, check_array, spec_of
 from .store import RecordedArray, commit_marker
+
+DRAIN_S = 2.0
+
+
+def _drain_reads(timeout: float = DRAIN_S) -> None:
+    """Let reads still in flight on zarr's event loop end before the interpreter does.  A read
+    that fails (a missing or damaged chunk) leaves its sibling chunk reads running; at exit
+    zarr's own hook closes the loop under them ("Task was destroyed but it is pending!") or they
+    ask the closed thread pool for a worker ("cannot schedule new futures after shutdown"),
+    after the one-line error.  Bounded: what is left after ``timeout`` is cancelled."""
+    loop = zarr.core.sync.loop[0]
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+
+    async def settle():
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for t in pending:
+            t.cancel()
+        for t in done:                  # their errors are the reported one's siblings: retrieved, unsaid
+            if not t.cancelled():
+                t.exception()
+    try:
+        asyncio.run_coroutine_threadsafe(settle(), loop).result(timeout + 1)
+    except Exception:                   # noqa: BLE001 - exiting anyway; nothing to add to the error
+        pass
+
+
+# before the thread pools shut down (threading's exit hooks run before atexit's, and the reads
+# need a pool thread); a private hook of threading, as concurrent.futures itself uses
+threading._register_atexit(_drain_reads)
 
 _INT_ATTRS = ("query_offset", "key_offset", "T", "block", "layer", "head")
 
