@@ -67,22 +67,22 @@ class URLPath:
         return URLPath(join(self.url, str(part)))
 
     @property
-    def _root_len(self) -> int:
+    def root_len(self) -> int:
         """Characters of the bucket (``s3://bucket``) or of ``file://``: a URL never goes above it."""
         m = re.match(r"^s3://[^/]*", self.url)
         return m.end() if m else len("file://")
 
     @property
     def name(self) -> str:
-        tail = self.url[self._root_len:]
+        tail = self.url[self.root_len:]
         return tail.rsplit("/", 1)[-1] if tail.strip("/") else ""
 
     @property
     def parent(self) -> "URLPath":
-        tail = self.url[self._root_len:]
+        tail = self.url[self.root_len:]
         if "/" not in tail.strip("/"):
-            return URLPath(self.url[:self._root_len] + ("/" if self.url.startswith("file://") else ""))
-        return URLPath(self.url[:self._root_len] + tail.rsplit("/", 1)[0])
+            return URLPath(self.url[:self.root_len] + ("/" if self.url.startswith("file://") else ""))
+        return URLPath(self.url[:self.root_len] + tail.rsplit("/", 1)[0])
 
     def resolve(self) -> "URLPath":
         """Itself: a URL has no links to resolve (as ``Path.resolve`` gives a local path's real

@@ -66,7 +66,7 @@ def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=Non
     return out
 
 
-def _calls_sdpa(m, include_hf: bool = False) -> bool:
+def calls_sdpa(m, include_hf: bool = False) -> bool:
     skip = ("torch.", "dyntool.") if include_hf else ("torch.", "transformers.", "dyntool.")
     if type(m).__module__.startswith(skip):
         return False
@@ -86,7 +86,7 @@ class SDPAAdapter(Adapter):
     name = "sdpa"
 
     def __init__(self, model, attention=None, include_hf: bool = False):
-        pick = (lambda m: _matches(m, attention)) if attention is not None else (lambda m: _calls_sdpa(m, include_hf))
+        pick = (lambda m: _matches(m, attention)) if attention is not None else (lambda m: calls_sdpa(m, include_hf))
         self.modules = [m for m in model.modules() if pick(m)]
         if attention is not None and not self.modules:
             raise AdapterError(f"no module of class {attention!r} in {type(model).__name__}")

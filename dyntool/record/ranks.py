@@ -196,7 +196,7 @@ class RankedStore:
             if name not in self._names:
                 raise RecordError(f"array {name} is not readable on every rank of this recording")
             parts = [st[name] for st in self.ranks]
-            self._cache[name] = parts[0].__class__(name, parts[0]._z, self.steps_written) \
+            self._cache[name] = parts[0].bounded(self.steps_written) \
                 if len(parts) == 1 else RankedArray(name, parts, self.steps_written)
         return self._cache[name]
 

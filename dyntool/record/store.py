@@ -34,6 +34,10 @@ class RecordedArray:
     def shape(self) -> tuple[int, ...]:
         return (self.n, *self._z.shape[1:])
 
+    def bounded(self, n: int) -> "RecordedArray":
+        """The same array read up to ``n`` steps (a merged record's shortest rank)."""
+        return RecordedArray(self.name, self._z, n, self.attrs)
+
     @property
     def ndim(self) -> int:
         return len(self._z.shape)

@@ -163,8 +163,8 @@ class ObjectStoreBackend(Backend):
         ``meta.json``/``config.json`` from here up to the bucket (a new run written inside one,
         e.g. into its ``record.zarr/``, would make the healthy run unreadable)."""
         url = self.where
-        top = URLPath(url.url[:url._root_len] + ("/" if url.url.startswith("file://") else ""))
-        parts = [q for q in url.url[url._root_len:].split("/") if q]
+        top = URLPath(url.url[:url.root_len] + ("/" if url.url.startswith("file://") else ""))
+        parts = [q for q in url.url[url.root_len:].split("/") if q]
         bucket = Remote(top.url, create=True)
         for i in range(len(parts), 0, -1):
             prefix = "/".join(parts[:i])

@@ -15,7 +15,7 @@ import transformers
 from transformers.masking_utils import AttentionMaskInterface, eager_mask, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-from dyntool.adapters.hf import _uses_registry
+from dyntool.adapters.hf import uses_registry
 from dyntool.capture import Capture
 from dyntool.record import names
 
@@ -164,7 +164,7 @@ QK = ("q_proj", "k_proj", "query", "key", "q", "k", "c_attn", "query_key_value",
 
 
 def _is_attention(m) -> bool:
-    return _uses_registry(m) or type(m).__name__.endswith("Attention")
+    return uses_registry(m) or type(m).__name__.endswith("Attention")
 
 
 def _offset(module) -> float:
