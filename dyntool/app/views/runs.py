@@ -47,20 +47,31 @@ def show_table(view: pd.DataFrame) -> None:
     shown = view.copy()
     shown["tags"] = shown["tags"].apply(lambda ts: ", ".join(ts or []))
     shown["problems"] = shown["problems"].apply(lambda ps: "; ".join(ps or []))
+    if "created" in shown:                  # to the minute: the full ISO time was cut at the edge
+        shown["created"] = shown["created"].apply(_minute)
     # only columns with something in every (final values) or some (tags, problems) row: no "None"
-    # cells, and a table that fits the page width
+    # cells, and a table that fits the page width; problems last, the one long cell (the
+    # expander below holds all of it), so no short column ends up cut behind it
     final_cols = [c for c in ("final loss", "final val_loss") if c in shown and shown[c].notna().all()]
     extra = [c for c in ("tags", "problems") if shown[c].astype(bool).any()]
-    cols = ["run", "kind", "status", "steps", "recorded", "size_mb", *final_cols, *extra, "created"]
+    cols = ["run", "kind", "status", "steps", "recorded", "size_mb", *final_cols, "created", *extra]
     st.dataframe(shown[[c for c in cols if c in shown]], hide_index=True, width="stretch",
                  column_config={
                      "run": st.column_config.TextColumn("run", pinned=True),
-                     "problems": st.column_config.TextColumn("problems", width="medium"),
+                     "problems": st.column_config.TextColumn(
+                         "problems", width="large", help="all of each in 'run(s) with problems' below"),
+                     "created": st.column_config.TextColumn("created", help="UTC, to the minute"),
                      "steps": st.column_config.NumberColumn("steps", help="optimizer steps taken (docs/FORMAT.md)"),
                      "recorded": st.column_config.NumberColumn("recorded", help="recorded (committed) steps"),
                      "size_mb": st.column_config.NumberColumn("size", format="%.1f MB"),
                      **{c: st.column_config.NumberColumn(c, format="%.4g") for c in final_cols},
                  })
+
+
+def _minute(created) -> str:
+    """``2026-11-28T05:07:31+00:00`` -> ``2026-11-28 05:07`` (a run's meta writes UTC)."""
+    text = str(created or "")
+    return text[:16].replace("T", " ") if len(text) >= 16 and text[10:11] == "T" else text
 
 
 def pick_selection(view: pd.DataFrame, paths: list[str]) -> None:
