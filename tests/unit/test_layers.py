@@ -75,3 +75,41 @@ def test_no_private_name_is_imported_from_another_module():
                 found += [f"{p.relative_to(root)}:{node.lineno} {a.name}" for a in node.names
                           if a.name.startswith("_") and not a.name.startswith("__")]
     assert found == [], found
+
+
+def test_no_private_name_is_read_from_another_module():
+    """Nor read as an attribute: ``module._name`` of an imported dyntool module, or ``obj._name``
+    where ``_name`` is defined only in other modules (``FlightRecorder._attached`` read by a trainer,
+    ``sources._repo_root`` by the WikiText loader).  ``self``/``cls`` attributes are the class's own."""
+    import ast
+    from pathlib import Path
+
+    import dyntool
+    root = Path(dyntool.__file__).parent
+    private = lambda s: s.startswith("_") and not s.startswith("__")          # noqa: E731
+    trees = {p: ast.parse(p.read_text()) for p in sorted(root.rglob("*.py"))}
+    defined: dict[Path, set[str]] = {}
+    for p, tree in trees.items():
+        names = set()
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(n.name)
+            elif isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store):
+                names.add(n.attr)
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                names.add(n.id)
+        defined[p] = {x for x in names if private(x)}
+    elsewhere = {x for names in defined.values() for x in names}
+    found = []
+    for p, tree in trees.items():
+        modules = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                   and (n.level or (n.module or "").startswith("dyntool")) for a in n.names}
+        for n in ast.walk(tree):
+            if not (isinstance(n, ast.Attribute) and private(n.attr)):
+                continue
+            base = n.value.id if isinstance(n.value, ast.Name) else None
+            if base in ("self", "cls"):
+                continue
+            if (base in modules and n.attr in elsewhere) or (n.attr in elsewhere and n.attr not in defined[p]):
+                found.append(f"{p.relative_to(root)}:{n.lineno} {ast.unparse(n)}")
+    assert found == [], found
