@@ -23,6 +23,7 @@ from .remote import Remote, failure, short
 
 LISTED_MAX = 50_000     # objects one listing of a folder of runs reads (50 pages) before walking it instead
 
+
 class ObjectStoreBackend(Backend):
     """The objects below one URL.  ``create``: a writer's (may make a ``file://`` folder)."""
 
@@ -76,8 +77,8 @@ class ObjectStoreBackend(Backend):
                 raise failure(e, join(self.remote.url, key), "deleted") from None
 
     def child(self, name: str) -> "ObjectStoreBackend":
-        sub = None if self.listed is None else \
-            {k[len(name) + 1:]: n for k, n in self.listed.items() if k.startswith(name.strip("/") + "/")}
+        top = name.strip("/") + "/"
+        sub = None if self.listed is None else {k[len(top):]: n for k, n in self.listed.items() if k.startswith(top)}
         child = ObjectStoreBackend(join(self.where.url, name), self.creates, sub)
         child.walking = self.walking
         return child
