@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import torch
 
+from .adapters import AdapterError, find_adapter
 from .errors import CaptureError  # noqa: F401  (dyntool.capture.CaptureError: public, defined there)
 from .observe import Observer, Site, expand_kv, kv_head_map
 from .quantities import compute_dtype, head_quantities
@@ -63,7 +64,6 @@ class Capture(Observer):
 
     def __init__(self, model: torch.nn.Module, seqs: int | None = None, grad_scale: float = 1.0,
                  residual: bool = True, attention=None):
-        from .adapters import AdapterError, find_adapter
         try:
             self.adapter = find_adapter(model, attention)
         except AdapterError as e:

@@ -31,6 +31,7 @@ import inspect
 
 import torch
 
+from . import tlens_bridge
 from .base import AdapterError, BlocksAdapter
 
 _WRAPPED = ("calculate_attention_scores", "calculate_z_scores")
@@ -113,7 +114,6 @@ def _modifiers(a, T: int, Tk: int, extra) -> dict:
 def detect(model):
     if not type(model).__module__.startswith("transformer_lens"):
         return None
-    from . import tlens_bridge
     if tlens_bridge.is_bridge(model):
         return tlens_bridge.detect(model)
     blocks = getattr(model, "blocks", None)

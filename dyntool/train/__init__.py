@@ -7,9 +7,9 @@ callbacks (recording), DDP (ddp), studies (studies); the ``train``/``study`` com
 
 def __getattr__(name):           # lazy: `import dyntool.train` stays cheap for the CLI
     if name in ("run_training", "load_config"):
-        from . import runner
+        from . import runner  # deferred: keeps torch off `import dyntool.train`
         return getattr(runner, name)
     if name == "TrainConfig":
-        from .config import TrainConfig
+        from .config import TrainConfig  # deferred: as runner
         return TrainConfig
     raise AttributeError(name)

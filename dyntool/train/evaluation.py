@@ -16,6 +16,7 @@ import time
 import torch
 
 from ..data.wikitext import eval_batches
+from ..progress import progress
 
 
 def evaluate(trainer, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
@@ -27,7 +28,6 @@ def evaluate(trainer, split: str = "valid", max_batches: int | None = None, batc
     bs = batch_size or d.eval_batch_size
     batches = eval_batches(data, bs, d.block_size, max_batches or None, trainer.device)
     if bar:
-        from ..progress import progress
         n_win = (len(data) - 1) // d.block_size
         total_b = -(-n_win // bs) + (1 if (len(data) - 1) % d.block_size else 0)
         if max_batches:

@@ -36,7 +36,7 @@ from .. import masks
 from ..attention import CausalSelfAttention
 from ..errors import ConfigError
 from ..observe import KeepQK
-from ..span import SpanConfig
+from ..span import SpanConfig, span_attention
 from .config import ModelConfig
 
 
@@ -128,7 +128,6 @@ class GPT(nn.Module):
 
     def set_span(self, span: SpanConfig) -> None:
         """Route every core through the span-recon backward (forward stays plain SDPA)."""
-        from ..span import span_attention
         scfg, impl = span, span.impl
 
         def attend(q, k, v, mask_args, scale):

@@ -105,7 +105,7 @@ def configs(study, preset, overrides) -> dict:
 
     Priority: ``ls_logits.toml`` ← its preset ← the user's ``--section.key=value`` ← the arm ←
     ``--seeds``/``--max-steps``."""
-    from .runner import load_config
+    from .runner import load_config  # deferred: keeps torch off `dyntool info STUDY` (its table, print_summary)
     presets, arms = presets_for(preset)
     arms = study.pick(arms)
     user = parse_overrides(overrides)

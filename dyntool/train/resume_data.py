@@ -13,13 +13,13 @@ from pathlib import Path
 
 from .. import safeio
 from ..errors import RunError
+from ..storage import open_backend
 from .config import TrainConfig
 
 
 def check_trainable(resume: str) -> None:
     """A run that ``dyntool train`` did not write (a simulation: its config has no ``train``
     section) is refused by what it is; its config would otherwise fail as "unknown key steps"."""
-    from ..storage import open_backend
     run = open_backend(resume, "--resume", root="/")
     try:
         config = safeio.loads(run.get("config.json", safeio.MAX_JSON_BYTES) or b"{}", "config.json")

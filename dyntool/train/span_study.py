@@ -25,6 +25,7 @@ import math
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..record import metric_names as mn
 from .study_runs import new_study_dir, train_arm
 
@@ -44,7 +45,6 @@ DEFAULT_ARMS = ("baseline", "span")
 
 
 def pick_arms(arms: list[str] | None) -> dict:
-    from ..errors import ConfigError
     if arms is None:
         return {a: ARMS[a] for a in DEFAULT_ARMS}
     unknown = [a for a in arms if a not in ARMS]
