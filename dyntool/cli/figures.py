@@ -27,7 +27,7 @@ def collect_runs(inputs: list[str]) -> list:
         backend = open_backend(p, "RUN_OR_STUDY")
         if not (backend.is_dir() or backend.exists()):      # a file goes on, to be refused below
             raise RunError(f"{p} does not exist")
-        found = [open_run(p)] if backend.is_run() else list_runs(p)
+        found = [open_run(backend)] if backend.is_run() else list_runs(p)
         if not found:
             raise RunError(f"{p} holds no runs")
         for r in found:
