@@ -103,22 +103,22 @@ def test_resume_says_when_the_recorded_data_folder_is_gone(new_shell, tmp_path, 
 def test_first_train_command_without_shared_names_the_env_var_and_the_tiny_corpus_fast(clone):
     """Item 3: the README's first training command, in a clone not beside ``shared/``, with a hub
     endpoint that accepts connections and never answers (a firewall's black hole): refused in one
-    line within 30 s (it hung for minutes), naming ``$DYNTOOL_WIKITEXT`` and the bundled corpus by
-    its path."""
+    line within a minute even on a loaded machine (it hung for minutes), naming
+    ``$DYNTOOL_WIKITEXT`` and the bundled corpus by its path."""
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(16)
         runs = clone.parent / "runs-first"
         p, took = dyntool(clone, "train", "--config", "wikitext_mhsa", "--preset", "small", "--max-steps", "20",
                           "--train.eval_every=0", "--out", str(runs),
-                          env={"HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}, timeout=60)
+                          env={"HF_ENDPOINT": f"http://127.0.0.1:{silent.getsockname()[1]}"}, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
     errors = [ln for ln in p.stderr.splitlines() if ln.startswith("dyntool: error")]
     assert len(errors) == 1, p.stderr
     tiny = clone / "tests" / "data" / "tiny_wikitext"
     assert "$DYNTOOL_WIKITEXT" in errors[0] and f"--data.path={tiny}" in errors[0], errors[0]
     assert "did not answer within 5 s" in errors[0], errors[0]
-    assert took < 30, took
+    assert took < 60, took         # a 5 s probe plus the imports; 37 s seen at load 10 (it hung for minutes)
     assert not runs.exists() or not any(runs.iterdir())
     assert (tiny / "train.txt").is_file()      # what it names is there (it trains: test_train.py)
 
