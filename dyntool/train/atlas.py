@@ -5,8 +5,8 @@ Arms ``mhsa`` and ``qknorm`` (QK-norm: what it changes in logit growth and sinks
 both arms of a seed share the initialisation seed and data order.  Each run records the cheap
 tier every step (max|logit|, entropy, ‖∂L/∂S‖, ...), the full tier on a log-spaced schedule, and
 the atlas probe (:mod:`.atlas_probe`) every ``atlas.every`` steps.  Presets of ``atlas.toml``:
-``ci`` (the tests), ``cpu`` (alias ``small``, 2 cores), ``cpu_small`` (the cpu shape on a schedule
-that forms a sink on 2 cores), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
+``ci`` (the tests), ``cpu`` (alias ``small``, 2 cores), ``cpu_small`` (the cpu shape at B = 8 and
+lr 8e-3, stopped at step 1400: one head crosses the sink rule, transiently; docs/results.md), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
 probe (:class:`.atlas_probe.AtlasSettings`); every other ``--section.key=value`` goes to the runs.
 
 ``summary.json`` holds per run the chance levels, the per-head start/peak/last of every score, and
