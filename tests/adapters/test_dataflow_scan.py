@@ -14,9 +14,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "recording.md"
 VERDICTS = ("exact", "refused: ", "not built from a tiny config", "not a text model", "model error without dyntool",
             "no truth", "not scanned", "scan error")
 REGEN = "regenerate it: python -m tests.adapters.dataflow_scan --write docs/recording.md"
-# rows that differ from the truth, unresolved (docs/recording.md): a new one fails here, and so does a fix
-# (then take it out of this set).  MarkupLM (registry path): B differs from autograd's ∂L/∂α on some rows
-KNOWN_WRONG = {"markuplm"}
+# rows that differ from the truth, if any were ever accepted as known bugs: a new one fails here
+KNOWN_WRONG: set[str] = set()
 
 
 def _rows() -> dict[str, str]:
