@@ -24,7 +24,7 @@ def cmd_train(args) -> int:
     if args.config is None and args.resume is None:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
-    if args.resume is None:          # a bad value is refused before torch loads (seconds when loaded)
+    if args.resume is None:   # a section's bad value is refused before torch loads (seconds when loaded)
         from .. import config
         from ..train.config import TrainConfig
         config.load(TrainConfig, args.config, args.preset, args.overrides, values=config_values(args))
