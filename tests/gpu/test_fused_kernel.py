@@ -64,7 +64,7 @@ def args_of(q, k, v, kw, slopes, sinks):
     return allowed, 1 / math.sqrt(D), kw["softcap"], bias, sinks
 
 
-@pytest.mark.parametrize("policy", op.DQ_POLICIES)
+@pytest.mark.parametrize("policy", ["split", "atomic"])   # op.DQ_POLICIES (op: CUDA only)
 @pytest.mark.parametrize("name", list(CASES))
 def test_float32_on_gpu_equals_float64(name, policy):
     q, k, v, do, kw, slopes, sinks = make(CASES[name])
