@@ -28,6 +28,7 @@ from ..extras import need
 TrainerCallback = need("transformers", "HFRecorderCallback").TrainerCallback
 
 from .loop import RunRecorder
+from .ranked import is_sharded, world_rank
 
 
 class HFRecorderCallback(TrainerCallback):
@@ -50,7 +51,6 @@ class HFRecorderCallback(TrainerCallback):
         self.rec: RunRecorder | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kw):
-        from .ranked import is_sharded, world_rank
         if not state.is_world_process_zero and not (world_rank()[0] > 1 and is_sharded(model)):
             return
         probe = self.kw["probe"]

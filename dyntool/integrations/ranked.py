@@ -33,7 +33,7 @@ def world_rank() -> tuple[int, int]:
 def is_sharded(model: torch.nn.Module) -> bool:
     """True for a model whose parameters are FSDP2 shards (``DTensor``) or that contains an
     ``FSDPModule``: its forward is a collective."""
-    try:
+    try:        # here, not at the top: a torch built without distributed has no fsdp (optional)
         from torch.distributed.fsdp import FSDPModule
     except ImportError:                                   # torch built without distributed
         return False
