@@ -42,8 +42,10 @@ from . import cheap_stats
 from . import fused_path
 from .capture import site_where
 from .observe import Fanout, Observer, Site, expand_kv
+from .pending import PendingMetrics
 from .record import metric_names as mn
 from .selfcheck import SelfCheckError, verify
+from .tier_reduction import full_tier_reduction  # noqa: F401  (public here: the tiers side by side)
 
 # the fused ops' per-head sums, by name, without importing Triton (a core install has none)
 from .kernels import stats_names as kstats_names
@@ -384,7 +386,7 @@ class FlightRecorder(Observer):
         """``{base/L{l}H{h}: value}`` for every statistic (names from record.metric_names): one read."""
         return self.metrics_later(result).get()
 
-    def metrics_later(self, result: dict | None = None) -> "PendingMetrics":
+    def metrics_later(self, result: dict | None = None) -> PendingMetrics:
         """:meth:`metrics` without waiting: the values leave the device by a non-blocking copy into
         pinned memory (CUDA) and :meth:`PendingMetrics.get` waits for that copy alone, so a trainer
         launches its optimizer first and reads the row at the step's own sync."""
@@ -399,70 +401,3 @@ class FlightRecorder(Observer):
         self._calls.clear()
         self._pending = 0
         self._drop_handles()
-
-
-def full_tier_reduction(qs: dict[str, torch.Tensor], sites: list[dict] | None = None) -> dict[str, torch.Tensor]:
-    """The cheap tier's statistics from a full-tier capture (``Capture.compute()``): the
-    independent computation the cheap tier must equal (tests), and a way to put both tiers of one
-    step side by side.  ``sites``: ``Capture.attrs["sites"]`` when sites were padded to one size
-    (an encoder–decoder); each layer is cut back to its own (T, Tk).  (L, nh) each."""
-    if sites is not None and len({(s["T"], s["Tk"]) for s in sites}) > 1:
-        from .record import names
-        per = []
-        for s in sites:
-            cut = {}
-            for n, x in qs.items():
-                x = x[s["index"]: s["index"] + 1]
-                dims = names.DIMS.get(n, ())[3:]
-                for ax, d in enumerate(dims):
-                    if d in ("query", "key"):
-                        x = x.narrow(3 + ax, 0, s["T"] if d == "query" else s["Tk"])
-                cut[n] = x
-            per.append(full_tier_reduction(cut))
-        return {n: torch.cat([p[n] for p in per]) for n in per[0]}
-    a, b, eb = qs["attn"], qs["compat"], qs["expected_compat"]             # (L, nh, S, T, Tk)
-    S, T = a.shape[2], a.shape[3]
-    col = qs["column_usage"]                                               # (L, nh, S, Tk)
-    p = col / col.sum(-1, keepdim=True)
-    out = {
-        "score_max": torch.nan_to_num(qs["scores"], nan=float("-inf")).amax(dim=(2, 3, 4)),
-        "logit_max": qs["logit_max"],
-        "attn_entropy": qs["attn_entropy"].mean(dim=(2, 3)),
-        "expected_compat": eb.mean(dim=(2, 3)),
-        "compat_var": (a * (b - eb[..., None]) ** 2).sum(-1).mean(dim=(2, 3)),
-        "score_grad_norm": (qs["score_grad"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
-        "upstream_norm": (qs["upstream"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
-        "value_grad_norm": (qs["value_grad"].square().sum(dim=(2, 3, 4)) / S).sqrt(),
-        "column_max": col.amax(-1).mean(-1) / T,
-        "column_entropy": torch.special.entr(torch.nan_to_num(p)).sum(-1).mean(-1),
-    }
-    if "sink_mass" in qs:
-        out["sink_mass"] = qs["sink_mass"].mean(dim=(2, 3))
-    return out
-
-
-class PendingMetrics:
-    """A cheap-tier row on its way to the host.  On CUDA the (n, L, nh) values are copied into a
-    pinned buffer with ``non_blocking`` and an event is recorded; :meth:`get` waits on that event
-    only (the copy, queued after the backward), never on work launched after it."""
-
-    def __init__(self, names: list, vals: torch.Tensor, pinned: dict):
-        self.names = names
-        if vals.is_cuda:
-            ring = pinned.setdefault(tuple(vals.shape), [])
-            if len(ring) < 2:                # two buffers: a row may wait while the next is made
-                ring.append(torch.empty(vals.shape, dtype=vals.dtype, device="cpu", pin_memory=True))
-            host = ring.pop(0)
-            ring.append(host)
-            host.copy_(vals, non_blocking=True)
-            self._host, self._event = host, torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host, self._event = vals, None
-
-    def get(self) -> dict[str, float]:
-        if self._event is not None:
-            self._event.synchronize()
-        vals = self._host.tolist()
-        return {mn.head(n, l, h): v for n, layers in zip(self.names, vals)
-                for l, heads in enumerate(layers) for h, v in enumerate(heads)}
