@@ -185,15 +185,15 @@ class Remote:
             self._quick_store = _quick(self.url)
         return self._quick_store
 
-    def _call(self, request, where: str, verb: str):
-        """``request(store)``; a failure as :func:`failure`'s one line (a missing object stays
-        :class:`FileNotFoundError`, an existing one in create mode :class:`FileExistsError`)."""
+    def _call(self, request, where: str, verb: str, kept: tuple = ()):
+        """``request(store)``; a failure as :func:`failure`'s one line, but for the ``kept``
+        exception types, the caller's to answer (a missing object read, an existing one created)."""
         started, delay = time.monotonic(), 0.25
         while True:
             try:
                 out = request(self.store)
                 break
-            except (FileNotFoundError, FileExistsError):
+            except kept:
                 raise
             except Exception as e:
                 if not _again(e, where, started, delay):
@@ -206,7 +206,8 @@ class Remote:
     def get(self, key: str) -> bytes | None:
         import obstore
         try:
-            return self._call(lambda s: bytes(obstore.get(s, key).bytes()), join(self.url, key), "read")
+            return self._call(lambda s: bytes(obstore.get(s, key).bytes()), join(self.url, key), "read",
+                              (FileNotFoundError,))
         except FileNotFoundError:
             return None
 
@@ -214,7 +215,7 @@ class Remote:
         """Whether the object ``key`` exists (its metadata only, never its bytes)."""
         import obstore
         try:
-            self._call(lambda s: obstore.head(s, key), join(self.url, key), "read")
+            self._call(lambda s: obstore.head(s, key), join(self.url, key), "read", (FileNotFoundError,))
             return True
         except FileNotFoundError:
             return False
@@ -223,7 +224,8 @@ class Remote:
         import obstore
         mode = "create" if create else "overwrite"
         try:
-            self._call(lambda s: obstore.put(s, key, data, mode=mode), join(self.url, key), "written")
+            self._call(lambda s: obstore.put(s, key, data, mode=mode), join(self.url, key), "written",
+                       (FileExistsError,))
         except FileExistsError:
             raise RunError(f"run {self.url} already exists; choose another name "
                            "(existing runs are never overwritten)") from None
