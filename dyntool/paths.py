@@ -97,4 +97,5 @@ def disk_full(e: BaseException) -> RunError | None:
         return None
     where = f": {full.filename}" if getattr(full, "filename", None) else ""
     return RunError(f"the disk is full ({full.strerror or 'no space left on device'}{where}); "
-                    "free space and run again (what was recorded so far is kept)")
+                    "free space and run again (a run keeps the steps it recorded; one that recorded none "
+                    "is removed)")
