@@ -45,6 +45,11 @@ def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
     ad = dataflow.detect(model)
     if ad is not None:
         return ad
+    sparse = [(n, m) for n, m in model.named_modules() if dataflow.non_dense(m)]
+    if sparse:                         # e.g. Reformer's LSH: no softmax call, a non-dense attention
+        n, m = sparse[0]
+        raise AdapterError(f"{n} ({type(m).__name__}): non-dense attention, {dataflow.non_dense(m)}; dyntool "
+                           "records dense attention only, nothing recorded")
     unreachable = _attention_like(model)
     if unreachable:
         names = ", ".join(sorted(unreachable))

@@ -61,6 +61,22 @@ def computes_softmax(m) -> bool:
     return _SOURCES[cls]
 
 
+# what a module holds when its attention is not one softmax over every key a query may see: it is
+# refused by name of what it does (the tracer would find softmaxes of gathered blocks or buckets)
+_NON_DENSE = (
+    ("one_sided_attn_window_size", "banded attention computed in overlapping chunks (Longformer, LED)"),
+    ("num_random_blocks", "block-sparse attention over window, global and random key blocks (BigBird; "
+                          "attention_type='original_full' is dense and recorded)"),
+    ("num_hashes", "LSH attention: each query sees the keys hashed into its bucket (Reformer)"),
+    ("num_chunks_before", "chunked local attention (Reformer)"),
+)
+
+
+def non_dense(m) -> str | None:
+    """Why ``m``'s attention is not dense (None: dense as far as its attributes say)."""
+    return next((why for attr, why in _NON_DENSE if hasattr(m, attr)), None)
+
+
 def n_heads(m) -> int | None:
     for owner in (m, getattr(m, "config", None)):
         for a in _HEAD_ATTRS:
@@ -90,6 +106,11 @@ class DataflowAdapter(Adapter):
     name = "dataflow"
 
     def __init__(self, model, named, check_every: int = 10):
+        for n, m in named:
+            why = non_dense(m)
+            if why is not None:
+                raise AdapterError(f"{n} ({type(m).__name__}): non-dense attention, {why}; dyntool records "
+                                   "dense attention only, nothing recorded")
         self.model = model
         self.names, self.modules = [n for n, _ in named], [m for _, m in named]
         self.check_every = max(1, int(check_every))
