@@ -78,6 +78,12 @@ def block_rows(B: int, nh: int, T: int, Tk: int, itemsize: int, max_block_mib: f
     return min(T, int(max_block_mib * 2**20 // per_row)) if max_block_mib > 0 else 0
 
 
+def host_reads(device: torch.device) -> bool:
+    """Whether the eager cheap tier may read the mask on the host to skip work: on the CPU (a read
+    is free), not on a GPU (each would be a sync per site and step, stalling the launch queue)."""
+    return device.type == "cpu"
+
+
 def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sinks: torch.Tensor | None,
                  n_head: int) -> torch.Tensor | None:
     """Rows with no visible key that the attention made uniform over all keys (an additive-mask
@@ -85,7 +91,8 @@ def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sink
     but for the empty rows only (no T × T work).  ``v`` (B, n_kv, Tk, d), ``out`` (B, nh, T, d),
     ``allowed`` (B|1, nh|1, T, Tk), ``sinks`` (nh,) or None.  Returns (B, nh, T, 1) bool or None."""
     empty = ~allowed.any(-1, keepdim=True)                          # (B|1, nh|1, T, 1)
-    if not bool(empty.any()):
+    cpu = host_reads(v.device)                  # on a GPU no host test (a sync per site and step):
+    if cpu and not bool(empty.any()):           # the mask comes back, all False when no row is
         return None
     Tk = v.shape[-2]
     vsum = v.sum(-2, keepdim=True).repeat_interleave(n_head // v.shape[1], dim=1)   # (B, nh, 1, d)
@@ -96,7 +103,7 @@ def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sink
     err_zero = out.norm(dim=-1, keepdim=True)
     err_unif = (out - o_u).norm(dim=-1, keepdim=True)
     rows = empty & (err_unif < err_zero)
-    return rows if bool(rows.any()) else None
+    return rows if not cpu or bool(rows.any()) else None
 
 
 def key_ends(allowed: torch.Tensor, uniform: torch.Tensor | None, T: int, Tk: int, rows: int) -> list[int]:
@@ -195,7 +202,10 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
     col = torch.zeros(B, n_kv, nh // n_kv, Tk, dtype=dt, device=q.device)   # c_j
     dv = torch.zeros(B, n_kv, nh // n_kv, Tk, v.shape[-1], dtype=dt, device=q.device)  # αᵀU per query head
     flat = lambda t: t.reshape(nh)          # noqa: E731  per-head reductions (n_kv, g) → (nh,)
-    ends = key_ends(allowed, uniform, T, Tk, rows)      # keys no row of a block sees are skipped
+    # keys no row of a block sees are skipped, read from the mask on the host: on a GPU that read
+    # would be a sync per site and step, so there each block takes every key (masked ones weigh 0;
+    # with a GPU's block budget most steps are one or two blocks anyway)
+    ends = key_ends(allowed, uniform, T, Tk, rows) if host_reads(q.device) else [Tk] * (-(-T // rows))
     for a0, kend in zip(range(0, T, rows), ends):
         a1 = min(a0 + rows, T)
         al = gal[..., a0:a1, :]

@@ -114,6 +114,37 @@ def test_row_blocks_read_the_mask_once_per_call(monkeypatch):
     assert ends == [5, 10, 15, 20, 24]
 
 
+def test_gpu_path_reads_nothing_and_gives_the_same_numbers(monkeypatch):
+    """Where host reads are off (a GPU: ``cheap_stats.host_reads``), the cheap tier of a model with
+    causal blocks and an empty row reads nothing at all (no key cut, the uniform-row mask kept as a
+    tensor) and gives the numbers the CPU path gives; run here with the predicate switched."""
+    from dyntool import cheap_stats
+    m = gpt()
+    x, y = batch()
+    per_row = 6 * 3 * 4 * T * 8 / 2**20
+    cpu, full = both_tiers(m, gpt_loss(x, y), max_block_mib=3.5 * per_row)
+    monkeypatch.setattr(cheap_stats, "host_reads", lambda device: False)
+    reads = []
+    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    B, nh, Tq, d = 2, 2, 12, 4
+    g = torch.Generator().manual_seed(0)
+    q, k, v, u, out = (torch.randn(B, nh, Tq, d, generator=g, dtype=torch.float64) for _ in range(5))
+    allowed = torch.ones(Tq, Tq, dtype=torch.bool).tril().expand(B, nh, Tq, Tq).clone()
+    allowed[0, :, 3] = False
+    uni = cheap_stats.uniform_rows(v, out, allowed, None, nh)
+    sums = cheap_stats.Sums(nh, torch.float64, "cpu")
+    cheap_stats.accumulate(sums, q, k, v, out, u, allowed, 0.5, uniform=uni, max_block_mib=6 * B * nh * Tq * 8 * 3 / 2**20)
+    assert reads == [] and uni is not None and uni.shape == (B, nh, Tq, 1)
+    monkeypatch.undo()
+    monkeypatch.setattr(cheap_stats, "host_reads", lambda device: False)
+    gpu_path, _ = both_tiers(m, gpt_loss(x, y), max_block_mib=3.5 * per_row)
+    assert_equal_tiers(gpu_path, full)
+    for n in cpu:
+        torch.testing.assert_close(gpu_path[n], cpu[n], rtol=1e-12, atol=1e-14)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_inputs_accumulate_in_fp32_per_block(monkeypatch, dtype):
     """bf16/fp16 inputs are cast block by block: the statistics equal the same call on the inputs
