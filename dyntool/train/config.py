@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
 from ..config import Device, NonNegFloat, NonNegInt, PosInt, Range, Seed
+from ..data import sources
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
 from ..record.selection import resolve
@@ -153,6 +154,8 @@ class TrainConfig:
     record: RecordConfig = field(default_factory=lambda: RecordConfig(every=50, seqs=1))
 
     def validate(self, prefix: str = "") -> None:
+        if self.data.path and not self.data.path.startswith(sources.HUB_PREFIX):
+            sources.local_source(self.data.path)     # a missing or wrong folder: refused before torch loads
         rc = self.record
         if rc.enabled and rc.cheap_every > 0:
             # deferred: keeps torch off checking a config (`dyntool train` refuses a bad value before torch loads)
