@@ -17,7 +17,8 @@ INT32_POINTERS = {"LO", "HI", "WIN"}                    # op.attention's int32 t
 INT8_POINTERS = {"KM"}                                  # the key mask, int8
 ELEMENT_POINTERS = {"Q", "K", "V", "O", "DO", "DQ", "DK", "DV"}
 SWITCHES = dict(BLOCK_M=64, BLOCK_N=64, D_PAD=64, CAUSAL=True, HAS_WINDOW=True, HAS_SOFTCAP=True,
-                HAS_ALIBI=True, HAS_KM=True, HAS_SINK=True, STATS=True, EVEN_D=True, GROUPED=True)
+                HAS_ALIBI=True, HAS_KM=True, HAS_SINK=True, STATS=True, EVEN_D=True, GROUPED=True,
+                PRE_ONLY=False, ATOMIC_DQ=False)   # the atomic dQ policy: compiled by the census (test_census)
 
 
 def signature(fn, floats: str, dtype: str) -> tuple[dict, dict]:

@@ -125,7 +125,7 @@ class _Store:
     def declare(self, name, attrs=None):
         pass
 
-    def append(self, step, arrays):
+    def append(self, step, arrays, ready=None):
         self.rows.append((step, arrays))
 
     def close(self):
