@@ -32,6 +32,7 @@ from .record.ranks import RECORD_DIR, rank_dir  # noqa: F401  (RECORD_DIR: defin
 from .record.store_writer import StoreWriter
 from .storage import Backend, open_backend
 from .storage.local import write_atomic
+from .version import __version__
 
 STATUSES = ("running", "finished", "failed", "interrupted")
 
@@ -207,7 +208,6 @@ def environment() -> dict[str, Any]:
     import numpy
     import torch
     import zarr
-    from .version import __version__
     return {"dyntool": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "zarr": zarr.__version__, "python": platform.python_version(),
             "platform": platform.platform(), "cpu_count": os.cpu_count(), **_git_commit()}

@@ -22,7 +22,7 @@ def block_mean(x: np.ndarray, block: int, visible: np.ndarray | None = None) -> 
     (:func:`dyntool.record.pooling.pool_blocks`)."""
     if block <= 1:
         return x
-    from dyntool.record.pooling import pool_blocks
+    from dyntool.record.pooling import pool_blocks  # deferred: keeps torch off the app until a matrix is pooled
     x = np.asarray(x, dtype=np.float32)
     return pool_blocks(x, block, np.isfinite(x) if visible is None else np.asarray(visible, dtype=bool))
 

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from dyntool.app import analysis
 from dyntool.errors import RunError
 from dyntool.location import URLPath, location
 from dyntool.record.ranks import open_record
@@ -257,13 +258,12 @@ def pooled(path: str, mark: int, name: str, idx: int, layer: int, head: int, seq
     """Block-mean overview of a recorded matrix (used when no ``*_pooled`` array was recorded), over
     the visible entries as the recorder pools: masked α, B, A, ∂L/∂s are stored as 0, so the mask
     is read from the recorded ``scores`` (NaN where masked); without scores, the finite entries."""
-    from .analysis import block_mean
     m = matrix(path, mark, name, idx, layer, head, seq)
     visible = None
     if "scores" in array_info(path, mark)["arrays"]:
         s = m if name == "scores" else matrix(path, mark, "scores", idx, layer, head, seq)
         visible = ~np.isnan(s) if s.shape == m.shape else None      # ±inf: a float16 overflow, visible
-    return block_mean(m, block, visible)
+    return analysis.block_mean(m, block, visible)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
@@ -295,10 +295,9 @@ def vectors(path: str, mark: int, name: str, layer: int, head: int, seq: int, id
 def head_outputs(path: str, mark: int, layer: int, head: int, seq: int, idx: tuple[int, ...]) -> np.ndarray:
     """(len(idx), recorded queries, d_v) head outputs g_i = Σ_j α_ij v_j, from ``attn`` (over its
     key crop) and ``values``; exact when the key crop holds every key the queries can see."""
-    from .analysis import head_outputs as g
     a, v = _array(path, mark, "attn"), _array(path, mark, "values")
     k0 = int(a.attrs.get("key_offset", 0))
-    out = [g(np.asarray(a[i, layer, head, seq], dtype=np.float32)[None],
+    out = [analysis.head_outputs(np.asarray(a[i, layer, head, seq], dtype=np.float32)[None],
              np.asarray(v[i, layer, head, seq], dtype=np.float32)[None], k0)[0] for i in idx]
     return np.stack(out)
 

@@ -17,6 +17,8 @@ import os
 import sys
 
 from ..errors import ConfigError, DyntoolError
+from ..version import __version__
+from . import app, export, figures, icl_markov, runs, sim, train
 from .common import (CFG, DEFAULT_RUNS, Parser, add_n_seeds, common_output_options,  # noqa: F401
                      config_option, config_values, schema)
 
@@ -25,7 +27,6 @@ def build_parser() -> argparse.ArgumentParser:
         "Record and explore the gradient dynamics of attention. "
         "Runs are directories (config.json, meta.json, metrics.jsonl, record.zarr)."),
         epilog="`dyntool COMMAND --help` lists a command's options.")
-    from ..version import __version__
     p.add_argument("--version", action="version", version=f"dyntool {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
 
@@ -39,7 +40,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_optional(sub, simsub) -> None:
     """Each command module of this package adds its subcommands (one module per concern)."""
-    from . import app, export, figures, icl_markov, runs, sim, train
     for m in (runs, sim, icl_markov, train, figures, app, export):
         m.register(sub, simsub)
 
@@ -110,7 +110,7 @@ def _run(parser, argv: list[str]) -> int:
                           f"unknown option; `dyntool {args.command}` takes no --section.key=value overrides")
     if not getattr(args, "writes", False):
         return int(args.fn(args) or 0)
-    from .. import paths
+    from .. import paths  # deferred: keeps zarr off `dyntool --help`
     paths.check_name(getattr(args, "name", None))
     if args.out is not None:
         paths.check_out(args.out)
@@ -122,7 +122,7 @@ def _format_warning(message, category, filename, lineno, line=None, _orig=None):
     """A deprecated key or flag is the user's input: one ``dyntool: warning: …`` line, without
     Python's file path and source line; any other warning is shown as Python shows it.  (The
     format, not the display, is replaced: a caller recording warnings still records them.)"""
-    from ..config import DeprecatedKeyWarning
+    from ..config import DeprecatedKeyWarning  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
     if issubclass(category, DeprecatedKeyWarning):
         return f"dyntool: warning: {message}\n"
     return _orig(message, category, filename, lineno, line)
@@ -159,7 +159,7 @@ def _main(argv: list[str]) -> int:
               file=sys.stderr)
         return 130
     except Exception as e:
-        from ..paths import disk_full, out_of_gpu_memory
+        from ..paths import disk_full, out_of_gpu_memory  # deferred: keeps zarr off `dyntool --help`
         full = disk_full(e) or out_of_gpu_memory(e)
         if full is not None:
             print(f"dyntool: error: {full}", file=sys.stderr)

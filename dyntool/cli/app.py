@@ -22,6 +22,8 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import DyntoolError, RunError
+from ..location import location
+from .common import DEFAULT_RUNS
 
 ENV_ROOT = "DYNTOOL_RUNS_DIR"
 
@@ -81,8 +83,7 @@ def streamlit_argv(runs_dir, port: int | None, address: str) -> list[str]:
 
 
 def _runs_dir(text: str):
-    from ..location import location
-    from ..run import find_runs
+    from ..run import find_runs  # deferred: keeps zarr off `dyntool --help`
     from ..storage import open_backend
     runs_dir = location(text, "RUNS_DIR").resolve()
     if not open_backend(runs_dir, "RUNS_DIR").is_dir():
@@ -150,7 +151,6 @@ def _serve(proc: subprocess.Popen) -> int:
 
 
 def register(sub, simsub) -> None:
-    from .common import DEFAULT_RUNS
     p = sub.add_parser("app", help="browse runs in the Streamlit app (binds to localhost)",
                        description="Start the dyntool app on RUNS_DIR: runs table, overview curves, "
                                    "matrices, trajectories, comparisons.")

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import textwrap
-from ..errors import DyntoolError
+from ..errors import DyntoolError, RunError
+from ..location import location
+from ..steps import logs_final_state, steps_taken
 from .common import DEFAULT_RUNS
 
 LABEL = 9            # `dyntool info`: every value starts in this column
@@ -58,7 +60,6 @@ def _size_means(r) -> str:
 
 
 def _table(runs, root) -> list[str]:
-    from ..steps import steps_taken
     rows = [("ID", "KIND", "STATUS", "STEPS", "RECORDED", "SIZE", "TAGS")]
     for r in _ordered(runs):
         last = steps_taken(r.meta, r.metrics)
@@ -70,8 +71,7 @@ def _table(runs, root) -> list[str]:
 
 
 def cmd_ls(args) -> int:
-    from ..location import location
-    from ..run import list_runs
+    from ..run import list_runs  # deferred: keeps zarr off `dyntool --help`
     root = location(args.runs_dir, "RUNS_DIR")
     runs = list_runs(root)
     if not runs:
@@ -152,11 +152,10 @@ def _stopped_rows(r) -> list[tuple[str, str]]:
 def _info_study(path) -> int:
     """A study (or any folder of runs): what is in it, its summary.json, and the runs table."""
     from collections import Counter
-    from ..run import list_runs, study_summary
-    from .study_tables import study_table
+    from ..run import list_runs, study_summary  # deferred: keeps zarr off `dyntool --help`
+    from .study_tables import study_table  # deferred: keeps numpy off `dyntool --help`
     runs = list_runs(path)
     if not runs:
-        from ..errors import RunError
         raise RunError(f"{path} is neither a run nor a folder holding runs")
     kinds = Counter(r.kind for r in runs)
     statuses = Counter(_status(r) for r in runs)
@@ -191,9 +190,9 @@ def _info_study(path) -> int:
 
 
 def cmd_info(args) -> int:
+    # deferred: keeps the record package (dataclasses, inspect) off `dyntool --help`
     from ..record.sites import site_lines
-    from ..location import location
-    from ..run import open_run
+    from ..run import open_run  # deferred: keeps zarr off `dyntool --help`
     from ..storage import open_backend
     p = location(args.run, "RUN_OR_STUDY")
     backend = open_backend(p, "RUN_OR_STUDY")
@@ -203,7 +202,6 @@ def cmd_info(args) -> int:
     m = r.meta
     if args.verify:
         r.check(full=True)
-    from ..steps import logs_final_state, steps_taken
     df = r.metrics
     status = f"{_status(r)}{f' (meta: {r.status})' if r.corrupt else ''}"
     git = f"{str(m.get('git_commit'))[:10]}{'+dirty' if m.get('git_dirty') else ''}"
@@ -259,9 +257,7 @@ def cmd_check(args) -> int:
     """Decode every committed chunk of each run (checksums checked where the record has them);
     exit 1 when any run has a problem, when the folder's own summary.json (a study's) can't be
     read, or when there is no run to check."""
-    from ..errors import RunError
-    from ..location import location
-    from ..run import list_runs, open_run, study_summary
+    from ..run import list_runs, open_run, study_summary  # deferred: keeps zarr off `dyntool --help`
     from ..storage import open_backend
     p = location(args.run, "RUN_OR_FOLDER")
     backend = open_backend(p, "RUN_OR_FOLDER")
@@ -298,7 +294,7 @@ def cmd_check(args) -> int:
 
 def _precision_note(run) -> str | None:
     """A data-quality note (not a problem: the run reads fine, its small gradients did not)."""
-    from ..record.precision import underflow_report
+    from ..record.precision import underflow_report  # deferred: keeps numpy off `dyntool --help`
     store = getattr(run, "store", None)
     try:
         return underflow_report(store) if store is not None else None

@@ -5,6 +5,8 @@ import json
 import os
 import warnings
 
+from ..errors import ConfigError
+from ..location import location
 from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
@@ -15,10 +17,9 @@ OVERRIDES = "Any config key can also be set as --key=value or --section.key=valu
 
 
 def cmd_sticky(args) -> int:
-    from .. import config
-    from ..errors import ConfigError
-    from ..sims.sticky import StickyConfig, run_study
-    from ..sims.summary import table
+    from .. import config  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
+    from ..sims.sticky import StickyConfig, run_study  # deferred: keeps torch and zarr off `dyntool --help`
+    from ..sims.summary import table  # deferred: keeps numpy off `dyntool --help`
     values = config_values(args)
     if getattr(args, "old_window", None) is not None:
         if "crop" in values:
@@ -44,7 +45,7 @@ def cmd_sticky(args) -> int:
 def _user_seeds(args) -> bool:
     """Did the user choose the seeds: an override, or a config file of their own that sets them?
     (The packaged default file's five README seeds are not a choice; --controls runs ten.)"""
-    from .. import config
+    from .. import config  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
     if any(o.split("=")[0].lstrip("-") in ("seeds", "record_seeds") for o in args.overrides or []):
         return True
     if args.config is None:
@@ -54,7 +55,7 @@ def _user_seeds(args) -> bool:
 
 
 def cmd_sim_toy(args) -> int:
-    from ..sims.toy import ToyConfig, run_toy
+    from ..sims.toy import ToyConfig, run_toy  # deferred: keeps torch and zarr off `dyntool --help`
     run = _simulate(args, ToyConfig, "toy", run_toy)
     if run is not None:
         print(f"toy run written to {run.path}")
@@ -62,7 +63,7 @@ def cmd_sim_toy(args) -> int:
 
 
 def cmd_bijection(args) -> int:
-    from ..sims.bijection import BijectionConfig, run_bijection
+    from ..sims.bijection import BijectionConfig, run_bijection  # deferred: keeps torch and zarr off `dyntool --help`
     run = _simulate(args, BijectionConfig, "bijection", run_bijection, reset={"stop_at_step": 0})
     if run is None:
         return 0
@@ -92,13 +93,11 @@ def _config_or_resume(args, schema: str | type, kind: str, reset: dict | None = 
     goes on past the old stop_at_step), the run goes beside it as ``RUN-resumeSTEP`` unless --out/--name
     say otherwise.  Without --resume: the config file ← preset ← overrides.  ``start`` is None when the
     checkpoint is already at ``steps`` (nothing to do, said in one line)."""
-    from .. import config
-    from ..errors import ConfigError
+    from .. import config  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
     if args.resume is None:
         cfg = config.load(schema, _config_file(args), args.preset, args.overrides, values=config_values(args))
         return cfg, {"out": args.out or args.default_out, "name": args.name, "ckpt": None, "from": None}
-    from ..location import location
-    from ..sims import resume
+    from ..sims import resume  # deferred: keeps torch and zarr off `dyntool --help`
     if args.config is not None or args.preset is not None:
         raise ConfigError("--resume", "takes the config of the run it resumes; drop --config/--preset "
                                       "(overrides like --steps=N still apply)")
@@ -117,7 +116,7 @@ def _guarded(args, out: str):
     it resumes, or the default): checked, and cleaned up on a refusal."""
     import contextlib
 
-    from .. import paths
+    from .. import paths  # deferred: keeps zarr off `dyntool --help`
     if args.out is not None:
         return contextlib.nullcontext()
     paths.check_out(out)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from ..errors import ConfigError
+from ..location import location
 from .common import add_n_seeds, common_output_options, config_option, config_values
 
 TRAIN = "dyntool.train.config:TrainConfig"
@@ -18,24 +20,23 @@ OVERRIDES = "Any config key can also be set as --section.key=value, e.g. --model
 
 
 def cmd_train(args) -> int:
-    from .. import paths
-    from ..errors import ConfigError
-    from ..location import location
+    from .. import paths  # deferred: keeps zarr off `dyntool --help`
     if args.config is None and args.resume is None:
         raise ConfigError("--config", "dyntool train needs --config FILE (e.g. wikitext_mhsa, a packaged "
                                       "preset file) or --resume RUN")
     if args.resume is None:   # a section's bad value is refused before torch loads (seconds when loaded)
-        from .. import config
-        from ..train.config import TrainConfig
+        from .. import config  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
+        from ..train.config import TrainConfig  # deferred: keeps numpy off `dyntool --help`
         config.load(TrainConfig, args.config, args.preset, args.overrides, values=config_values(args))
+    # deferred: keeps torch and zarr off `dyntool --help`
     from ..train.runner import DEFAULT_OUT, NothingToDo, load_config, run_training
     if args.resume is not None:
         args.resume = str(location(args.resume, "--resume"))   # one line for gs://, '', ~nosuchuser
-        from ..train.resume_data import check_trainable
+        from ..train.resume_data import check_trainable  # deferred: keeps zarr off `dyntool --help`
         check_trainable(args.resume)
     cfg = load_config(args.config, args.preset, args.overrides, args.resume, values=config_values(args))
     if args.resume is not None:                # the data folder the run read, not a new search
-        from ..storage import open_backend
+        from ..storage import open_backend  # deferred: keeps zarr off `dyntool --help`
         from ..train.resume_data import use_recorded_data
         use_recorded_data(cfg, open_backend(args.resume, "--resume", root="/"))
     if args.out is None and args.resume:
@@ -52,21 +53,21 @@ def cmd_train(args) -> int:
         print(f"dyntool: {e}")
         return 0
     if path is not None:
-        from ..train.recording import bounded
+        from ..train.recording import bounded  # deferred: keeps torch and zarr off `dyntool --help`
         extra = ""
         if "best_val_ppl" in final:
             extra += f" (best val ppl {final['best_val_ppl']:.2f} at step {final['best_val_step']}"
         if "valid_ppl" in final:
             extra += ("; " if extra else " (") + \
                 f"final valid ppl {final['valid_ppl']:.2f}, test ppl {final['test_ppl']:.2f}{bounded(final)}"
-        from ..train.recording import time_summary
+        from ..train.recording import time_summary  # deferred: keeps torch and zarr off `dyntool --help`
         print(f"train run written to {path}{extra + ')' if extra else ''}; {time_summary(final)}")
     return 0
 
 
 def cmd_study(args) -> int:
-    from .. import config
-    from ..train.studies import StudyConfig, run_study
+    from .. import config  # deferred: keeps the config layer (~0.1 s) off `dyntool --help`
+    from ..train.studies import StudyConfig, run_study  # deferred: keeps torch and zarr off `dyntool --help`
     study = config.load(StudyConfig, values=config_values(args))
     run_study(args.study, out=args.out, study=study, preset=args.preset, overrides=list(args.overrides),
               quiet=args.quiet, name=args.name, tags=args.tag)

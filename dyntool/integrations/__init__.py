@@ -15,9 +15,9 @@ __all__ = ["RunRecorder", "HFRecorderCallback", "LightningRecorder"]
 
 def __getattr__(name):          # the framework callbacks import their framework only when asked
     if name == "HFRecorderCallback":
-        from .hf import HFRecorderCallback
+        from .hf import HFRecorderCallback  # deferred: an optional extra (transformers: hf.py imports it)
         return HFRecorderCallback
     if name == "LightningRecorder":
-        from .lightning import LightningRecorder
+        from .lightning import LightningRecorder  # deferred: an optional extra (lightning)
         return LightningRecorder
     raise AttributeError(name)

@@ -54,13 +54,16 @@ import torch
 
 from typing import Annotated
 
-from ..config import NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Seed
+from ..config import NonNegFloat, NonNegInt, Pattern, PosFloat, PosInt, Seed, to_dict
 from ..errors import ConfigError, NonFiniteLossError
 from ..progress import progress
 from ..record import metric_names as mn
 from ..record.policy import RecordConfig, check_budget, schedule
 from ..recorder import Recorder
 from ..run_writer import RunWriter, critical_section, ensure_out_dir
+from ..safeio import memory_problem
+from ..train.config import ModelConfig
+from ..train.gpt import GPT
 from . import bijection_data as data
 from . import resume as ckpt
 from .bijection_analysis import analyze, evaluate
@@ -146,7 +149,6 @@ class BijectionConfig:
     def check_memory(self) -> None:
         """Refuse, before anything is allocated or created, a run too big for this machine: the 2V
         token embedding with its gradient and AdamW state, and a batch's activations and logits."""
-        from ..safeio import memory_problem
         m, T, V2 = self.model, data.seq_len(self.L), 2 * self.V
         per_token = m.n_layer * (12 * m.n_embd + 2 * m.n_head * T) + 3 * V2
         need = 4 * (4 * (V2 * m.n_embd + 12 * m.n_layer * m.n_embd ** 2) + self.batch_size * T * per_token)
@@ -157,8 +159,6 @@ class BijectionConfig:
 
 
 def build_model(cfg: BijectionConfig):
-    from ..train.config import ModelConfig
-    from ..train.gpt import GPT
     m = cfg.model
     mc = ModelConfig(attention="mhsa", n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                      backend=m.backend, init_std=m.init_std, tie_weights=m.tie_weights)
@@ -239,7 +239,6 @@ def _run(cfg: BijectionConfig, dev: torch.device, out_dir: str, name, tags, quie
     if resume is not None:
         start, kept = ckpt.restore(resume, model, opt, {"batches": gen}), resume["extra"]
     train_step = Step(model, opt, cfg, loss_of, compiled=wants_compile(cfg.compile, dev))
-    from ..config import to_dict
     meta = {"record_batch": f"probe: first {cfg.record.seqs} held-out sequences", "n_params": model.num_params(),
             "bayes_loss": ho.bayes_loss, "bayes_accuracy_keys": _bayes_accuracy_keys(cfg, ho.h),
             "compiled_step": train_step.compiled}

@@ -36,6 +36,7 @@ from ..progress import progress
 from ..record.policy import check_budget, schedule
 from ..recording_session import RecordingSession
 from ..run_writer import RunWriter
+from ..train.ddp import resolve_device
 from . import icl_markov_task as task
 from .icl_markov_config import ICLMarkovConfig
 from .icl_markov_metrics import chance_levels, evaluate
@@ -94,7 +95,6 @@ def train_step(model, opt, x: torch.Tensor, flight: FlightRecorder, cap=None, gr
 def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tags=None, quiet: bool = False,
             extra_record_steps: list[int] | None = None, study: str = "") -> RunWriter:
     """Train and record one run (``seed``, ``prior``) into ``out_dir/name``."""
-    from ..train.ddp import resolve_device
     dev = resolve_device(cfg.device)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     rc = cfg.record

@@ -15,14 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import config as _config
 from ..config import to_dict
 from ..errors import RunError
+from ..record import metric_names as mn
+from ..record.policy import check_budget, schedule
 from ..run import open_run
 from ..run_writer import write_json_atomic, ensure_out_dir
+from ..train.ddp import resolve_device
 from .icl_markov import run_one
-from .icl_markov_analysis import analyse_run
+from .icl_markov_analysis import advantage_to_previous, analyse_run, logged
 from .icl_markov_claims import at_step, claims, fmt, ms, table_lines
 from .icl_markov_config import ICLMarkovConfig
+from .icl_markov_task import bigram_payoff
 
 CONTROL = "doubly_stochastic"
 
@@ -53,7 +58,6 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
     priors = study_priors(cfg.prior, cfg.control, cfg.control_prior, cfg.extra_priors)
     _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
-    from ..train.ddp import resolve_device
     resolve_device(cfg.device)                                     # as is a device this machine lacks
     study.mkdir()
     write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
@@ -79,7 +83,6 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
 def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:
     """Refuse a study whose full tier would exceed record.disk_budget_gb (all runs together; a dense
     rerun counted at its largest, every dense_every steps throughout)."""
-    from ..record.policy import check_budget, schedule
     m = cfg.model
     hs = m.n_embd // m.n_head
     n = len(schedule(cfg.record, cfg.steps)) * n_runs
@@ -94,7 +97,6 @@ def resummarise(studies: list[str | Path]) -> dict:
     finished run enters; a run that did not finish (a study stopped mid-run keeps its seeds in
     study.json but not all their runs) is listed under ``skipped`` with its status, so each prior
     says over how many seeds it was summarised and comparisons across priors use their common seeds."""
-    from .. import config as _config
     paths = [Path(s) for s in studies]
     raw = _load_json(paths[0] / "study.json")
     cfg = _config.update(ICLMarkovConfig(), raw["config"])
@@ -139,7 +141,6 @@ def _status(path: Path) -> str:
 def _dense_info(study: Path, seed: int, prior: str, path: Path, bounds: list[int], first: dict) -> dict:
     """The dense rerun: its full-tier steps, whether it trained as the first run did, and the
     previous-token head's advantage toward the previous position on each full-tier step."""
-    from .icl_markov_analysis import advantage_to_previous
     run = open_run(path)
     adv = advantage_to_previous(run, *first["prev_token_head"])
     return {"seed": seed, "run": path.name, "boundaries": bounds, "full_tier_steps": len(run.steps),
@@ -163,8 +164,6 @@ def _analyse(path: Path, cfg: ICLMarkovConfig) -> dict:
 
 def _same_metrics(a: Path, b: Path) -> bool:
     """Did the seeded rerun train the same way (its logged KLs equal the first run's)?"""
-    from .icl_markov_analysis import logged
-    from ..record import metric_names as mn
     ka, kb = (logged(open_run(p).metrics)[mn.icl_kl("bigram")].to_numpy(float) for p in (a, b))
     return bool(len(ka) == len(kb) and np.allclose(ka, kb, rtol=1e-6, atol=1e-9))
 
@@ -214,7 +213,6 @@ def summarise(cfg: ICLMarkovConfig, per: dict[str, dict[int, dict]], dense: dict
 def payoffs(cfg: ICLMarkovConfig, priors: list[str], n: int = 2000) -> dict:
     """Each training prior's bigram payoff (:func:`.icl_markov_task.bigram_payoff`, Monte Carlo on
     ``n`` sequences from a fixed generator), so transition times are read beside signal strength."""
-    from .icl_markov_task import bigram_payoff
     return {p: bigram_payoff(cfg.k, cfg.alpha, p, cfg.T, n, np.random.default_rng(12345), cfg.unigram_share)
             for p in dict.fromkeys([*priors, *cfg.eval_priors])}
 

@@ -25,9 +25,12 @@ from pathlib import Path
 
 import torch
 
+from .. import safeio
 from ..errors import RunError
 from ..location import location
 from ..storage import open_backend
+from ..train import checkpoint
+from ..train.checkpoint import capture_rng, restore_rng
 
 FILE = "checkpoint.pt"
 KEYS = {"kind", "step", "model", "optim", "gens", "rng", "extra"}
@@ -36,7 +39,6 @@ KEYS = {"kind", "step", "model", "optim", "gens", "rng", "extra"}
 def state(kind: str, step: int, model: torch.nn.Module, opt, gens: dict, extra: dict | None = None) -> dict:
     """A plain checkpoint tree at ``step`` (the number of optimizer steps taken, the next to run):
     ``gens`` name -> torch.Generator (CPU or CUDA; its state is a CPU byte tensor)."""
-    from ..train.checkpoint import capture_rng
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     return {"kind": kind, "step": int(step), "model": model.state_dict(), "optim": opt.state_dict(),
             "gens": {k: g.get_state() for k, g in gens.items()}, "rng": {**capture_rng(), "cuda": cuda},
@@ -45,7 +47,6 @@ def state(kind: str, step: int, model: torch.nn.Module, opt, gens: dict, extra: 
 
 def restore(sd: dict, model: torch.nn.Module, opt, gens: dict) -> int:
     """Load a checkpoint from :func:`load` into ``model``, ``opt`` and ``gens``; returns its step."""
-    from ..train.checkpoint import restore_rng
     try:
         model.load_state_dict(sd["model"])
         opt.load_state_dict(sd["optim"])
@@ -69,8 +70,7 @@ class Checkpointer:
         self.kind, self.every, self.step = kind, every, None
 
     def save(self, step: int, model, opt, gens: dict, extra: dict | None = None) -> None:
-        from ..train.checkpoint import save
-        save(state(self.kind, step, model, opt, gens, extra), self.path)
+        checkpoint.save(state(self.kind, step, model, opt, gens, extra), self.path)
         self.step = step
 
     def due(self, step: int) -> bool:
@@ -82,8 +82,6 @@ def load(resume: str, kind: str) -> tuple[dict, dict, str, str]:
     """``--resume RUN`` of a ``kind`` simulation: (its config.json, its checkpoint, the new run's
     default name ``RUN-resumeSTEP``, the folder RUN is in).  One-line :class:`RunError` when there
     is nothing to resume from."""
-    from .. import safeio
-    from ..train import checkpoint
     where = location(resume, "--resume")
     run = open_backend(where, "--resume", root="/")
     raw = run.get("config.json", safeio.MAX_JSON_BYTES)

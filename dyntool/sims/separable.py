@@ -36,6 +36,7 @@ import torch
 from .. import masks
 from .device import SimDevice, resolve
 from .sticky_data import HELDOUT_OFFSET, generate, transition_matrix
+from .targets import paired_tests, seed_mean_std, steps_to_targets, targets_markdown
 
 GROUPS = {"routing": ("W_Q", "W_K"), "values": ("W_V",), "readout": ("W_1", "W_2")}
 PARAMS = ("W_Q", "W_K", "W_V", "W_1", "W_2")
@@ -194,7 +195,6 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
     """Final losses, steps to 25/50/75/100 % of SGD's loss drop (train and held-out) with paired
     tests against ``values`` (the EM-like arm; values itself against sgd), the multipliers of the
     norm-matched arms and every arm's first step (update norm per group, first-order decrease)."""
-    from .targets import paired_tests, seed_mean_std, steps_to_targets
     idx = {r: i for i, r in enumerate(res.runs)}
     per_seed = []
     for s in cfg.seeds:
@@ -226,7 +226,6 @@ def summarise(cfg: SeparableConfig, res: Result) -> dict:
 
 def table(summary: dict) -> str:
     """Markdown: per arm the learning-rate multipliers, first step, final losses; then the targets."""
-    from .targets import targets_markdown
     head = ["arm", "LR mult routing / values / readout", "first-step ‖ΔW‖ routing / values / readout",
             "first-order −ΔL at step 0", "final train loss", "final held-out loss"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -24,6 +24,7 @@ from threadpoolctl import threadpool_limits
 
 from ..config import to_dict
 from ..errors import RunError
+from ..manifold import baseline_comparison, manifold_metrics, pca
 from ..progress import progress
 from ..record.policy import RecordConfig, check_budget
 from ..record import metric_names as mn
@@ -42,7 +43,6 @@ def _heldout_manifold(W, x_ho: torch.Tensor, H_ho: np.ndarray, executor=None, ba
     """D6–D7 (dyntool.manifold) per run on HELD-OUT positions, for head outputs g_i and values v_j,
     each with its baselines (the raw input x: its own metrics, the partial R² beyond it, the
     ordering score's permutation null).  ``base``: per run, manifold_metrics of x (fixed data)."""
-    from ..manifold import baseline_comparison, manifold_metrics, pca
     g = engine.head_outputs(W, x_ho, executor=executor).double().numpy()           # (R, N, d_v)
     v = (x_ho @ W.W_V).double().numpy()
     xb = x_ho.double().numpy()
@@ -190,7 +190,6 @@ def build_data(plan: _Plan) -> _Data:
 
 def _heldout_inputs(plan: _Plan, d: _Data) -> None:
     """The held-out sequences as the engine's evaluation batch, their H_Bayes and the raw-x baseline."""
-    from ..manifold import manifold_metrics
     cfg, runs, held = plan.cfg, plan.runs, d.held
     d.Hb_ho = np.stack([held[s][1].numpy() for s, _ in runs])
     with threadpool_limits(1):          # the baseline (raw x) is the same at every step

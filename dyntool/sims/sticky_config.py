@@ -18,6 +18,7 @@ from typing import Annotated, ClassVar
 from ..config import NonNegFloat, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
+from ..safeio import memory_problem
 from . import single_head as engine
 from .sticky_data import HELDOUT_OFFSET, VALIDATION_OFFSET
 
@@ -117,7 +118,6 @@ class StickyConfig:
     def check_memory(self) -> None:
         """Refuse, before anything is allocated or created, a chain too big for this machine: the
         Bayes filter holds (N, n, d_x) squared distances and a few (n, n) float64 matrices."""
-        from ..safeio import memory_problem
         n, N = self.n_symbols, self.T - 1
         why = memory_problem(8 * (N * n * self.d_x + 4 * n * n), "the chain and its Bayes filter")
         if why:

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import masks
-from ..config import NonNegFloat, PosInt, Seed
+from ..config import NonNegFloat, PosInt, Seed, to_dict
 from ..attention import SingleHeadAttention
 from ..errors import ConfigError, NonFiniteLossError
 from ..record import metric_names as mn
@@ -117,7 +117,6 @@ def run_toy(cfg: ToyConfig, out_dir: str, name: str | None = None, tags: list[st
     m = cfg.model
     check_budget(cfg.record, cfg.steps, ensure_out_dir(out_dir),
                  L=1, H=1, T=m.T, d_k=m.d_k, d_v=m.d_v)
-    from ..config import to_dict
     meta = {"record_batch": "train (full batch)"}
     if resumed_from is not None:
         meta["resumed_from"] = {"run": resumed_from, "step": start}

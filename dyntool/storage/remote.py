@@ -22,11 +22,11 @@ from urllib.parse import urlparse
 from zarr.storage import ObjectStore, WrapperStore
 
 from ..errors import RunError, StorageError
+from ..extras import need
 from ..location import URLPath, join
 
 
 def _need():
-    from ..extras import need
     need("obstore", "s3:// runs", RunError)
 
 

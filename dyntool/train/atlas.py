@@ -23,6 +23,7 @@ from ..record import metric_names as mn
 from ..steps import steps_taken
 from . import atlas_events as E
 from .atlas_probe import HEAD_BASES, AtlasProbe, AtlasSettings
+from .runner import load_config
 from .study_runs import new_study_dir, train_arm
 
 CONFIG = "atlas.toml"
@@ -53,7 +54,6 @@ def split_overrides(overrides: list[str]) -> tuple[AtlasSettings, list[str]]:
 def configs(study, preset, overrides) -> dict:
     """Every (seed, arm) run's config, validated before anything is made: ``atlas.toml`` ← its
     preset ← the user's overrides ← the arm ← ``--seeds``/``--max-steps``."""
-    from .runner import load_config
     if preset not in PRESETS:
         raise ConfigError("--preset", f"atlas presets: ci, cpu (small), cpu_small, gpu; got {preset!r}")
     arms = study.pick(ARMS)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..record import metric_names as mn
+
 ABS, FACTOR, MARGIN = 0.3, 3.0, 0.1
 GU_EPS = 0.3            # Gu et al.'s ε for the sink metric
 OURS_FACTOR = 3.0       # our ε: this multiple of first_mass's chance level at the probe's T
@@ -159,7 +161,6 @@ def _series(df, col: str) -> tuple[np.ndarray, np.ndarray]:
 def run_events(df, chance: dict, heads: list[tuple[int, int]]) -> dict:
     """Every rule on one run's metrics frame; each series on the rows where it was measured (the
     forward scores, the gradient side and the training loss have their own schedules)."""
-    from ..record import metric_names as mn
     fsteps, _ = _series(df, mn.head("atlas_first_mass", *heads[0]))
     out = {"hold": hold_for(len(fsteps)), "rows": len(fsteps)}
     for name, (fb, ck, bb) in PHENOMENA.items():

@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from .. import quantities as Q
+from ..data.wikitext import fixed_batch
+from ..errors import ConfigError
 from ..observe import Observer
 from ..record import metric_names as mn
 from . import atlas_scores as S
@@ -55,7 +57,6 @@ class AtlasSettings:
     copying: bool = True       # the OV eigenvalue score (C×C eigenvalues per head)
 
     def validate(self, prefix: str = "atlas.") -> None:
-        from ..errors import ConfigError
         for k in ("every", "grad_every", "probe_seqs", "rep_seqs", "rep_vocab"):
             if getattr(self, k) < 1:
                 raise ConfigError(prefix + k, f"must be >= 1, got {getattr(self, k)}")
@@ -101,7 +102,6 @@ class AtlasProbe(Callback):
         self.rows: dict = {}
 
     def on_train_start(self, trainer) -> None:
-        from ..data.wikitext import fixed_batch
         self.tr = trainer
         cfg, corpus = trainer.cfg, trainer.corpus
         T = cfg.data.block_size

@@ -12,12 +12,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import safeio
+from .. import config as cfgmod, safeio
+from ..config import to_dict
+from ..data.wikitext import load_wikitext
 from ..errors import ConfigError, DyntoolError, RunError, StorageError
 from ..location import location
+from ..progress import TrainProgress
+from ..recording_session import rank_writers
 from ..run_files import read_json
+from ..run_writer import RunWriter
 from ..storage import open_backend
+from . import checkpoint, ddp
+from .checkpoint import check_model
 from .config import TrainConfig
+from .fsdp import broadcast
+from .gpt import GPT
+from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
+from .sharded import ShardedRecordingCallback, check as check_sharded
+from .trainer import Trainer, restore_deterministic, set_deterministic
 
 DEFAULT_OUT = os.path.join("runs", "wikitext")
 
@@ -26,7 +38,6 @@ def load_config(config: str | None, preset: str | None, overrides: list[str],
                 resume: str | None = None, values: dict | None = None) -> TrainConfig:
     """Defaults ← TOML ← preset ← overrides ← typed ``values``; with ``resume`` the base is the
     run's config.json.  Also refuses a device this machine doesn't have (before anything is made)."""
-    from .. import config as cfgmod
     if resume is None:
         cfg = cfgmod.load(TrainConfig, config, preset, overrides, values=values)
     else:
@@ -123,7 +134,6 @@ def resume_source(resume: str, cfg: TrainConfig) -> tuple[dict, str]:
 def _load_checkpoint(src, resume: str, cfg: TrainConfig, run_name: str, taken) -> tuple[dict, str]:
     """The checkpoint at ``src``, validated, and the new run's default name: ``RUN-resumeSTEP``, or
     ``-2``, ``-3`` … while ``taken(name)`` (a second resume gets a fresh name)."""
-    from . import checkpoint
     ck = checkpoint.load(src)
     step = checkpoint.validate(ck, src, max(cfg.train.max_steps, _is_step(ck.get("step"))))
     if step >= cfg.train.max_steps:
@@ -154,9 +164,6 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
 
     ``callbacks``: extra trainer callbacks (a study's probe), placed after the recording callback
     and before the metrics logger, so the keys they add to a step's metrics are written with it."""
-    from ..data.wikitext import load_wikitext
-    from . import ddp
-    from .trainer import restore_deterministic, set_deterministic
 
     ckpt = None
     if resume is not None:
@@ -170,8 +177,7 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         print(f"dyntool: warning: train.parallel={cfg.train.parallel} needs the processes torchrun starts "
               f"(torchrun --nproc_per_node=N -m dyntool train ...); training as one process", file=sys.stderr)
     if sharded:                                    # refused before any process group or run exists
-        from .sharded import check
-        check(cfg, int(os.environ["WORLD_SIZE"]))
+        check_sharded(cfg, int(os.environ["WORLD_SIZE"]))
     dist = ddp.setup(cfg.device)
     det = set_deterministic(cfg.train.deterministic)
     try:
@@ -181,8 +187,6 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
         meta = _run_meta(cfg, model, corpus, dist, sharded, ckpt, resume, extra_meta)
         run, rank_run = None, None
         if sharded:                                    # every rank records its own shard into rank 0's run
-            from ..recording_session import rank_writers
-            from .fsdp import broadcast
             run, rank_run = rank_writers(dist.rank, lambda: _create_run(out_dir, kind, cfg, name, tags, dist, meta),
                                          broadcast)
         elif dist.is_main:
@@ -199,7 +203,6 @@ def run_training(cfg: TrainConfig, out_dir: str = DEFAULT_OUT, name: str | None 
 
 def _build_model(cfg: TrainConfig, corpus, dist, ckpt: dict | None, resume: str | None):
     """The GPT on its device, seeded identically on every rank, checked against a checkpoint."""
-    from .gpt import GPT
     m = cfg.model                                            # before the model is allocated
     _check_memory(cfg, corpus.vocab_size, 12 * m.n_layer * m.n_embd ** 2 + corpus.vocab_size * m.n_embd)
     _seed_all(cfg.seed)
@@ -208,7 +211,6 @@ def _build_model(cfg: TrainConfig, corpus, dist, ckpt: dict | None, resume: str 
     if cfg.train.dtype == "float64":
         model.double()
     if ckpt is not None:                                     # names and shapes, before any run exists
-        from .checkpoint import check_model
         check_model(ckpt, model, location(resume) / "checkpoint.pt")
     return model
 
@@ -229,8 +231,6 @@ def _run_meta(cfg: TrainConfig, model, corpus, dist, sharded: bool, ckpt: dict |
 
 def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, meta: dict):
     """The run folder (rank 0 only; under FSDP its refusal reaches the other ranks: rank_writers)."""
-    from ..config import to_dict
-    from ..run_writer import RunWriter
     return RunWriter.create(out_dir, kind, to_dict(cfg), name=name, seeds=[cfg.seed], tags=tags,
                             device=str(dist.device), extra_meta=meta)
 
@@ -238,12 +238,8 @@ def _create_run(out_dir: str, kind: str, cfg: TrainConfig, name, tags, dist, met
 def _fit(cfg: TrainConfig, model, corpus, dist, run, rank_run, ckpt: dict | None, resume: str | None,
          quiet: bool, extra: list | None = None) -> dict:
     """Callbacks, checkpoint path and trainer for this rank; train (from the checkpoint, if any)."""
-    from ..progress import TrainProgress
-    from .recording import ConsoleCallback, MetricsLogger, RecordingCallback
-    from .trainer import Trainer
     cbs = []
     if rank_run is not None:                       # FSDP: every rank records its own shard
-        from .sharded import ShardedRecordingCallback
         cbs = [ShardedRecordingCallback(rank_run, cfg, dist)]
     if run is not None:
         shown = [TrainProgress(f"{Path(str(run.path)).name} "), ConsoleCallback(stream=sys.stderr)]

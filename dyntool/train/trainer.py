@@ -35,9 +35,11 @@ import torch
 
 from ..data.wikitext import get_batch
 from ..errors import NonFiniteLossError
-from . import checkpoint as ckpt
+from ..run_writer import critical_section
+from . import checkpoint as ckpt, final_eval, fsdp
 from .config import OptimConfig, TrainConfig
 from .ddp import DistInfo
+from .evaluation import evaluate, evaluate_state
 
 
 class Callback:
@@ -125,7 +127,6 @@ class Trainer:
         self.model = model
         self.fsdp = dist.world > 1 and cfg.train.parallel == "fsdp"
         if self.fsdp:                                      # FSDP2: sharded in place (fsdp.py)
-            from . import fsdp
             fsdp.shard(model)
         elif dist.world > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -183,7 +184,6 @@ class Trainer:
     def evaluate(self, split: str = "valid", max_batches: int | None = None, batch_size: int | None = None,
                  bar: bool = False, desc: str | None = None) -> float:
         """Mean token cross-entropy over a split (:func:`.evaluation.evaluate`)."""
-        from .evaluation import evaluate
         return evaluate(self, split, max_batches, batch_size, bar, desc)
 
     # -- one optimizer step ---------------------------------------------------------------
@@ -213,8 +213,8 @@ class Trainer:
             loss_t /= self.dist.world
         clip = cfg.optim.grad_clip
         if self.fsdp:
-            from .fsdp import total_norm
-            gn = total_norm(torch.nn.utils.clip_grad_norm_(self.raw.parameters(), clip if clip > 0 else float("inf")))
+            gn = fsdp.total_norm(torch.nn.utils.clip_grad_norm_(self.raw.parameters(),
+                                                                clip if clip > 0 else float("inf")))
         else:
             gn = self._clip(step, clip if clip > 0 else float("inf"))
         lr = self.opt.param_groups[0]["lr"]
@@ -248,7 +248,6 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------
     def _evaluate_state(self) -> dict:
-        from .evaluation import evaluate_state
         return evaluate_state(self)
 
     def _wants_eval(self) -> bool:
@@ -287,7 +286,6 @@ class Trainer:
             self.save_checkpoint(self.ckpt_path)
 
     def fit(self) -> dict:
-        from ..run_writer import critical_section
         cfg = self.cfg.train
         stop = min(cfg.stop_at or cfg.max_steps, cfg.max_steps)
         tokens = self.cfg.data.batch_size * self.cfg.data.block_size * self.cfg.optim.accum * self.dist.world
@@ -332,18 +330,15 @@ class Trainer:
 
     def final_evaluation(self) -> dict:
         """The end-of-run evaluation as ``train.final_eval`` says (:mod:`.final_eval`)."""
-        from . import final_eval
         return final_eval.run(self)
 
     def final_eval_batch(self) -> int:
-        from .final_eval import batch_size
-        return batch_size(self.cfg)
+        return final_eval.batch_size(self.cfg)
 
     def param_digest(self) -> str:
         """sha256 of every parameter's bytes (in state_dict order): equal digests = equal models."""
         if self.fsdp:
-            from .fsdp import digest
-            return digest(self.raw)                          # collective: the full parameters
+            return fsdp.digest(self.raw)                          # collective: the full parameters
         h = hashlib.sha256()
         for name, t in self.raw.state_dict().items():
             h.update(name.encode())
@@ -362,8 +357,7 @@ class Trainer:
         """Plain tensors/numbers only (``weights_only`` loadable); collective under DDP."""
         cuda = torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
         if self.fsdp:                                      # full tensors, keyed by name (fsdp.py)
-            from .fsdp import full_state
-            model_sd, optim_sd = full_state(self.raw, self.opt)
+            model_sd, optim_sd = fsdp.full_state(self.raw, self.opt)
         else:
             model_sd, optim_sd = self.raw.state_dict(), self.opt.state_dict()
         return {"step": self.step, "model": model_sd, "optim": optim_sd,
@@ -380,8 +374,7 @@ class Trainer:
         if len(gens) != self.dist.world:
             raise ValueError(f"checkpoint was written by {len(gens)} rank(s), resuming on {self.dist.world}")
         if self.fsdp:
-            from .fsdp import load_full_state
-            load_full_state(self.raw, self.opt, sd["model"], sd["optim"])
+            fsdp.load_full_state(self.raw, self.opt, sd["model"], sd["optim"])
         else:
             self.raw.load_state_dict(sd["model"])
             self.opt.load_state_dict(sd["optim"])

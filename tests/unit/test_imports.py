@@ -18,20 +18,12 @@ import dyntool
 ROOT = Path(dyntool.__file__).parent
 REASON = re.compile(r"#.*\bdeferred\b")
 
-# Modules whose function-level imports of dyntool modules were not yet moved up or explained when
-# the check came in; issue 51 (build item 2) tracks them.  Every other module is checked (a module
-# done is taken off the list: `unexplained()` of it is empty).
-STILL_TO_DO = frozenset({
-    "app/analysis.py", "app/data.py", "cli/__init__.py", "cli/app.py", "cli/common.py", "cli/runs.py",
-    "cli/sim.py", "cli/train.py", "flight.py", "fused_path.py", "integrations/__init__.py", "integrations/hf.py",
-    "kernels/__init__.py", "run_writer.py", "sims/bijection.py", "sims/icl_markov.py",
-    "sims/icl_markov_study.py", "sims/resume.py", "sims/separable.py", "sims/sticky.py",
-    "sims/sticky_config.py", "sims/toy.py", "storage/remote.py", "train/atlas.py", "train/atlas_events.py",
-    "train/atlas_probe.py", "train/runner.py", "train/trainer.py",
-})
+# Modules whose function-level imports of dyntool modules are not yet moved up or explained (the
+# fused path's and the kernels', worked on elsewhere); issue 51 (build item 2) tracks them.  Every
+# other module is checked; a module done comes off the list.
+STILL_TO_DO = frozenset({"flight.py", "fused_path.py", "kernels/__init__.py"})
 
-# The libraries neither light path imports today (measured: `import dyntool` loads 107 modules,
-# `dyntool --help` 169, none of these)
+# The libraries neither light path imports today (bench/light_paths.py; docs/architecture.md has the numbers)
 HEAVY = ("torch", "triton", "matplotlib", "streamlit", "transformers", "zarr", "numpy", "pandas", "xarray",
          "dask", "obstore", "scipy", "sklearn", "pyarrow", "tqdm")
 
