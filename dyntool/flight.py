@@ -40,6 +40,7 @@ import torch
 
 from . import cheap_stats
 from . import fused_path
+from .adapters import AdapterError, find_adapter
 from .capture import site_where
 from .observe import Fanout, Observer, Site, expand_kv
 from .pending import PendingMetrics
@@ -48,6 +49,7 @@ from .selfcheck import SelfCheckError, verify
 from .tier_reduction import full_tier_reduction  # noqa: F401  (public here: the tiers side by side)
 
 # the fused ops' per-head sums, by name, without importing Triton (a core install has none)
+from .kernels import stats as kstats
 from .kernels import stats_names as kstats_names
 
 STATS = mn.CHEAP_TIER           # the statistics' names (= their metric bases), formulas in cheap_stats
@@ -82,7 +84,6 @@ def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
 class FlightRecorder(Observer):
     def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
                  max_block_mib: float = 0.0, attention=None, kernel: str = "auto"):
-        from .adapters import AdapterError, find_adapter
         try:
             self.adapter = find_adapter(model, attention)
         except AdapterError as e:
@@ -316,7 +317,6 @@ class FlightRecorder(Observer):
         """The fused sites' per-head sums (forward's, and the backward's in each token's grad) → Sums."""
         if all(call[2] is None for call in self._calls):
             return                          # no fused site ran: the eager path works without Triton
-        from .kernels import stats as kstats
         left, seen = [], set()
         for call in self._calls:
             site, fst, token, seqs, T, has_sinks, grad_scale = call

@@ -20,7 +20,13 @@ and nanoGPT-style modules' mask-free ``F.scaled_dot_product_attention`` calls (S
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+from .adapters import hf, sdpa
+from .kernels import unavailable
+from .observe import causal_allowed
 
 KERNELS = ("auto", "eager", "fused")
 # Hugging Face model types checked against the eager path (tests/kernels/test_hf_fused.py): their
@@ -46,7 +52,6 @@ def mask_spec(mask, n_head: int, T: int):
     Read off the dense mask on the CPU (no device sync), once per (mask, T): full → not causal;
     causal with a window of w keys per head (w = the last row's visible keys; 0 = none) when each
     head's matrix equals :func:`dyntool.observe.causal_allowed` with that window."""
-    from .observe import causal_allowed
     dense = mask.dense(T, n_head)                                   # (nh|1, T, T) on the CPU
     if bool(dense.all()):
         return False, None
@@ -72,7 +77,6 @@ def decide(adapter, model, kernel: str) -> dict:
         return {s: f"eager: the {adapter.name} adapter has no fused path yet" for s in sites}
     p = next(model.parameters(), None)
     device = p.device if p is not None else torch.device("cpu")
-    from .kernels import unavailable
     why = unavailable(device)
     if why is None and kernel == "auto" and device.type != "cuda":
         why = f"auto picks the kernel on CUDA only (device {device.type})"
@@ -140,7 +144,7 @@ class _Fused:
     def run(self, q, k, v, has_sinks=False, **kw):
         if self.failed or not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)):
             return None                        # an evaluation forward: the model's own attention
-        from .kernels import op
+        from .kernels import op   # deferred: Triton loads only when a fused site runs
         q, k, v = autocast_inputs(q, k, v)
         if torch.compiler.is_compiling():
             return self._run_compiled(op, q, k, v, has_sinks, kw)
@@ -153,7 +157,6 @@ class _Fused:
         except Exception as e:                  # noqa: BLE001  auto: never fail a step for the kernel
             if not self.fallback or isinstance(e, ValueError):
                 raise
-            import warnings
             self.failed = f"the fused kernel failed ({type(e).__name__}: {' '.join(str(e).split())[:160]})"
             warnings.warn(f"dyntool: {self.failed}; this site's cheap tier runs eagerly", RuntimeWarning, 2)
             self.arm(False)
@@ -189,7 +192,7 @@ class FusedSite(_Fused):
     def prepare(self, batch: int, T: int) -> int:
         """Read the mask at length T now (a compiled step cannot: it is a host read) and return the
         token's length for a (batch, T) forward."""
-        from .kernels import op
+        from .kernels import op   # deferred: Triton loads only when a fused site runs
         self._spec(T)
         return op.stats_numel(batch, self.core.n_head, T, T)
 
@@ -226,7 +229,6 @@ class SDPAFusedSite(_Armed):
     hands over the calls without ``attn_mask``)."""
 
     def armed(self) -> dict:
-        from .adapters import sdpa
         return sdpa.ARMED
 
     def __call__(self, q, k, v, causal, scale):
@@ -238,7 +240,6 @@ class HFFusedSite(_Armed):
     padding mask and the registry's keyword arguments)."""
 
     def armed(self) -> dict:
-        from .adapters import hf
         return hf.ARMED
 
     def __call__(self, q, k, v, mask, causal, kw):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from ..extras import hint
+
 
 def unavailable(device) -> str | None:
     """None when the fused kernel can run on ``device``; else the reason, in a few words."""
-    import torch
+    import torch   # deferred: this package's import stays light (Triton and torch load where a kernel runs)
     if importlib.util.find_spec("triton") is None:
-        from ..extras import hint
         return hint("triton")
     dev = torch.device(device)
     if dev.type == "cuda":

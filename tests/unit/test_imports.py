@@ -21,7 +21,7 @@ REASON = re.compile(r"#.*\bdeferred\b")
 # Modules whose function-level imports of dyntool modules are not yet moved up or explained (the
 # fused path's and the kernels', worked on elsewhere); issue 51 (build item 2) tracks them.  Every
 # other module is checked; a module done comes off the list.
-STILL_TO_DO = frozenset({"flight.py", "fused_path.py", "kernels/__init__.py"})
+STILL_TO_DO: frozenset = frozenset()
 
 # The libraries neither light path imports today (bench/light_paths.py; docs/architecture.md has the numbers)
 HEAVY = ("torch", "triton", "matplotlib", "streamlit", "transformers", "zarr", "numpy", "pandas", "xarray",
