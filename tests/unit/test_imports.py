@@ -18,9 +18,8 @@ import dyntool
 ROOT = Path(dyntool.__file__).parent
 REASON = re.compile(r"#.*\bdeferred\b")
 
-# Modules whose function-level imports of dyntool modules are not yet moved up or explained (the
-# fused path's and the kernels', worked on elsewhere); issue 51 (build item 2) tracks them.  Every
-# other module is checked; a module done comes off the list.
+# Modules whose function-level imports of dyntool modules are not yet moved up or explained: none
+# left (issue 51, build item 2); a module put here is excused from the check until it is done.
 STILL_TO_DO: frozenset = frozenset()
 
 # The libraries neither light path imports today (bench/light_paths.py; docs/architecture.md has the numbers)
