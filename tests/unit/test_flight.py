@@ -83,15 +83,21 @@ def test_row_blocks_change_nothing():
         torch.testing.assert_close(many[n], one[n], rtol=1e-12, atol=1e-14)
 
 
+def count_host_reads(monkeypatch) -> list[str]:
+    """The names of the tensor methods that read the host, appended as they are called."""
+    reads = []
+    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    return reads
+
+
 def test_row_blocks_read_the_mask_once_per_call(monkeypatch):
     """The key range of every row block comes from one host read per layer and step, not from a
     ``nonzero``/``int``/``any`` per block (each a device sync on a GPU); the numbers stay exact,
     with a sliding window (keys cut at both ends) and with uniform rows present."""
     from dyntool import cheap_stats
-    reads = []
-    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
-        orig = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    reads = count_host_reads(monkeypatch)
     B, nh, Tq, d = 2, 2, 24, 4
     g = torch.Generator().manual_seed(0)
     q, k, v, u = (torch.randn(B, nh, Tq, d, generator=g, dtype=torch.float64) for _ in range(4))
@@ -124,10 +130,7 @@ def test_gpu_path_reads_nothing_and_gives_the_same_numbers(monkeypatch):
     per_row = 6 * 3 * 4 * T * 8 / 2**20
     cpu, full = both_tiers(m, gpt_loss(x, y), max_block_mib=3.5 * per_row)
     monkeypatch.setattr(cheap_stats, "host_reads", lambda device: False)
-    reads = []
-    for name in ("__bool__", "__int__", "__index__", "item", "tolist", "nonzero"):
-        orig = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _o=orig, _n=name, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    reads = count_host_reads(monkeypatch)
     B, nh, Tq, d = 2, 2, 12, 4
     g = torch.Generator().manual_seed(0)
     q, k, v, u, out = (torch.randn(B, nh, Tq, d, generator=g, dtype=torch.float64) for _ in range(5))
