@@ -91,8 +91,8 @@ def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sink
     but for the empty rows only (no T × T work).  ``v`` (B, n_kv, Tk, d), ``out`` (B, nh, T, d),
     ``allowed`` (B|1, nh|1, T, Tk), ``sinks`` (nh,) or None.  Returns (B, nh, T, 1) bool or None."""
     empty = ~allowed.any(-1, keepdim=True)                          # (B|1, nh|1, T, 1)
-    cpu = host_reads(v.device)                  # on a GPU no host test (a sync per site and step):
-    if cpu and not bool(empty.any()):           # the mask comes back, all False when no row is
+    read = host_reads(v.device)                 # on a GPU no host test (a sync per site and step):
+    if read and not bool(empty.any()):          # the mask comes back, all False when no row is
         return None
     Tk = v.shape[-2]
     vsum = v.sum(-2, keepdim=True).repeat_interleave(n_head // v.shape[1], dim=1)   # (B, nh, 1, d)
@@ -103,7 +103,7 @@ def uniform_rows(v: torch.Tensor, out: torch.Tensor, allowed: torch.Tensor, sink
     err_zero = out.norm(dim=-1, keepdim=True)
     err_unif = (out - o_u).norm(dim=-1, keepdim=True)
     rows = empty & (err_unif < err_zero)
-    return rows if not cpu or bool(rows.any()) else None
+    return rows if not read or bool(rows.any()) else None
 
 
 def key_ends(allowed: torch.Tensor, uniform: torch.Tensor | None, T: int, Tk: int, rows: int) -> list[int]:

@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from .stats_names import DKV_SLOTS, DQ_SLOTS
-from .tiles import (LOG2E, NEG, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked, query_tiles,
-                    tanh, visible)
+from .tiles import (LOG2E, NEG, add_rows, fp32_scalars, key_tiles, load_rows, log2_scores, masked_tile, n_masked,
+                    query_tiles, tanh, visible)
 
 N_DQ_PROGRAM, N_DKV_PROGRAM = len(DQ_SLOTS), len(DKV_SLOTS)   # what one program of each writes
 # The dq program's two sums are kept per program, not per row: each tile's products are summed in
@@ -38,6 +38,14 @@ _DQ_SLOTS, _DKV_SLOTS = tl.constexpr(N_DQ_PROGRAM), tl.constexpr(N_DKV_PROGRAM) 
 _Q_EB, _Q_U2, _Q_VAR, _Q_DS2, _Q_DSINK = (tl.constexpr(DQ_SLOTS.index(n)) for n in ("eb", "u2", "var", "ds2", "dsink"))
 _KV_COLMAX, _KV_CLOGC, _KV_CSUM, _KV_DV2, _KV_VAR, _KV_DS2 = (
     tl.constexpr(DKV_SLOTS.index(n)) for n in ("colmax", "c_log_c", "c_sum", "dv2", "var", "ds2"))
+
+
+@triton.jit
+def _score_sums(var, ds2, ds, centred, SCORES: tl.constexpr):
+    """Add a tile's Σ dS (dP − D) and Σ dS² (its SCORES entries) into the SUM_ROWS-part sums."""
+    var += tl.sum(tl.reshape(ds * centred, [SUM_ROWS, SCORES // SUM_ROWS], can_reorder=True), 1)
+    ds2 += tl.sum(tl.reshape(ds * ds, [SUM_ROWS, SCORES // SUM_ROWS], can_reorder=True), 1)
+    return var, ds2
 
 
 @triton.jit
@@ -64,8 +72,7 @@ def _dq_tile(dq, var, ds2, q, do, lse2, dd, k_ptrs, v_ptrs, j0, offs_m, offs_n, 
     ds = p * centred                                              # ∂L/∂s: the routing law
     if STATS:
         # only the program's totals are kept: each thread sums its own scores (no shuffle per tile)
-        var += tl.sum(tl.reshape(ds * centred, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
-        ds2 += tl.sum(tl.reshape(ds * ds, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
+        var, ds2 = _score_sums(var, ds2, ds, centred, BLOCK_M * BLOCK_N)
     if HAS_SOFTCAP:
         th = tanh(qk * scale / softcap)
         ds = ds * (1.0 - th * th)                                 # back through c·tanh(l / c)
@@ -177,20 +184,14 @@ def _dkdv_tile(dk, dv, col, var, ds2, k, v, i0, q_ptrs, do_ptrs, dq_ptrs, LSE_h,
     centredT = dpT - dd[None, :]
     dsT = pT * centredT
     if ATOMIC_DQ and STATS:                   # the dq program's two score sums, carried here instead
-        var += tl.sum(tl.reshape(dsT * centredT, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
-        ds2 += tl.sum(tl.reshape(dsT * dsT, [SUM_ROWS, BLOCK_M * BLOCK_N // SUM_ROWS], can_reorder=True), 1)
+        var, ds2 = _score_sums(var, ds2, dsT, centredT, BLOCK_M * BLOCK_N)
     if HAS_SOFTCAP:
         th = tanh(qkT * scale / softcap)
         dsT = dsT * (1.0 - th * th)
     dk += tl.dot(dsT.to(q.dtype), q, input_precision=PRECISION)
     if ATOMIC_DQ:                             # FlashAttention-2's 5 units: dQ_i += dS_i K, in fp32
         dq = tl.dot(tl.trans(dsT.to(k.dtype)), k, input_precision=PRECISION) * scale    # (BLOCK_M, D_PAD)
-        if MASKED:
-            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, mask=(rows < T)[:, None] & dmask[None, :], sem="relaxed")
-        elif EVEN_D:
-            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, sem="relaxed")
-        else:
-            tl.atomic_add(dq_ptrs + i0 * sdqt, dq, mask=dmask[None, :], sem="relaxed")
+        add_rows(dq_ptrs + i0 * sdqt, dq, rows, T, dmask, MASKED, EVEN_D)
     if STATS:
         col += tl.sum(pT, axis=1)                                 # c_j = Σ_i α_ij: a row of Pᵀ
     return dk, dv, col, var, ds2

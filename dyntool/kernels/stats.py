@@ -21,7 +21,7 @@ from .stats_names import BACKWARD_SUMS, DKV_SLOTS, DQ_SLOTS, FORWARD_SUMS   # ev
 def forward_sums(st: torch.Tensor, seqs: int = 0) -> torch.Tensor:
     """(B, H, nQB, 4) forward partials → (H, 4): Σ entropy, max score, max |logit|, Σ sink mass."""
     f = st[:seqs] if seqs else st
-    sums = {n: f[..., i].sum(dim=(0, 2)) if n in ("ent", "sink") else f[..., i].amax(dim=(0, 2))
+    sums = {n: f[..., i].sum(dim=(0, 2)) if n in SUMS else f[..., i].amax(dim=(0, 2))   # else a maximum
             for i, n in enumerate(FORWARD_SUMS)}
     return torch.stack([sums[n] for n in FORWARD_SUMS], dim=1)
 

@@ -73,6 +73,17 @@ def load_rows(ptrs, rows, n_rows, dmask, MASKED: tl.constexpr, EVEN_D: tl.conste
 
 
 @triton.jit
+def add_rows(ptrs, x, rows, n_rows, dmask, MASKED: tl.constexpr, EVEN_D: tl.constexpr):
+    """``tl.atomic_add`` of a (rows, D_PAD) fp32 tile, masked as :func:`load_rows` reads one."""
+    if MASKED:
+        tl.atomic_add(ptrs, x, mask=(rows[:, None] < n_rows) & dmask[None, :], sem="relaxed")
+    elif EVEN_D:
+        tl.atomic_add(ptrs, x, sem="relaxed")
+    else:
+        tl.atomic_add(ptrs, x, mask=dmask[None, :], sem="relaxed")
+
+
+@triton.jit
 def log2_scores(qk, ii, jj, T, Tk, scale, softcap, slope, HAS_SOFTCAP: tl.constexpr, HAS_ALIBI: tl.constexpr):
     """q·k (fp32) → z = s·log₂e, where soft-cap or ALiBi make s more than τ q·k."""
     s = qk * scale
