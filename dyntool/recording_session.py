@@ -117,9 +117,10 @@ class RecordingSession:
         """A recorded step's per-head numbers for the metrics row: the attention entropy of the
         recorded batch (mean over sequences and queries) and, with ``logit_max``, its largest
         |logit| (``logit_max/L{l}H{h}``, ``recorded_logit_max``); over every rank under a shard."""
-        ent = qs["attn_entropy"].float().mean(dim=(2, 3))                   # (L, nh)
         lmax = qs["logit_max"].float() if logit_max else None
-        if self.shard is not None:                          # equal shards: the mean of the means
+        if self.shard is None:
+            ent = qs["attn_entropy"].float().mean(dim=(2, 3))               # (L, nh)
+        else:                                               # equal shards: the mean of the means
             ent = self.shard.reduce(qs["attn_entropy"].double().mean(dim=(2, 3)).contiguous(), "mean")
             lmax = self.shard.reduce(lmax.double().contiguous(), "max") if lmax is not None else None
         row = {mn.head(mn.ATTN_ENTROPY, l, h): v for l, h, v in self.rec.head_values(ent.tolist())}
