@@ -169,14 +169,26 @@ class Sums:
 
 
 @torch.no_grad()
+def given_maxima(logits, scores, allowed) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logit_max, score_max)`` per head (nh,) of one forward whose α the model handed over:
+    ``logits`` τ q kᵀ and ``scores`` the softmax's input, each (B, nh, T, Tk), over the ``allowed``
+    entries.  Reduced in the forward, so neither tensor is kept until the backward."""
+    lm = logits.abs().masked_fill(~allowed, 0.0).amax(dim=(0, 2, 3))
+    sm = scores.to(logits.dtype).masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3))
+    return lm, sm
+
+
 def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, softcap=None, sinks=None,
-               uniform=None, max_block_mib: float = 0.0, grad_scale: float = 1.0) -> None:
+               uniform=None, max_block_mib: float = 0.0, grad_scale: float = 1.0, alpha=None,
+               maxima=None) -> None:
     """Add one forward's statistics to ``sums``.  ``q`` (B, nh, T, d_k), ``k``/``v`` (B, n_kv, Tk, d),
     ``o``/``u`` (B, nh, T, d_v) (U is divided by ``grad_scale``, the loss factor; ``o`` is not read:
     the empty-row decision, ``uniform``, was made from it), ``allowed`` (B|1, nh|1, T, Tk), ``bias``
     broadcastable to (B, nh, T, Tk), ``sinks`` (nh,), ``uniform`` (B, nh, T, 1) or None.  Tensors
     in any float dtype: each block's slice is cast to :func:`compute_dtype` of ``q``'s as it is
-    read (the same arithmetic as up-casting first, no whole copy)."""
+    read (the same arithmetic as up-casting first, no whole copy).  ``alpha`` (B, nh, T, Tk): the
+    model's own attention weights (the dataflow adapter has them), used as they are instead of
+    recomputed from q, k and the score modifiers; its ``maxima`` (:func:`given_maxima`) come with it."""
     B, nh, T, _ = q.shape
     n_kv, Tk = k.shape[1], k.shape[-2]
     dt = compute_dtype(q.dtype)
@@ -196,6 +208,7 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
     gq, gu = (grouped(t, n_kv, nh) for t in (q, u))                   # (B, n_kv, g, T, d)
     gk, gv = k.to(dt).unsqueeze(2), v.to(dt).unsqueeze(2)             # (B, n_kv, 1, Tk, d), cast once
     gal, gbias, guni = grouped(allowed, n_kv, nh), grouped(bias, n_kv, nh), grouped(uniform, n_kv, nh)
+    galpha = grouped(alpha, n_kv, nh)
     if gbias is not None and gbias.dim() < 5:
         gbias = gbias.reshape((1,) * (5 - gbias.dim()) + tuple(gbias.shape))
     gsink = None if sinks is None else sinks.to(dt).reshape(1, n_kv, nh // n_kv, 1, 1)
@@ -217,19 +230,22 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         # this block's inputs in the compute dtype (no copy when they are in it already)
         ub = gu[..., a0:a1, :].to(dt) / grad_scale                          # (B, n_kv, g, rows, d_v)
         vb = gv[..., :kend, :]                                              # (B, n_kv, 1, kend, d_v)
-        logits, s = score_parts(gq[..., a0:a1, :].to(dt), gk[..., :kend, :], scale, softcap, bb)
-        seen = al
-        if uni is not None:                        # uniform rows: every key, equal scores (a block
-            al = al | uni                          # without one is unchanged: uni is all False)
-            s = s.masked_fill(uni, 0.0)
-        # (B, n_kv, g, rows, kend) from here on
-        sums.logit_max = torch.maximum(sums.logit_max, flat(
-            logits.abs().masked_fill_(~seen, 0.0).amax(dim=(0, 3, 4))))
-        sums.score_max = torch.maximum(sums.score_max, flat(
-            s.masked_fill(~seen, float("-inf")).amax(dim=(0, 3, 4))))
-        del logits
-        a, sink_mass = masked_softmax(s, al, gsink)
-        del s
+        if galpha is not None:          # the model's own α: nothing to recompute (maxima came with it)
+            a, sink_mass = galpha[..., a0:a1, :kend].to(dt), None
+        else:
+            logits, s = score_parts(gq[..., a0:a1, :].to(dt), gk[..., :kend, :], scale, softcap, bb)
+            seen = al
+            if uni is not None:                        # uniform rows: every key, equal scores (a block
+                al = al | uni                          # without one is unchanged: uni is all False)
+                s = s.masked_fill(uni, 0.0)
+            # (B, n_kv, g, rows, kend) from here on
+            sums.logit_max = torch.maximum(sums.logit_max, flat(
+                logits.abs().masked_fill_(~seen, 0.0).amax(dim=(0, 3, 4))))
+            sums.score_max = torch.maximum(sums.score_max, flat(
+                s.masked_fill(~seen, float("-inf")).amax(dim=(0, 3, 4))))
+            del logits
+            a, sink_mass = masked_softmax(s, al, gsink)
+            del s
         sums.ent += flat(torch.special.entr(a).sum(dim=(0, 3, 4)))
         b = torch.matmul(ub, vb.transpose(-1, -2)).masked_fill_(~al, 0.0)
         e = (a * b).sum(-1, keepdim=True)                                   # E_α[b]  (…, rows, 1)
@@ -245,6 +261,9 @@ def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, s
         if sink_mass is not None:
             sums.sink += flat(sink_mass.sum(dim=(0, 3)))
             sums.has_sinks = True
+    if maxima is not None:
+        sums.logit_max = torch.maximum(sums.logit_max, maxima[0].to(dt))
+        sums.score_max = torch.maximum(sums.score_max, maxima[1].to(dt))
     sums.rows += B * T
     sums.seqs += B
     sums.dv2 += flat(dv.square().sum(dim=(0, 3, 4)))

@@ -66,7 +66,7 @@ class KernelRefused(FlightError):
 
 
 class _Pending:
-    __slots__ = ("q", "k", "v", "o", "allowed", "scale", "bias", "softcap", "sinks", "uniform")
+    __slots__ = ("q", "k", "v", "o", "allowed", "scale", "bias", "softcap", "sinks", "uniform", "alpha", "maxima")
 
 
 def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
@@ -82,6 +82,8 @@ def _mapped_uniform_rows(site, p: "_Pending", out: torch.Tensor, out_map):
 
 
 class FlightRecorder(Observer):
+    takes_alpha = True        # observe(alpha=…): the dataflow adapter's model-made α, reduced as it is
+
     def __init__(self, model: torch.nn.Module, *, grad_scale: float = 1.0, seqs: int | None = None,
                  max_block_mib: float = 0.0, attention=None, kernel: str = "auto"):
         try:
@@ -231,10 +233,12 @@ class FlightRecorder(Observer):
     # -- the observer contract (dyntool.observe), called during the forward ----------------
     def observe(self, site: Site, q, k, v, out, allowed, scale, heads_dim: int = 1, grads: str = "standard",
                 scores=None, bias=None, softcap=None, sinks=None, out_map=None, grad_map=None,
-                out_batch_dim: int = 0) -> None:
+                out_batch_dim: int = 0, alpha=None, logits=None) -> None:
         """As :meth:`dyntool.capture.Capture.observe`; ``out_map``/``grad_map`` (torch's
         ``nn.MultiheadAttention``, whose per-head output is never exposed): the empty-row decision
-        comes from the self-check against ``out_map`` and U from ``grad_map(∂L/∂out)``."""
+        comes from the self-check against ``out_map`` and U from ``grad_map(∂L/∂out)``.  ``alpha``
+        with ``logits`` (τ q kᵀ) and ``scores`` (all (B, nh, T, Tk); the dataflow adapter between its
+        checks): the model's own α is reduced as it is and ``scale`` is not read (no host read)."""
         fs = self._fused.get(site)
         if not out.requires_grad or not torch.is_grad_enabled() or (fs is not None and fs.last == id(out)):
             return                        # an evaluation forward (no U will come), or the kernel's
@@ -252,10 +256,14 @@ class FlightRecorder(Observer):
             bias = bias.detach()
             bias = bias if bias.dim() == 4 else bias.reshape((1,) * (4 - bias.dim()) + tuple(bias.shape))
             bias = bias[sl] if bias.shape[0] > 1 else bias
-        p.bias, p.softcap, p.scale = bias, (float(softcap) if softcap else None), float(scale)
+        p.bias, p.softcap, p.alpha, p.maxima = bias, (float(softcap) if softcap else None), None, None
         p.sinks = None if sinks is None else sinks.detach().reshape(-1)     # (nh,)
+        p.scale = None if alpha is not None else float(scale)
+        if alpha is not None:             # empty rows are in α as the model made them
+            p.alpha, p.uniform = alpha[sl].detach(), None
+            p.maxima = cheap_stats.given_maxima(logits[sl], scores.detach()[sl], p.allowed)
         # empty rows: 0 (SDPA) or uniform (additive mask)? decided from the output, now
-        if out_map is None:
+        elif out_map is None:
             p.uniform = cheap_stats.uniform_rows(p.v, p.o, p.allowed, p.sinks, p.q.shape[1])
         else:
             p.uniform = _mapped_uniform_rows(site, p, out.detach().narrow(out_batch_dim, 0, p.q.shape[0]), out_map)
@@ -278,7 +286,7 @@ class FlightRecorder(Observer):
         # reads it, so no fp32 copy of q, k, v, U or a bias is held through the backward
         cheap_stats.accumulate(sums, p.q, p.k, p.v, p.o, u, p.allowed, p.scale, bias=p.bias, softcap=p.softcap,
                                sinks=p.sinks, uniform=p.uniform, max_block_mib=self.max_block_mib,
-                               grad_scale=self.grad_scale)
+                               grad_scale=self.grad_scale, alpha=p.alpha, maxima=p.maxima)
         for f in _Pending.__slots__:       # the references go now: memory back during the backward
             setattr(p, f, None)
         self._pending -= 1

@@ -17,6 +17,13 @@ the α·V product and S's producer by what the tensors do.  Then, before any bac
 - the forward check (α V is the output the model used) and, on the first recorded step and every
   N-th, the backward check (:mod:`.dataflow_check`) refuse the site with the residual.
 
+Between those check steps, an observer that takes the model's own α (the cheap tier,
+``takes_alpha``) gets it with τ q kᵀ and S, and nothing is read on the host (no sync on a GPU):
+that needs the module's forward to be the computation a check step passed (the same torch calls
+on the same shapes and dtypes, :meth:`Tracer.signature`); τ itself is taken again on the device
+every step (a learned temperature moves).  Anything else
+runs the checked path, host reads and all.
+
 Refused, one line each: reentrant activation checkpointing (the layer runs again inside backward
 with nothing recorded in its first forward), compiled recording steps, a softmax whose output
 never meets V, scores not produced by a matmul/bmm/baddbmm/einsum dyntool saw, scores that reach q
@@ -118,6 +125,7 @@ class DataflowAdapter(Adapter):
         self._checks: list[BackwardCheck] = []
         self._seen: set = set()
         self.residuals: dict[int, tuple[float, float]] = {}
+        self._passed: dict = {}             # (site key, Tracer.signature) a check step passed -> τ uniform?
         self.qk_grads = "standard"          # "autograd" once a site's dQ/dK came from hooks on q and k
         self.no_qk: str | None = None       # why q, k are unavailable ("unavailable": at some site)
 
@@ -129,6 +137,7 @@ class DataflowAdapter(Adapter):
         count = _RECORDED.get(self.model, 0)
         _RECORDED[self.model] = count + 1
         check_backward = count % self.check_every == 0
+        light = not check_backward and getattr(observer, "takes_alpha", False)
         self._seen.clear()
         for site, m in zip(self.sites(), self.modules):
             tracers: list = []
@@ -159,14 +168,14 @@ class DataflowAdapter(Adapter):
                     return
                 self._seen.add(site.key)
                 try:
-                    self._observe(observer, site, tr, check_backward)
+                    self._observe(observer, site, tr, check_backward, light)
                 except DataflowRefusal as e:
                     raise AdapterError(f"{_where(site)}: {e}; refused, nothing recorded") from None
 
             self._handles.append(m.register_forward_pre_hook(pre))
             self._handles.append(m.register_forward_hook(post, always_call=True))
 
-    def _observe(self, observer, site, tr: Tracer, check_backward: bool) -> None:
+    def _observe(self, observer, site, tr: Tracer, check_backward: bool, light: bool) -> None:
         f = tr.found
         if f is None:
             raise DataflowRefusal("ran without a last-dimension softmax whose output reaches a matmul with V "
@@ -174,6 +183,9 @@ class DataflowAdapter(Adapter):
         B, H, T, Tk = tr.heads(f.alpha)
         alpha4 = f.alpha.detach().reshape(B, H, T, Tk)
         v4 = _heads_of(f.value.detach(), B, H, Tk, "V")
+        passed = (site.key, tr.signature())
+        if light and passed in self._passed:
+            return self._observe_light(observer, site, f, alpha4, v4, self._passed[passed])
         check_forward(_where(site), alpha4, v4, f.out4, f.dropout_p)
         allowed = alpha4 > 0
         try:
@@ -198,8 +210,28 @@ class DataflowAdapter(Adapter):
                     float(logits.abs().max()), 1.0):
                 bias = None
         observer.observe(site, q4, k4, v4, f.out4, allowed, scale, bias=bias, grads=grads)
+        if grads != "unavailable" and not f.dropout_p:
+            self._passed[passed] = grads == "standard"
         if check_backward:
             self._checks.append(BackwardCheck(_where(site), f.S, f.alpha, f.out4, v4, (B, H, T, Tk)))
+
+    def _observe_light(self, observer, site, f, alpha4, v4, uniform: bool) -> None:
+        """A forward the same as one a check step passed, for an observer that takes α: no host read."""
+        shape = B, H, T, Tk = alpha4.shape
+        q4 = _heads_of(f.producer[0].detach(), B, H, T, "q")
+        k4 = _heads_of(f.producer[1].detach().transpose(-1, -2), B, H, Tk, "k")
+        allowed = alpha4 > 0
+        dt = compute_dtype(torch.promote_types(q4.dtype, f.S.dtype))
+        # τ = ∂S/∂(q kᵀ) over the entries α weighs: one number where the check step found it so (its
+        # largest, exactly it), else their median as there (a selection: kept to such modules)
+        (d,) = torch.autograd.grad(f.S, f.producer[3], torch.ones_like(f.S), retain_graph=True)
+        with torch.no_grad():
+            d = d.to(dt).reshape(shape)
+            tau = (d.masked_fill(~allowed, float("-inf")).amax() if uniform
+                   else d.masked_fill(~allowed, float("nan")).nanmedian()) * f.producer[2]
+            logits = torch.matmul(q4.to(dt), expand_kv(k4.to(dt), H).transpose(-1, -2)) * tau
+        observer.observe(site, q4, k4, v4, f.out4, allowed, tau, alpha=alpha4, logits=logits,
+                         scores=f.S.detach().reshape(shape))
 
     def _qk(self, f, allowed, shape):
         """(q4, k4, τ, grads) from S's producer; :class:`NoQK` where they cannot be had exactly."""

@@ -104,9 +104,11 @@ class Tracer(TorchFunctionMode):
         self.products: dict = {}          # autograd node of a product -> (a, b, alpha, product, views)
         self.followers: dict = {}         # id(tensor) -> (tensor, Found): α and what keeps it
         self.found: Found | None = None
+        self.calls: list = []             # every torch function the forward ran, in order (its shape)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.calls.append(func)
         if (func in _PRODUCTS or func in _BADDBMM) and torch.is_grad_enabled():
             return self._product(func, args, kwargs)
         if func is torch.einsum and torch.is_grad_enabled():
@@ -213,6 +215,16 @@ class Tracer(TorchFunctionMode):
         found.value, found.out4 = v, out4
         self.found = found
         return out4.reshape(out.shape)
+
+    def signature(self) -> tuple:
+        """What makes two forwards of one module the same computation for the adapter's checks: the
+        torch functions called, in order, and the shapes and dtypes of the tensors it takes."""
+        f = self.found
+        ts = (f.S, f.alpha, f.value, f.out4) + (() if f.producer is None else tuple(f.producer[:2]))
+        # by name: a wrapper re-made per call (a user's patched softmax) is still the same function
+        names = tuple(getattr(c, "__qualname__", None) or getattr(c, "__name__", None) or repr(c) for c in self.calls)
+        return (names, f.dropout_p, f.producer is None,
+                tuple((tuple(t.shape), t.dtype) for t in ts))
 
     def heads(self, t) -> tuple[int, int, int, int]:
         """(B, H, T, Tk) of α: a 4-D softmax names its heads; a 3-D one (B·H, T, Tk) is unfolded by
