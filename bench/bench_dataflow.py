@@ -8,7 +8,10 @@ For each model, beside an identical model dyntool never touches, steps interleav
    forward, the scale probe, the forward and backward checks) vs a plain forward/backward, and the
    ``Capture.compute`` after it;
 3. a pass-through ``TorchFunctionMode`` around the whole forward: µs per torch call (what the
-   adapter avoids paying on every step by scoping its mode to the found modules' recording forwards).
+   adapter avoids paying on every step by scoping its mode to the found modules' recording forwards);
+4. the cheap tier on every step (``FlightRecorder``, its statistics read after each step) vs a plain
+   step: with the adapter's check steps every 10th (the other steps take the model's own α and read
+   nothing on the host) and with every step a check step.
 
     python bench/bench_dataflow.py [--quick] [--threads 1]
 """
@@ -25,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from common import hardware
 
 from dyntool.capture import Capture
+from dyntool.flight import FlightRecorder
 from dyntool.integrations import RunRecorder
 
 
@@ -115,6 +119,26 @@ def bench(kind: str, n: int, B: int, T: int) -> None:
                 else:
                     plain_m(input_ids=xs[0])
                     bare.append(time.perf_counter() - t0)
+    # 4. the cheap tier on every step vs plain: check steps every 10th, and every step checked
+    cheap = {}
+    for every in (10, 1):
+        fl = FlightRecorder(att_m)
+        fl.adapter.check_every = every
+        on, off = [], []
+        for i in range(n):
+            x = xs[i % len(xs)]
+            for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                t0 = time.perf_counter()
+                if which:
+                    with fl:
+                        step(att_m, att_o, x)
+                    fl.result()
+                    fl.reset()
+                    on.append(time.perf_counter() - t0)
+                else:
+                    step(plain_m, plain_o, x)
+                    off.append(time.perf_counter() - t0)
+        cheap[every] = (statistics.median(on), statistics.median(off))
     med = statistics.median
     print(f"{kind} eager, 2 layers x 4 heads, d=64, T={T}, B={B}, float32")
     print(f"  1. non-recording step, recorder attached vs plain: {med(att) / med(plain):.4f}x "
@@ -123,6 +147,9 @@ def bench(kind: str, n: int, B: int, T: int) -> None:
           f"({1e3 * med(rec):.1f} ms vs {1e3 * med(fb):.1f} ms); compute() {1e3 * med(comp):.1f} ms")
     print(f"  3. pass-through mode around the whole forward: {counter.n} torch calls, "
           f"{1e6 * (med(wrapped) - med(bare)) / counter.n:.2f} us per call ({med(wrapped) / med(bare):.2f}x)")
+    for every, (on, off) in cheap.items():
+        print(f"  4. cheap tier every step, check steps every {every}: {on / off:.2f}x a plain step "
+              f"({1e3 * on:.1f} ms vs {1e3 * off:.1f} ms)")
 
 
 def main():
