@@ -211,6 +211,8 @@ class DataflowAdapter(Adapter):
                 bias = None
         observer.observe(site, q4, k4, v4, f.out4, allowed, scale, bias=bias, grads=grads)
         if grads != "unavailable" and not f.dropout_p:
+            if len(self._passed) >= 256:        # a new shape every step (varying lengths): stay bounded
+                self._passed.clear()
             self._passed[passed] = grads == "standard"
         if check_backward:
             self._checks.append(BackwardCheck(_where(site), f.S, f.alpha, f.out4, v4, (B, H, T, Tk)))
