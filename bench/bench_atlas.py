@@ -1,6 +1,7 @@
 """What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
 
     python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--parts 30] [--json FILE]
+                                [--probe-seqs 4] [--rep-seqs 4]
 
 dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
 random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
@@ -24,6 +25,7 @@ drift of a shared machine cancels).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -42,6 +44,8 @@ from bench_tiers import VOCAB, interleave, ratio             # noqa: E402
 from common import hardware                                  # noqa: E402
 from dyntool.flight import FlightRecorder                    # noqa: E402
 from dyntool.train.atlas_probe import AtlasProbe, AtlasSettings   # noqa: E402
+
+BASE = AtlasSettings()          # the probe's settings every arm starts from (--probe-seqs, --rep-seqs)
 from dyntool.train.gpt import GPT                            # noqa: E402
 from dyntool.train.runner import load_config                 # noqa: E402
 
@@ -82,7 +86,7 @@ def arm(cfg, batch, probe: AtlasSettings | None):
 def parts(cfg, batch, rounds: int) -> dict:
     """CPU time per call of the probe's two sides against one cheap-tier step, interleaved, and the
     cost of the default schedule they imply: 1 + ((g − 1) f + grad) / g per step (g = grad_every)."""
-    step, probe = arm(cfg, batch, None), arm(cfg, batch, AtlasSettings()).probe
+    step, probe = arm(cfg, batch, None), arm(cfg, batch, BASE).probe
     calls = {"step": lambda: step(1), "forward": lambda: probe.measure(grad=False),
              "grad": lambda: probe.measure(grad=True)}
     for f in calls.values():
@@ -94,7 +98,7 @@ def parts(cfg, batch, rounds: int) -> dict:
             f()
             cpu[n].append(time.process_time() - c)
     f, g = ratio(cpu, "forward", "step"), ratio(cpu, "grad", "step")
-    every = AtlasSettings().grad_every
+    every = BASE.grad_every
     return {"rounds": rounds, "cpu_s": {n: statistics.median(v) for n, v in cpu.items()},
             "forward_over_step": f, "grad_over_step": g, "grad_every": every,
             "implied_atlas_over_cheap": 1 + ((every - 1) * f + g) / every}
@@ -115,9 +119,9 @@ def logged(name: str, run, cpu: dict):
 def arms_ratios(cfg, batch, reps: int, steps: int) -> dict:
     never = 10 ** 9                                     # grad_every past any step but 0
     arms = {"cheap": arm(cfg, batch, None),
-            "atlas": arm(cfg, batch, AtlasSettings()),
-            "atlas_forward": arm(cfg, batch, AtlasSettings(grad_every=never)),
-            "atlas_grad": arm(cfg, batch, AtlasSettings(grad_every=1))}
+            "atlas": arm(cfg, batch, BASE),
+            "atlas_forward": arm(cfg, batch, dataclasses.replace(BASE, grad_every=never)),
+            "atlas_grad": arm(cfg, batch, dataclasses.replace(BASE, grad_every=1))}
     cpu: dict = {}
     t = interleave({n: logged(n, run, cpu) for n, run in arms.items()}, reps, steps)
     cpu = {n: v[1:] for n, v in cpu.items()}                 # the rounds (the first call warms up)
@@ -135,7 +139,11 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", type=int, default=0, metavar="N",
                     help="also time the probe's two sides call by call against a step (N rounds, CPU time)")
+    ap.add_argument("--probe-seqs", type=int, default=AtlasSettings.probe_seqs, help="the probe's WikiText windows")
+    ap.add_argument("--rep-seqs", type=int, default=AtlasSettings.rep_seqs, help="its repeated random sequences")
     a = ap.parse_args(argv)
+    global BASE
+    BASE = AtlasSettings(probe_seqs=a.probe_seqs, rep_seqs=a.rep_seqs)
     cfg = load_config("atlas.toml", a.preset, [])
     d, m = cfg.data, cfg.model
     g = torch.Generator().manual_seed(0)
@@ -147,7 +155,8 @@ def main(argv=None) -> int:
     except OSError:
         load = None
     out = {"hardware": hardware(), "load_avg_1_5_15": load, "preset": a.preset,
-           "shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}"}
+           "shape": f"L={m.n_layer} nh={m.n_head} C={m.n_embd} B={d.batch_size} T={d.block_size} V={VOCAB}",
+           "probe": dataclasses.asdict(BASE)}
     if a.reps:                                          # --reps 0: the parts alone
         out.update(arms_ratios(cfg, batch, a.reps, a.steps))
     if a.parts:
