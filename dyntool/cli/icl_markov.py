@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 
+from ..errors import ConfigError
 from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
 
 SCHEMA = "dyntool.sims.icl_markov_config:ICLMarkovConfig"
@@ -14,9 +15,20 @@ def cmd_icl_markov(args) -> int:
     from .. import config
     from ..sims.icl_markov_config import ICLMarkovConfig
     from ..sims.icl_markov_study import run_study, table
-    cfg = config.load(ICLMarkovConfig, args.config, args.preset, args.overrides, values=config_values(args))
-    with restart_hint(args.out, args.name):
-        study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    from ..sims.icl_markov_resume import load_study
+    if args.resume is None:
+        cfg, study = config.load(ICLMarkovConfig, args.config or "icl_markov.toml", args.preset, args.overrides,
+                                 values=config_values(args)), None
+    elif args.config is not None or args.preset is not None or args.name is not None:
+        raise ConfigError("--resume", "goes on in the study folder with the study's config; drop "
+                                      "--config/--preset/--name (overrides like --time_limit_min=M still apply)")
+    else:
+        study, cfg = load_study(args.resume, args.overrides, config_values(args))
+    with restart_hint(args.out, args.name, resumable=True):
+        study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet, resume=study)
+    if not (study / "summary.json").is_file():          # stopped: how to go on
+        print(json.loads((study / "study.json").read_text())["next_step"])
+        return 0
     print(table(json.loads((study / "summary.json").read_text())))
     print(f"study written to {study}")
     return 0
@@ -37,8 +49,13 @@ def register(sub, simsub) -> None:
     config_option(p, SCHEMA, "steps", help="training steps (default 2000)")
     config_option(p, SCHEMA, "device", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     config_option(p, SCHEMA, "control", help="also run the doubly stochastic control prior (default true)")
-    p.add_argument("--config", default="icl_markov.toml", metavar="FILE",
+    p.add_argument("--config", default=None, metavar="FILE",
                    help="TOML config: a path or a packaged preset file name (default: icl_markov.toml)")
     p.add_argument("--preset", default=None, metavar="NAME", help="a [preset.NAME] table of the config file")
+    p.add_argument("--resume", default=None, metavar="STUDY",
+                   help="continue STUDY (stopped by Ctrl-C/SIGTERM, --time_limit_min=M or --stop_at_step=N) in "
+                        "its folder: finished runs are kept, the stopped run continues from its checkpoint.pt "
+                        "into RUN-resumeSTEP (equal to the uninterrupted run), the rest start; overrides like "
+                        "--time_limit_min=M still apply")
     common_output_options(p, os.path.join("runs", "icl-markov"), what="study")
     p.set_defaults(fn=cmd_icl_markov, takes_overrides=True, writes=True)

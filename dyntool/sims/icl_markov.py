@@ -19,6 +19,14 @@ Recorded:
   separate generator (``seed + heldout_seed_offset``): KL(strategy ‖ model) for the uniform,
   unigram and bigram strategies, the held-out loss, and each head's previous-token and induction
   scores (:mod:`.icl_markov_metrics`); their chance levels and the Bayes loss go to ``meta.json``.
+
+Checkpoints (:mod:`.resume`, the mechanism every sim shares): a run stopped by Ctrl-C/SIGTERM, the
+study's ``time_limit_min`` or ``stop_at_step`` writes ``checkpoint.pt`` (also at the end and every
+``checkpoint_every`` steps): model, AdamW, the batch generator's state (numpy's, in ``extra``) and
+the RNGs.  Its continuation ``RUN-resumeSTEP`` (made by ``--resume STUDY``,
+:mod:`.icl_markov_resume`) logs from that step on, the stopped run having logged only the steps
+it took, so the two runs' rows together are the uninterrupted run's; its full tier records the
+scheduled steps from that step on, in its own store.
 """
 from __future__ import annotations
 
@@ -30,14 +38,15 @@ import torch
 import torch.nn.functional as F
 
 from ..config import to_dict
-from ..errors import NonFiniteLossError
+from ..errors import NonFiniteLossError, RunError
 from ..flight import FlightRecorder
 from ..progress import progress
 from ..record.policy import check_budget, schedule
 from ..recording_session import RecordingSession
-from ..run_writer import RunWriter
+from ..run_writer import RunWriter, critical_section
 from ..train.ddp import resolve_device
 from . import icl_markov_task as task
+from . import resume as ckpt
 from .icl_markov_config import ICLMarkovConfig
 from .icl_markov_metrics import chance_levels, evaluate
 from .icl_markov_model import ICLMarkovModel
@@ -93,8 +102,12 @@ def train_step(model, opt, x: torch.Tensor, flight: FlightRecorder, cap=None, gr
 
 
 def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tags=None, quiet: bool = False,
-            extra_record_steps: list[int] | None = None, study: str = "") -> RunWriter:
-    """Train and record one run (``seed``, ``prior``) into ``out_dir/name``."""
+            extra_record_steps: list[int] | None = None, study: str = "", resume: dict | None = None,
+            resumed_from: str | None = None, deadline: float | None = None) -> RunWriter:
+    """Train and record one run (``seed``, ``prior``) into ``out_dir/name``; ``resume``: a checkpoint
+    (:func:`dyntool.sims.resume.load`) of the run ``resumed_from`` to continue from.  It stops, with a
+    checkpoint and ``final.stopped_early``, before a step begun past ``deadline`` (``time.perf_counter``)
+    or at ``cfg.stop_at_step``."""
     dev = resolve_device(cfg.device)
     dtype = torch.float64 if cfg.dtype == "float64" else torch.float32
     rc = cfg.record
@@ -111,17 +124,27 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
     strategies = {n: p.to(dev) for n, p in strategies.items()}
     others = other_heldout(cfg, seed, prior, dev)
     rng = np.random.default_rng(seed)
+    start = 0
+    if resume is not None:                 # after the held-out sets: they draw from their own generators
+        start = ckpt.restore(resume, model, opt, {})
+        rng.bit_generator.state = _rng_state(resume["extra"].get("batches"), parse=True)
     run_cfg = {**to_dict(cfg), "seed": seed, "prior": prior, "record": to_dict(rc)}
     run_cfg.pop("seeds")
     meta = {"record_batch": f"train: the first {rc.seqs} sequences of the step's batch", "study": study,
             "n_params": model.num_params(), "chance": chance_levels(xh.cpu()),
             "bayes_loss": task.bayes_loss(xh.cpu(), cfg.k, cfg.alpha), "prior": prior,
             "eval_priors": sorted(others)}
+    if resumed_from is not None:
+        meta["resumed_from"] = {"run": resumed_from, "step": start}
     prev_threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     run = RunWriter.create(out_dir, KIND, run_cfg, name=name, seeds=[seed], tags=tags, device=str(dev),
                            extra_meta=meta)
+    saver = ckpt.Checkpointer(run, KIND, cfg.checkpoint_every)
+
+    def save(at: int) -> None:
+        saver.save(at, model, opt, {}, {"batches": _rng_state(rng.bit_generator.state)})
     t0 = time.perf_counter()
     try:
         with run:
@@ -129,27 +152,62 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
             rec = session.open_recorder(T, dict(L=m.n_layer, H=m.n_head, T=T, d_k=hs, d_v=hs), attrs={
                 "task": KIND, "k": cfg.k, "T": T, "prior": prior, "adapter": "dyntool"})
             flight = session.open_flight(model)          # its paths (and why) go to meta.json
-            for step in progress(range(cfg.steps), desc=f"icl-markov {name}", disable=quiet):
-                row = {}
-                if step % cfg.eval_every == 0 or step == cfg.steps - 1:
-                    row = evaluate(model, xh, strategies)
-                    for ep, (xo, so) in others.items():
-                        row.update({f"{k_}@{ep}": v for k_, v in evaluate(model, xo, so, scores=False).items()})
-                x, _ = task.sample(cfg.batch_size, T + 1, cfg.k, cfg.alpha, prior, rng, cfg.unigram_share)
-                x = x.to(dev)
-                cap = rec.capture(model) if session.wants(step) else None
-                try:
-                    loss, res, norm = train_step(model, opt, x, flight, cap, cfg.grad_clip)
-                except NonFiniteLossError:
-                    raise NonFiniteLossError(step) from None
-                if cap is not None:
-                    rec.record_capture(step, cap, extra={"train_loss": loss.item()})
-                if session.cheap_wants(step):
-                    row.update(session.cheap_read(res).get())
-                run.log(step, loss=loss.item(), grad_norm=float(norm), **row)
+            done, stop_at = start, None
+            try:
+                for step in progress(range(start, cfg.steps), desc=f"icl-markov {name}", disable=quiet,
+                                     initial=start, total=cfg.steps):
+                    # a stop comes before the step, which the continuation then takes whole (rows too)
+                    if (0 < cfg.stop_at_step == step) or (deadline is not None and time.perf_counter() > deadline):
+                        stop_at = step
+                        break
+                    with critical_section():       # a SIGTERM/SIGINT lands between steps
+                        _step(cfg, prior, model, opt, rng, dev, xh, strategies, others, session, rec, flight, run, step)
+                        done = step + 1
+                    if saver.due(done) and done < cfg.steps:
+                        save(done)
+            except KeyboardInterrupt as e:          # Ctrl-C / SIGTERM: a checkpoint, and how to go on
+                save(done)
+                e.next_step = ckpt.continue_command(KIND, run.path.parent, done)
+                raise
+            save(done)
             seconds = time.perf_counter() - t0
-            run.update_meta(final={"seconds": round(seconds, 1), "sec_per_step": seconds / cfg.steps,
-                                   "steps_done": cfg.steps})
+            final = {"seconds": round(seconds, 1), "sec_per_step": seconds / max(done - start, 1),
+                     "steps_done": done, "stopped_early": stop_at is not None}
+            if stop_at is not None:
+                final["next_step"] = ckpt.continue_command(KIND, run.path.parent, done)
+            run.update_meta(final=final)
     finally:
         torch.set_num_threads(prev_threads)
     return run
+
+
+def _step(cfg, prior: str, model, opt, rng, dev, xh, strategies, others, session, rec, flight, run, step: int) -> None:
+    """One step: the held-out evaluation on a logged step, a fresh batch, the update with the cheap
+    tier (and the full tier on a recorded step), then its metrics row."""
+    row = {}
+    if step % cfg.eval_every == 0 or step == cfg.steps - 1:
+        row = evaluate(model, xh, strategies)
+        for ep, (xo, so) in others.items():
+            row.update({f"{k_}@{ep}": v for k_, v in evaluate(model, xo, so, scores=False).items()})
+    x, _ = task.sample(cfg.batch_size, cfg.T + 1, cfg.k, cfg.alpha, prior, rng, cfg.unigram_share)
+    x = x.to(dev)
+    cap = rec.capture(model) if session.wants(step) else None
+    try:
+        loss, res, norm = train_step(model, opt, x, flight, cap, cfg.grad_clip)
+    except NonFiniteLossError:
+        raise NonFiniteLossError(step) from None
+    if cap is not None:
+        rec.record_capture(step, cap, extra={"train_loss": loss.item()})
+    if session.cheap_wants(step):
+        row.update(session.cheap_read(res).get())
+    run.log(step, loss=loss.item(), grad_norm=float(norm), **row)
+
+
+def _rng_state(st: dict | None, parse: bool = False) -> dict:
+    """numpy's generator state <-> the checkpoint's form: its integers (128-bit for PCG64) as strings,
+    which ``torch.load(weights_only=True)`` reads back as they were."""
+    if not isinstance(st, dict):
+        raise RunError("the checkpoint has no batch generator state (extra.batches): not an icl-markov run's")
+    conv = int if parse else str
+    return {k: ({kk: conv(vv) for kk, vv in v.items()} if isinstance(v, dict) else
+                v if k == "bit_generator" else conv(v)) for k, v in st.items()}

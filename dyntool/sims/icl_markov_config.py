@@ -58,6 +58,10 @@ class ICLMarkovConfig:
     dtype: Annotated[str, Pattern("float32|float64", "float32 or float64")] = "float32"
     device: Device = "cpu"
     threads: NonNegInt = 0              # torch threads (0: leave the default)
+    time_limit_min: NonNegFloat = 0.0   # the study stops (checkpointed) before the first step past this wall time
+                                        # (0: none); `--resume STUDY` continues it (dyntool/sims/resume.py)
+    stop_at_step: NonNegInt = 0         # the same stop at a fixed step of the first unfinished run (0: none)
+    checkpoint_every: NonNegInt = 0     # also checkpoint every this many steps (0: only when stopped and at the end)
     model: ICLMarkovModelConfig = field(default_factory=ICLMarkovModelConfig)
     record: RecordConfig = field(default_factory=lambda: RecordConfig(
         every=250, seqs=2, batch="train", dtype="float32", cheap_every=1))

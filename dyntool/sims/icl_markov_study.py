@@ -11,6 +11,7 @@ beside its step-0 value.
 from __future__ import annotations
 
 import datetime as _dt
+import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from .icl_markov import run_one
 from .icl_markov_analysis import advantage_to_previous, analyse_run, logged
 from .icl_markov_claims import at_step, claims, fmt, ms, table_lines
 from .icl_markov_config import ICLMarkovConfig
+from .icl_markov_resume import chain, continue_run, metrics as chain_metrics, seconds as chain_seconds, steps_done
 from .icl_markov_task import bigram_payoff
 
 CONTROL = "doubly_stochastic"
@@ -51,33 +53,70 @@ def dense_steps(boundaries: list[int], cfg: ICLMarkovConfig) -> list[int]:
     return sorted(s for s in out if 0 <= s < cfg.steps)
 
 
-def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=None, quiet: bool = False) -> Path:
-    out = ensure_out_dir(out_dir)
-    study = out / (name or f"icl-markov-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
-    if study.exists():
-        raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
+def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=None, quiet: bool = False,
+              resume: Path | None = None) -> Path:
+    """Run the study (or, ``resume``: go on with that study folder, :mod:`.icl_markov_resume`);
+    -> its folder.  Every run done: summary.json is written; a run stopped at the time limit or
+    stop_at_step: no summary, and study.json's ``next_step`` says how to continue."""
+    if resume is None:
+        out = ensure_out_dir(out_dir)
+        study = out / (name or f"icl-markov-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
+        if study.exists():
+            raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
+    else:
+        study, out = resume, resume.parent
     priors = study_priors(cfg.prior, cfg.control, cfg.control_prior, cfg.extra_priors)
     _check_budget(cfg, len(cfg.seeds) * len(priors) + bool(cfg.dense_rerun), out)   # before anything exists
     resolve_device(cfg.device)                                     # as is a device this machine lacks
-    study.mkdir()
-    write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
+    if resume is None:
+        study.mkdir()
+        write_json_atomic(study / "study.json", {"kind": "icl-markov-study", "config": to_dict(cfg)})
+    # the whole call's time limit: every run stops (checkpointed) before a step begun past it
+    deadline = time.perf_counter() + 60 * cfg.time_limit_min if cfg.time_limit_min > 0 else None
+
+    def one(seed, prior, dense=False, extra=None):
+        """A (seed, prior)'s analysis, running or continuing it first; None when it stopped."""
+        links = chain(study, run_name(seed, prior, dense))
+        if not links or steps_done(links) < cfg.steps:
+            sd, new, frm = continue_run(links) if links else (None, run_name(seed, prior, dense), None)
+            run_one(cfg, study, seed, prior, new, tags, quiet, extra_record_steps=extra, study=study.name,
+                    resume=sd, resumed_from=frm, deadline=deadline)
+            links = chain(study, run_name(seed, prior, dense))
+            if steps_done(links) < cfg.steps:
+                return None
+        return _analyse(links, cfg)
     per: dict[str, dict[int, dict]] = {p: {} for p in priors}
     for seed in cfg.seeds:
         for prior in priors:
-            run = run_one(cfg, study, seed, prior, run_name(seed, prior), tags, quiet, study=study.name)
-            per[prior][seed] = _analyse(run.path, cfg)
+            if (got := one(seed, prior)) is None:
+                return _stopped(study, links=chain(study, run_name(seed, prior)))
+            per[prior][seed] = got
     dense = None
     if cfg.dense_rerun:
         seed = cfg.seeds[0]
         first = per[cfg.prior][seed]
         bounds = [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None]
-        steps = dense_steps(bounds, cfg)
-        run = run_one(cfg, study, seed, cfg.prior, run_name(seed, cfg.prior, dense=True), tags, quiet,
-                      extra_record_steps=steps, study=study.name)
-        dense = _dense_info(study, seed, cfg.prior, run.path, bounds, first)
+        if one(seed, cfg.prior, True, dense_steps(bounds, cfg)) is None:
+            return _stopped(study, links=chain(study, run_name(seed, cfg.prior, True)))
+        dense = _dense_info(study, seed, cfg.prior, study / run_name(seed, cfg.prior, dense=True), bounds, first)
     summary = summarise(cfg, per, dense)
     write_json_atomic(study / "summary.json", summary)
+    _set_next_step(study, None)
     return study
+
+
+def _stopped(study: Path, links: list[Path]) -> Path:
+    """The study stopped in the chain ``links``: study.json says how to go on."""
+    said = _load_json(links[-1] / "meta.json").get("final", {}).get("next_step") or \
+        f"continue with: dyntool sim icl-markov --resume {study}"
+    _set_next_step(study, said)
+    return study
+
+
+def _set_next_step(study: Path, line: str | None) -> None:
+    raw = _load_json(study / "study.json")
+    if raw.get("next_step") != line:
+        write_json_atomic(study / "study.json", {**raw, "next_step": line})
 
 
 def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:
@@ -153,12 +192,14 @@ def _load_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def _analyse(path: Path, cfg: ICLMarkovConfig) -> dict:
-    run = open_run(path)
-    a = analyse_run(run.metrics, cfg.model.n_layer, cfg.model.n_head)
-    a["chance"] = run.meta.get("chance")
-    a["bayes_loss"] = run.meta.get("bayes_loss")
-    a["seconds"] = (run.meta.get("final") or {}).get("seconds")
+def _analyse(links: list[Path] | Path, cfg: ICLMarkovConfig) -> dict:
+    """One (seed, prior)'s numbers from its run, or its chain of resumed runs (rows joined)."""
+    links = [links] if isinstance(links, Path) else links
+    meta = open_run(links[-1]).meta
+    a = analyse_run(chain_metrics(links), cfg.model.n_layer, cfg.model.n_head)
+    a["chance"] = meta.get("chance")
+    a["bayes_loss"] = meta.get("bayes_loss")
+    a["seconds"] = chain_seconds(links)
     return a
 
 

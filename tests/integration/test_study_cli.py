@@ -153,8 +153,8 @@ def test_an_interrupted_simulation_says_how_to_go_on(argv, target, tmp_path, mon
     monkeypatch.setattr(target, interrupted)
     assert main([*argv, "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    # toy and bijection checkpoint (tests/integration/test_sim_resume.py), but not before they start
-    why = "it stopped before its first checkpoint" if argv[1] in ("toy", "bijection") else \
+    # toy, bijection and icl-markov checkpoint (tests/integration/test_sim_resume*.py), but not before they start
+    why = "it stopped before its first checkpoint" if argv[1] in ("toy", "bijection", "icl-markov") else \
         "a simulation keeps no checkpoint"
     assert err == [f"dyntool: interrupted; the run was flushed and marked 'interrupted'; see it with: dyntool ls "
                    f"{tmp_path}; {why}, so the same command starts it again, into a new folder"]

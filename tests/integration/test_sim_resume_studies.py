@@ -1,0 +1,106 @@
+"""``dyntool sim icl-markov --resume STUDY`` (dyntool/sims/icl_markov_resume.py, issue 46): a study
+stopped by stop_at_step or SIGINT continues in its folder; a finished run is skipped, the stopped
+one continues into ``RUN-resumeSTEP`` whose rows (cheap tier every step, full tier on the schedule)
+and final parameters are bitwise the uninterrupted run's on the CPU, and the summary is the same."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import numpy as np
+import pytest
+
+import dyntool
+from dyntool.cli import main
+from dyntool.sims import icl_markov
+from tests.integration.test_sim_resume import _arrays_from, _rows, _same_params
+
+ICL = ["sim", "icl-markov", "--preset", "ci", "--quiet", "--steps", "12", "--eval_every=2",
+       "--record.every=4"]
+
+
+def _summary(study) -> dict:
+    s = json.loads((study / "summary.json").read_text())
+    for p in s["priors"].values():               # wall times differ
+        p.pop("seconds")
+        for r in p["per_seed"].values():
+            r.pop("seconds")
+    return s
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    assert main(ICL + ["--out", str(out), "--name", "whole"]) == 0
+    return out / "whole"
+
+
+def _same_run(resumed, whole_run, since: int) -> None:
+    assert _rows(resumed)[0]["step"] == since
+    assert _rows(resumed) == _rows(whole_run, since=since)
+    assert _same_params(resumed, whole_run)
+    got, want = _arrays_from(resumed, since), _arrays_from(whole_run, since)
+    assert got.keys() == want.keys() and len(got) > 5
+    assert all(np.array_equal(got[k], want[k], equal_nan=True) for k in got)
+
+
+def test_icl_markov_stopped_at_a_step_resumes_bitwise(whole, tmp_path, capsys):
+    assert main(ICL + ["--out", str(tmp_path), "--name", "cut", "--stop_at_step=5"]) == 0
+    study = tmp_path / "cut"
+    hint = f"stopped at step 5; continue with: dyntool sim icl-markov --resume {study}"
+    assert hint in capsys.readouterr().out
+    assert json.loads((study / "study.json").read_text())["next_step"] == hint
+    assert not (study / "summary.json").exists()
+    assert [p.name for p in study.iterdir() if p.is_dir()] == ["seed0-dirichlet"]     # the rest not begun
+    cut = dyntool.open_run(study / "seed0-dirichlet")
+    assert cut.meta["final"]["stopped_early"] and max(cut.metrics.step) == 4          # step 5 not taken
+    assert main(["sim", "icl-markov", "--quiet", "--resume", str(study)]) == 0
+    _same_run(study / "seed0-dirichlet-resume5", whole / "seed0-dirichlet", 5)
+    _same_run(study / "seed0-doubly_stochastic", whole / "seed0-doubly_stochastic", 0)
+    assert _summary(study) == _summary(whole)
+    assert json.loads((study / "study.json").read_text())["next_step"] is None
+
+
+def test_icl_markov_sigint_in_the_second_run_resumes_it_and_skips_the_first(whole, tmp_path, monkeypatch, capsys):
+    real, calls = icl_markov.train_step, []
+
+    def step(*a, **k):
+        calls.append(1)
+        if len(calls) == 12 + 7:               # the second run's step 6 (held until it ends)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+    monkeypatch.setattr(icl_markov, "train_step", step)
+    assert main(ICL + ["--out", str(tmp_path), "--name", "ctrl-c"]) == 130
+    study = tmp_path / "ctrl-c"
+    hint = f"stopped at step 7; continue with: dyntool sim icl-markov --resume {study}"
+    assert hint in capsys.readouterr().err
+    assert dyntool.open_run(study / "seed0-doubly_stochastic").meta["next_step"] == hint
+    first = (study / "seed0-dirichlet" / "meta.json").read_bytes()
+    monkeypatch.setattr(icl_markov, "train_step", real)
+    # a run of the study names it too
+    assert main(["sim", "icl-markov", "--quiet", "--resume", str(study / "seed0-doubly_stochastic")]) == 0
+    assert sorted(p.name for p in study.iterdir() if p.is_dir()) == [
+        "seed0-dirichlet", "seed0-doubly_stochastic", "seed0-doubly_stochastic-resume7"]
+    assert (study / "seed0-dirichlet" / "meta.json").read_bytes() == first               # skipped, untouched
+    _same_run(study / "seed0-doubly_stochastic-resume7", whole / "seed0-doubly_stochastic", 7)
+    assert _summary(study) == _summary(whole)
+    # finished: resuming again trains nothing and makes nothing
+    assert main(["sim", "icl-markov", "--quiet", "--resume", str(study)]) == 0
+    assert len([p for p in study.iterdir() if p.is_dir()]) == 3
+
+
+def test_icl_markov_resume_refusals_are_one_line(tmp_path, capsys):
+    assert main(["sim", "toy", "--quiet", "--steps", "3", "--out", str(tmp_path), "--name", "toy"]) == 0
+    (tmp_path / "sticky").mkdir()
+    (tmp_path / "sticky" / "study.json").write_text('{"kind": "sticky-markov-study", "config": {}}')
+    cases = [(["sim", "icl-markov", "--resume", str(tmp_path / "toy")], "not an icl-markov study folder"),
+             (["sim", "icl-markov", "--resume", str(tmp_path / "nowhere")], "not an icl-markov study folder"),
+             (["sim", "icl-markov", "--resume", str(tmp_path / "sticky")], "it is a sticky-markov study, not icl-markov"),
+             (["sim", "icl-markov", "--resume", str(tmp_path / "sticky"), "--preset", "ci"], "drop --config")]
+    for argv, says in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sticky", "toy"]
