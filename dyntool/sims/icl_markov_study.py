@@ -79,8 +79,13 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         links = chain(study, run_name(seed, prior, dense))
         if not links or steps_done(links) < cfg.steps:
             sd, new, frm = continue_run(links) if links else (None, run_name(seed, prior, dense), None)
-            run_one(cfg, study, seed, prior, new, tags, quiet, extra_record_steps=extra, study=study.name,
-                    resume=sd, resumed_from=frm, deadline=deadline)
+            try:
+                run_one(cfg, study, seed, prior, new, tags, quiet, extra_record_steps=extra, study=study.name,
+                        resume=sd, resumed_from=frm, deadline=deadline)
+            except KeyboardInterrupt as e:     # Ctrl-C / SIGTERM: the study says how to go on, as the run does
+                if getattr(e, "next_step", None):
+                    _set_next_step(study, e.next_step)
+                raise
             links = chain(study, run_name(seed, prior, dense))
             if steps_done(links) < cfg.steps:
                 return None

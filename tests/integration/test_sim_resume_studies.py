@@ -76,6 +76,7 @@ def test_icl_markov_sigint_in_the_second_run_resumes_it_and_skips_the_first(whol
     hint = f"stopped at step 7; continue with: dyntool sim icl-markov --resume {study}"
     assert hint in capsys.readouterr().err
     assert dyntool.open_run(study / "seed0-doubly_stochastic").meta["next_step"] == hint
+    assert json.loads((study / "study.json").read_text())["next_step"] == hint
     first = (study / "seed0-dirichlet" / "meta.json").read_bytes()
     monkeypatch.setattr(icl_markov, "train_step", real)
     # a run of the study names it too
