@@ -80,7 +80,7 @@ def common_output_options(p: argparse.ArgumentParser, out_default: str | None, w
 @contextlib.contextmanager
 def restart_hint(out: str, name: str | None = None, resumable: bool = False):
     """A simulation stopped by Ctrl-C says what is kept and how to go on (the message the CLI prints
-    after "interrupted;").  One that checkpoints (``resumable``: toy, bijection; dyntool/sims/resume.py)
+    after "interrupted;").  One that checkpoints (``resumable``: every ``sim``; dyntool/sims/resume.py)
     has already said ``--resume RUN`` when it got that far; before its first checkpoint, and for a
     simulation without one, the command starts again, into a new folder; with ``--name`` that folder
     now exists (kept), so the same command would be refused."""

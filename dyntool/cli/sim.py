@@ -33,9 +33,24 @@ def cmd_sticky(args) -> int:
         if args.preset is None and "seeds" not in values and not _user_seeds(args):
             values["seeds"] = CONTROL_SEEDS
             values.setdefault("record_seeds", 2)
-    cfg = config.load(StickyConfig, _config_file(args), args.preset, args.overrides, values=values)
-    with restart_hint(args.out, args.name):
-        study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet)
+    if args.resume is None:
+        cfg = config.load(StickyConfig, _config_file(args), args.preset, args.overrides, values=values)
+        start, out = None, args.out or args.default_out
+    else:
+        from ..sims import sticky_resume  # deferred: keeps torch off `dyntool --help`
+        if args.config is not None or args.preset is not None or args.controls:
+            raise ConfigError("--resume", "takes the config of the study it resumes; drop --config/--preset/"
+                                          "--controls (overrides like --time_limit_min=M still apply)")
+        cfg, start = sticky_resume.load(args.resume, args.overrides, values)
+        if start is None:
+            return 0
+        out = args.out or start["out"]
+    name = args.name or (start or {}).get("name")
+    with _guarded(args, out), restart_hint(out, name, resumable=True):
+        study = run_study(cfg, out, name=name, tags=args.tag, quiet=args.quiet, start=start)
+    if not (study / "summary.json").is_file():          # stopped: how to go on
+        print(json.loads((study / "study.json").read_text())["next_step"])
+        return 0
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
     print(f"study written to {study}")
@@ -184,7 +199,13 @@ def register(sub, simsub) -> None:
     p.add_argument("--window", dest="old_window", type=int, default=None, metavar="N",
                    help="old name of --crop (deprecated)")
     _config_file_options(p, "sticky_markov.toml")
-    common_output_options(p, os.path.join("runs", "sticky-markov"), what="study")
+    common_output_options(p, None, what="study", default_says="runs/sticky-markov, or the folder of the --resume study")
+    p.add_argument("--resume", default=None, metavar="STUDY",
+                   help="continue STUDY (stopped by Ctrl-C/SIGTERM, --time_limit_min=M or --stop_at_step=N: every "
+                        "run trains in one batch, so the study checkpoints as one) from its checkpoint.pt into a new "
+                        "study STUDY-resumeSTEP beside it, equal to the uninterrupted one; overrides like --steps=N "
+                        "still apply")
+    p.set_defaults(default_out=os.path.join("runs", "sticky-markov"))
     p.set_defaults(fn=cmd_sticky, takes_overrides=True, writes=True)
     b = simsub.add_parser(
         "bijection", help="the Bayesian wind tunnel: a multi-layer GPT on the bijection task (arXiv 2512.22471)",

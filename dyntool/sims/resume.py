@@ -39,10 +39,15 @@ KEYS = {"kind", "step", "model", "optim", "gens", "rng", "extra"}
 def state(kind: str, step: int, model: torch.nn.Module, opt, gens: dict, extra: dict | None = None) -> dict:
     """A plain checkpoint tree at ``step`` (the number of optimizer steps taken, the next to run):
     ``gens`` name -> torch.Generator (CPU or CUDA; its state is a CPU byte tensor)."""
+    return tree(kind, step, model.state_dict(), opt.state_dict(), {k: g.get_state() for k, g in gens.items()}, extra)
+
+
+def tree(kind: str, step: int, params: dict, optim: dict, gens: dict | None = None, extra: dict | None = None) -> dict:
+    """:func:`state` from state dicts: a sim without an nn.Module or torch optimizer (the batched
+    sticky-chain engine: ``params`` its weights, ``optim`` ``{"state": {}, "param_groups": []}``)."""
     cuda = torch.cuda.get_rng_state() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    return {"kind": kind, "step": int(step), "model": model.state_dict(), "optim": opt.state_dict(),
-            "gens": {k: g.get_state() for k, g in gens.items()}, "rng": {**capture_rng(), "cuda": cuda},
-            "extra": dict(extra or {})}
+    return {"kind": kind, "step": int(step), "model": params, "optim": optim, "gens": dict(gens or {}),
+            "rng": {**capture_rng(), "cuda": cuda}, "extra": dict(extra or {})}
 
 
 def restore(sd: dict, model: torch.nn.Module, opt, gens: dict) -> int:
@@ -88,6 +93,24 @@ def load(resume: str, kind: str) -> tuple[dict, dict, str, str]:
     if raw is None:
         raise RunError(f"cannot resume {resume}: no config.json (not a run folder)")
     base = safeio.loads(raw, "config.json")
+    sd = read(run, where, resume, kind)
+    if not isinstance(base, dict):
+        raise RunError(f"cannot resume {resume}: config.json is not an object")
+    return base, sd, beside(where, int(sd["step"])), str(where.parent)
+
+
+def beside(where, step: int) -> str:
+    """The continuation's name, in the folder of ``where``: ``NAME-resumeSTEP`` (``-2``, … while taken)."""
+    name, i = f"{where.name}-resume{step}", 2
+    parent = open_backend(where.parent, "--resume", root="/")
+    while parent.exists(name):
+        name, i = f"{where.name}-resume{step}-{i}", i + 1
+    return name
+
+
+def read(run, where, resume: str, kind: str) -> dict:
+    """The checkpoint.pt of the run (or study) folder ``run`` (a storage backend at ``where``),
+    checked: one-line :class:`RunError` when it is missing, not a ``kind`` sim's, or malformed."""
     what = run.what_is(FILE)
     if what == "missing":
         raise RunError(f"cannot resume {resume}: no {FILE} (written when a run is stopped by Ctrl-C, SIGTERM, "
@@ -108,14 +131,7 @@ def load(resume: str, kind: str) -> tuple[dict, dict, str, str]:
         raise RunError(f"cannot resume {resume}: it is a {sd['kind']} run, not {kind}")
     checkpoint.validate({**sd, "sched": {}, "data_gen": [torch.zeros(1, dtype=torch.uint8)]}, where / FILE,
                         _int(sd["step"]))
-    if not isinstance(base, dict):
-        raise RunError(f"cannot resume {resume}: config.json is not an object")
-    step = int(sd["step"])
-    name, i = f"{where.name}-resume{step}", 2
-    parent = open_backend(where.parent, "--resume", root="/")
-    while parent.exists(name):
-        name, i = f"{where.name}-resume{step}-{i}", i + 1
-    return base, sd, name, str(where.parent)
+    return sd
 
 
 def _int(x) -> int:

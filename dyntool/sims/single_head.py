@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 import torch
 
 from dyntool.errors import NonFiniteLossError
+from dyntool.run_writer import critical_section
 from dyntool.sims.step_state import StepState
 from dyntool.sims.tiled_pass import make_ctx, tiled_pass
 
@@ -117,6 +118,9 @@ class TrainResult:
     weights: Weights              # final weights (R-batched)
     final: dict                   # loss / entropy / accuracy, each (R,) float64, after the last update
     final_eval: dict | None = None   # the same on the held-out sequences (when evaluated)
+    stopped_at: int | None = None    # stopped (``stop`` or a signal) with this many updates taken: final is None
+    lrs: torch.Tensor | None = None  # (R, 4) the learning rates as they are now (a diverged run's are 0)
+    dead: torch.Tensor | None = None  # (R,) bool: diverged (tolerated) runs
 
 
 def _closed_form_value(W_V, gWV, HtH, N: int, kappa: float, ridge: float):
@@ -151,7 +155,8 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
           check_finite: bool | torch.Tensor = True, workers: int | None = None,
           on_metrics: Callable | None = None, eval_x: torch.Tensor | None = None,
           eval_y: torch.Tensor | None = None, eval_steps: set[int] | Callable[[int], bool] | None = None,
-          on_eval: Callable | None = None) -> TrainResult:
+          on_eval: Callable | None = None, start: int = 0, resume: TrainResult | None = None,
+          stop: Callable[[int], bool] | None = None) -> TrainResult:
     """Full-batch training of R runs at once.
 
     x (R, N, d_x) float, y (R, N) int64, ``weights`` R-batched (copied, not mutated), ``lrs``
@@ -169,13 +174,17 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
     ``TrainResult.final_eval`` holds the final ones.  ``workers``: tile
     sweeps in parallel Python threads (default: torch's thread count, 1 for small problems);
     torch's intra-op threads are 1 while training (restored for ``on_step`` and at the end).
+    Stops and checkpoints: ``stop(step)`` true before a step returns a result with ``stopped_at``
+    (no final metrics); a SIGINT/SIGTERM (held until the step ends) raises KeyboardInterrupt with
+    that result as ``.stopped``.  ``weights`` at ``start`` and such a result (``resume``: its losses,
+    learning rates and diverged runs) continue the run as if it had not stopped.
     """
     R, N, _ = x.shape
     dt = x.dtype
     W = weights.clone()
     for n in PARAMS:
         setattr(W, n, getattr(W, n).to(dt))
-    lrs = torch.as_tensor(lrs, dtype=dt).reshape(R, 4).clone()   # _kill may zero rows
+    lrs = torch.as_tensor(resume.lrs if resume is not None else lrs, dtype=dt).reshape(R, 4).clone()   # _kill may zero rows
     modes = [modes] * R if isinstance(modes, str) else list(modes)
     cf = torch.tensor([m == "em_closed_form" for m in modes])
     if not all(m in ("gd", "em_closed_form") for m in modes):
@@ -185,7 +194,7 @@ def train(x: torch.Tensor, y: torch.Tensor, weights: Weights, lrs, n_steps: int,
         if eval_x is not None:
             ev = (eval_x.to(dt), eval_y, eval_steps if eval_steps is not None else (lambda s: True), on_eval)
         return _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile,
-                     check_finite, executor, threads, on_metrics, ev)
+                     check_finite, executor, threads, on_metrics, ev, start, resume, stop)
 
 
 def _evaluate(ev, W, causal, tile, executor) -> dict:
@@ -222,48 +231,62 @@ def head_outputs(W: Weights, x: torch.Tensor, causal: bool = True, tile: int = 3
 
 
 def _loop(x, y, W, lrs, cf, n_steps, causal, kappa, ridge, on_step, record_steps, tile, check_finite,
-          executor, threads, on_metrics=None, ev=None):
+          executor, threads, on_metrics=None, ev=None, start=0, resume=None, stop=None):
     R, N, _ = x.shape
     X1 = torch.cat([x, torch.ones(R, N, 1, dtype=x.dtype)], dim=-1)
     losses = torch.empty(R, n_steps, dtype=torch.float64)
     tolerate = (~check_finite.bool() if isinstance(check_finite, torch.Tensor)
                 else torch.full((R,), not check_finite))
     dead = torch.zeros(R, dtype=torch.bool)
-    final_eval = None
-    for step in range(n_steps + 1):
-        ctx = make_ctx(x, X1, y, W, causal)
-        rec = on_step is not None and _wants(record_steps, step)
-        acc = tiled_pass(ctx, tile, step < n_steps or rec, rec, step < n_steps and bool(cf.any()), executor)
-        loss = acc["loss"] / N
-        bad = ~torch.isfinite(loss) | dead
-        if (bad & ~tolerate).any():
-            raise NonFiniteLoss(step, int((bad & ~tolerate).nonzero()[0]), losses[:, :step].clone())
-        if bad.any():
-            dead |= bad
-            _kill(W, acc, lrs, dead)
-            loss = loss.masked_fill(dead, float("nan"))
-        if ev is not None and (step == n_steps or _wants(ev[2], step)):
-            m = _evaluate(ev, W, causal, tile, executor)
-            m = {k: v.masked_fill(dead, float("nan")) for k, v in m.items()}
-            if step == n_steps:
-                final_eval = m
-            if ev[3] is not None:
-                ev[3](step, m)
-        if rec:   # the hook runs under the caller's torch thread count
-            torch.set_num_threads(threads)
-            try:
-                on_step(step, StepState(step, ctx, acc, loss, executor))
-            finally:
-                torch.set_num_threads(1)
-        fm = _final_metrics(acc, N)
-        if dead.any():
-            fm = {k: v.masked_fill(dead, float("nan")) for k, v in fm.items()}
-        if on_metrics is not None:      # after on_step, so a logger can merge what it computed
-            on_metrics(step, fm)
-        if step == n_steps:
-            return TrainResult(losses, W, fm, final_eval)
-        losses[:, step] = loss
-        _update(W, acc, lrs, cf, N, kappa, ridge)
+    if resume is not None:
+        losses[:, :start] = resume.losses[:, :start]
+        dead = resume.dead.clone()
+    final_eval, done = None, start
+
+    def stopped(at: int) -> TrainResult:
+        return TrainResult(losses[:, :at].clone(), W, None, None, at, lrs, dead)
+    try:
+        for step in range(start, n_steps + 1):
+            if stop is not None and step < n_steps and stop(step):
+                return stopped(step)
+            with critical_section():            # a SIGTERM/SIGINT lands between steps
+                ctx = make_ctx(x, X1, y, W, causal)
+                rec = on_step is not None and _wants(record_steps, step)
+                acc = tiled_pass(ctx, tile, step < n_steps or rec, rec, step < n_steps and bool(cf.any()), executor)
+                loss = acc["loss"] / N
+                bad = ~torch.isfinite(loss) | dead
+                if (bad & ~tolerate).any():
+                    raise NonFiniteLoss(step, int((bad & ~tolerate).nonzero()[0]), losses[:, :step].clone())
+                if bad.any():
+                    dead |= bad
+                    _kill(W, acc, lrs, dead)
+                    loss = loss.masked_fill(dead, float("nan"))
+                if ev is not None and (step == n_steps or _wants(ev[2], step)):
+                    m = _evaluate(ev, W, causal, tile, executor)
+                    m = {k: v.masked_fill(dead, float("nan")) for k, v in m.items()}
+                    if step == n_steps:
+                        final_eval = m
+                    if ev[3] is not None:
+                        ev[3](step, m)
+                if rec:   # the hook runs under the caller's torch thread count
+                    torch.set_num_threads(threads)
+                    try:
+                        on_step(step, StepState(step, ctx, acc, loss, executor))
+                    finally:
+                        torch.set_num_threads(1)
+                fm = _final_metrics(acc, N)
+                if dead.any():
+                    fm = {k: v.masked_fill(dead, float("nan")) for k, v in fm.items()}
+                if on_metrics is not None:      # after on_step, so a logger can merge what it computed
+                    on_metrics(step, fm)
+                if step == n_steps:
+                    return TrainResult(losses, W, fm, final_eval, None, lrs, dead)
+                losses[:, step] = loss
+                _update(W, acc, lrs, cf, N, kappa, ridge)
+                done = step + 1
+    except KeyboardInterrupt as e:
+        e.stopped = stopped(done)
+        raise
 
 
 def _kill(W: Weights, acc: dict, lrs, dead):

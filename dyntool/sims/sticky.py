@@ -14,6 +14,7 @@ Held-out evaluation: seed s is evaluated on a second sequence of the same chain,
 from __future__ import annotations
 
 import datetime as _dt
+import time as _time
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..run_writer import RunWriter, write_json_atomic, ensure_out_dir
 from ..storage import open_backend
 from ..steps import STATE_ROWS
 from . import single_head as engine
+from . import sticky_resume
 from .diagnostics import step_record_threaded
 from .summary import geometry_summary, summarise
 from .sticky_config import ARMS, CONTROLS, StickyConfig, Arm, expand_arms  # noqa: F401  (re-exported: tests, the CLI)
@@ -100,6 +102,7 @@ class _Plan:
     runs: list[tuple[int, Arm]]            # (seed, arm), the engine's batch order
     grid: dict[float, str]                  # sgd_tuned: grid LR -> the run that trains it
     recorded: list[bool]                    # per run: arrays on disk (others log metrics only)
+    start: dict | None = None               # --resume: {ckpt, from} (sticky_resume.load)
 
     @property
     def N(self) -> int:
@@ -140,7 +143,10 @@ def _open_study(plan: _Plan, out: Path, study: Path) -> None:
     study.mkdir()
     write_json_atomic(study / "study.json", {"kind": "sticky-markov-study", "config": to_dict(cfg),
                                               "runs": [plan.run_name(s, a) for s, a in plan.runs],
-                                              "record_estimate_bytes": est})
+                                              "record_estimate_bytes": est,
+                                              **({"resumed_from": {"study": plan.start["from"],
+                                                                   "step": int(plan.start["ckpt"]["step"])}}
+                                                 if plan.start else {})})
 
 
 @dataclass
@@ -230,7 +236,8 @@ def _open_run(stack: ExitStack, plan: _Plan, data: _Data, study: Path, seed: int
     w = stack.enter_context(RunWriter.create(study, "sticky-markov", run_cfg, name=plan.run_name(seed, a),
                                              seeds=[seed], tags=tags,
                                              extra_meta={"record_batch": "train (full batch)", "study": study.name,
-                                                         "h_min": data.hmin, "metrics_rows": STATE_ROWS}))
+                                                         "h_min": data.hmin, "metrics_rows": STATE_ROWS,
+                                                         **sticky_resume.resumed_meta(plan.start, plan.run_name(seed, a))}))
     if not (rec_on and rec_cfg.enabled):
         return w, None
     seq, H = data.train[seed]
@@ -297,8 +304,9 @@ class _Logging:
 
 
 def train_and_record(plan: _Plan, data: _Data, arms: _EngineArms, study: Path, tags, quiet: bool):
-    """Train every run in one batch, each writing its own run directory; -> (result, logging)."""
-    cfg = plan.cfg
+    """Train every run in one batch, each writing its own run directory; -> (result, logging).
+    Stopped (time limit, stop_at_step, a signal): the study checkpoints and says how to go on."""
+    cfg, t0 = plan.cfg, _time.perf_counter()
     with ExitStack() as stack:
         writers, recorders = [], []
         for (seed, a), rec_on in zip(plan.runs, plan.recorded):
@@ -307,14 +315,28 @@ def train_and_record(plan: _Plan, data: _Data, arms: _EngineArms, study: Path, t
             recorders.append(rec)
         bar = progress(total=cfg.steps + 1, desc=f"sticky-markov ({len(plan.runs)} runs)", disable=quiet)
         log = _Logging(plan, data, writers, recorders, bar)
+        W, state, start = arms.W, None, 0
+        if plan.start is not None:
+            W, state, start = sticky_resume.restore(plan.start["ckpt"], len(plan.runs), log)
+            bar.update(start)
         try:
-            result = engine.train(data.x, data.y, arms.W, arms.lrs, cfg.steps, causal=True, modes=arms.modes,
+            result = engine.train(data.x, data.y, W, arms.lrs, cfg.steps, causal=True, modes=arms.modes,
                                   kappa=cfg.kappa, ridge=cfg.ridge, on_step=log.on_step,
                                   record_steps=log.record_steps(), on_metrics=log.on_metrics,
                                   check_finite=arms.must_be_finite,
-                                  on_eval=log.on_eval if cfg.heldout else None, **data.ev)
+                                  on_eval=log.on_eval if cfg.heldout else None, **data.ev,
+                                  start=start, resume=state, stop=sticky_resume.stop_rule(cfg, t0))
+        except KeyboardInterrupt as e:           # Ctrl-C / SIGTERM between two steps: a checkpoint
+            if getattr(e, "stopped", None) is not None:
+                sticky_resume.save(study, e.stopped, log, e.stopped.stopped_at)
+                e.next_step = sticky_resume.say_stopped(study, [], e.stopped.stopped_at)
+            raise
         finally:
             bar.close()
+        sticky_resume.save(study, result, log, result.stopped_at or cfg.steps)
+        if result.stopped_at is not None:
+            sticky_resume.say_stopped(study, writers, result.stopped_at)
+            return result, log
         for i, w in enumerate(writers):
             final = {k: float(v[i]) for k, v in result.final.items()}
             fe = {f"heldout_{k}": float(v[i]) for k, v in (result.final_eval or {}).items()}
@@ -350,7 +372,10 @@ def write_summary(plan: _Plan, data: _Data, result, log: _Logging, study: Path) 
 
 
 def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: list[str] | None = None,
-              quiet: bool = False) -> Path:
+              quiet: bool = False, start: dict | None = None) -> Path:
+    """Run the study into ``out_dir/name`` (``start``: a stopped study's checkpoint to continue,
+    :func:`.sticky_resume.load`); summary.json once every step is taken, else study.json's
+    ``next_step`` says how to go on."""
     if not open_backend(out_dir, "--out").plain_files:      # the study folder holds plain files (summary, figures)
         raise RunError(f"--out {out_dir}: a sticky-markov study is written to a local folder "
                        "(single runs, `sim toy`, `sim bijection` and `train`, can go to object storage)")
@@ -359,10 +384,12 @@ def run_study(cfg: StickyConfig, out_dir: str, name: str | None = None, tags: li
     study = out / (name or f"study-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if study.exists():
         raise RunError(f"study {study} already exists; choose another --name (nothing is overwritten)")
-    plan = plan_study(cfg)                                   # config, resolved into a copy
+    plan = replace(plan_study(cfg), start=start)             # config, resolved into a copy
     _open_study(plan, out, study)
     data = build_data(plan)                                  # data
     arms = build_arms(plan)                                  # arms
     result, log = train_and_record(plan, data, arms, study, tags, quiet)   # train + record
+    if result.stopped_at is not None:
+        return study
     write_summary(plan, data, result, log, study)            # summary
     return study

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from ..config import NonNegFloat, PosInt, Range, Seed
+from ..config import NonNegFloat, NonNegInt, PosInt, Range, Seed
 from ..errors import ConfigError
 from ..record.policy import RecordConfig
 from ..safeio import memory_problem
@@ -68,6 +68,8 @@ class StickyConfig:
     crop: int = 200                     # recorded query/key crop: the last `crop` positions
     RENAMED: ClassVar[dict[str, str]] = {"window": "crop"}   # "window" is the attention's own
     dtype: str = "float32"
+    time_limit_min: NonNegFloat = 0.0   # stop (checkpointed) before the first step begun past this wall time (0: none)
+    stop_at_step: NonNegInt = 0         # the same stop at a fixed step (0: none); --resume STUDY continues it
     record: RecordConfig = field(default_factory=_default_record)
 
     def validate(self, prefix: str = "") -> None:

@@ -8,6 +8,7 @@ over again (and, on a machine without the shared copy, wait for the hub); meta.j
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -28,8 +29,10 @@ def check_trainable(resume: str) -> None:
         return
     if isinstance(config, dict) and config and "train" not in config:
         kind = meta.get("kind", "?") if isinstance(meta, dict) else "?"
+        study = os.path.dirname(os.path.normpath(str(resume)))    # the studies' runs continue with their study
         how = (f"continue it with: dyntool sim {kind} --resume {resume}" if kind in ("toy", "bijection") else
-               "a simulation keeps no checkpoint, so its own command starts it again")   # dyntool/sims/resume.py
+               f"continue its study with: dyntool sim {kind} --resume {study}" if kind in ("sticky-markov", "icl-markov")
+               else "a simulation without a checkpoint: its own command starts it again")   # dyntool/sims/resume.py
         raise RunError(f"cannot resume {resume}: it is a {kind!r} run, not one `dyntool train` wrote; {how}")
 
 

@@ -29,11 +29,16 @@ def _summary(study) -> dict:
     return s
 
 
+def _whole(factory, argv: list[str]):
+    """The study that is never stopped, in a folder of its own."""
+    out = factory.mktemp("whole")
+    assert main(argv + ["--out", str(out), "--name", "whole"]) == 0
+    return out / "whole"
+
+
 @pytest.fixture(scope="module")
 def whole(tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole")
-    assert main(ICL + ["--out", str(out), "--name", "whole"]) == 0
-    return out / "whole"
+    return _whole(tmp_path_factory, ICL)
 
 
 def _same_run(resumed, whole_run, since: int) -> None:
@@ -105,3 +110,84 @@ def test_icl_markov_resume_refusals_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and says in err, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sticky", "toy"]
+
+
+# ------------------------------------------------------------------------- sticky-markov (one batch)
+STICKY = ["sim", "sticky-markov", "--quiet", "--seeds", "42,2024", "--steps", "20", "--T", "60", "--crop", "20",
+          "--record.every=5", "--record.pool=10", "--heldout_every=3"]
+STICKY_RUNS = ["seed2024-em", "seed2024-sgd", "seed42-em", "seed42-sgd"]
+
+
+@pytest.fixture(scope="module")
+def whole_sticky(tmp_path_factory):
+    return _whole(tmp_path_factory, STICKY)
+
+
+def _same_study(resumed, whole_study, since: int) -> None:
+    """Every run's rows and record arrays from ``since``, the final weights and summary.json."""
+    for r in STICKY_RUNS:
+        assert _rows(resumed / r)[0]["step"] == since
+        assert _rows(resumed / r) == _rows(whole_study / r, since=since), r
+    got, want = _arrays_from(resumed / "seed42-em", since), _arrays_from(whole_study / "seed42-em", since)
+    assert got.keys() == want.keys() and len(got) > 5
+    assert all(np.array_equal(got[k], want[k], equal_nan=True) for k in got)
+    assert _same_params(resumed, whole_study)                # the study's checkpoint: the batched weights
+    assert json.loads((resumed / "summary.json").read_text()) == json.loads((whole_study / "summary.json").read_text())
+
+
+def test_sticky_markov_stopped_at_a_step_resumes_bitwise(whole_sticky, tmp_path, capsys):
+    assert main(STICKY + ["--out", str(tmp_path), "--name", "cut", "--stop_at_step=7"]) == 0
+    study = tmp_path / "cut"
+    hint = f"stopped at step 7; continue with: dyntool sim sticky-markov --resume {study}"
+    assert hint in capsys.readouterr().out
+    assert json.loads((study / "study.json").read_text())["next_step"] == hint and not (study / "summary.json").exists()
+    assert all(dyntool.open_run(study / r).meta["final"]["next_step"] == hint for r in STICKY_RUNS)
+    assert max(dyntool.open_run(study / "seed42-sgd").metrics.step) == 6
+    assert main(["sim", "sticky-markov", "--quiet", "--resume", str(study)]) == 0
+    resumed = tmp_path / "cut-resume7"                       # beside the study it resumes
+    _same_study(resumed, whole_sticky, 7)
+    assert dyntool.open_run(resumed / "seed42-em").meta["resumed_from"] == {"run": str(study / "seed42-em"), "step": 7}
+    # at its steps: nothing to do, no study made
+    capsys.readouterr()
+    assert main(["sim", "sticky-markov", "--resume", str(resumed)]) == 0
+    assert "nothing to do" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cut", "cut-resume7"]
+
+
+def test_sticky_markov_interrupted_by_sigint_resumes_bitwise(whole_sticky, tmp_path, monkeypatch, capsys):
+    """SIGINT inside step 11 (held until the step ends): the study checkpoints at 12 steps taken."""
+    from dyntool.sims import sticky
+    real = sticky._Logging.on_metrics
+
+    def on_metrics(self, step, m):
+        if step == 11:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(self, step, m)
+    monkeypatch.setattr(sticky._Logging, "on_metrics", on_metrics)
+    assert main(STICKY + ["--out", str(tmp_path), "--name", "ctrl-c"]) == 130
+    study = tmp_path / "ctrl-c"
+    hint = f"stopped at step 12; continue with: dyntool sim sticky-markov --resume {study}"
+    assert hint in capsys.readouterr().err
+    assert dyntool.open_run(study / "seed42-sgd").status == "interrupted"
+    assert json.loads((study / "study.json").read_text())["next_step"] == hint
+    monkeypatch.setattr(sticky._Logging, "on_metrics", real)
+    assert main(["sim", "sticky-markov", "--quiet", "--resume", str(study)]) == 0
+    _same_study(tmp_path / "ctrl-c-resume12", whole_sticky, 12)
+
+
+def test_sticky_markov_resume_refusals_are_one_line(whole_sticky, tmp_path, capsys):
+    (tmp_path / "icl").mkdir()
+    (tmp_path / "icl" / "study.json").write_text('{"kind": "icl-markov-study", "config": {}}')
+    cases = [(["sim", "sticky-markov", "--resume", str(tmp_path / "nowhere")], "not a sticky-markov study folder"),
+             (["sim", "sticky-markov", "--resume", str(tmp_path / "icl")], "it is a icl-markov study, not sticky-markov"),
+             (["sim", "sticky-markov", "--resume", str(whole_sticky / "seed42-em")], "not a sticky-markov study"),
+             (["sim", "sticky-markov", "--resume", str(whole_sticky), "--controls"], "drop --config"),
+             (["sim", "sticky-markov", "--resume", str(whole_sticky), "--steps", "30", "--seeds", "1"],
+              "keeps its seeds, arms and sizes")]
+    for argv, says in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["icl"]
+    assert sorted(p.name for p in whole_sticky.parent.iterdir()) == ["whole"]

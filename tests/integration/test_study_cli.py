@@ -153,9 +153,8 @@ def test_an_interrupted_simulation_says_how_to_go_on(argv, target, tmp_path, mon
     monkeypatch.setattr(target, interrupted)
     assert main([*argv, "--out", str(tmp_path)]) == 130
     err = capsys.readouterr().err.strip().splitlines()
-    # toy, bijection and icl-markov checkpoint (tests/integration/test_sim_resume*.py), but not before they start
-    why = "it stopped before its first checkpoint" if argv[1] in ("toy", "bijection", "icl-markov") else \
-        "a simulation keeps no checkpoint"
+    # every simulation checkpoints (tests/integration/test_sim_resume*.py), but not before it starts
+    why = "it stopped before its first checkpoint"
     assert err == [f"dyntool: interrupted; the run was flushed and marked 'interrupted'; see it with: dyntool ls "
                    f"{tmp_path}; {why}, so the same command starts it again, into a new folder"]
     # with --name: that folder is kept, so the same command would be refused (issue 50, item 6)
