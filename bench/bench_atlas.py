@@ -1,7 +1,7 @@
 """What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
 
     python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--parts 30] [--json FILE]
-                                [--probe-seqs 4] [--rep-seqs 4]
+                                [--probe-seqs 4] [--rep-seqs 4] [--after 60]
 
 dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
 random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
@@ -16,6 +16,9 @@ random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a t
 Target of issue 49: ``atlas`` ≤ 1.05 × ``cheap``.  Two clocks: wall time (``over_cheap``) and the
 process's CPU time (``cpu_over_cheap``; with one thread it is the work done, and it holds still on
 a machine whose other jobs take the cores away at random, where wall-time ratios drift).
+``--after N``: whether a probe call makes the training step after it costlier (a hidden cost the
+parts would not see): that step's CPU time against a cheap-tier arm's, N interleaved rounds, beside
+the same ratio for two identical cheap-tier arms (the noise floor).
 ``--parts N``: each side's CPU time per call against one step, N interleaved rounds, and the
 schedule's cost they imply (finer than whole arms on a loaded machine: a round is one second).  A round runs ``--steps`` steps of each arm (16:
 one period of the gradient side, so every round of ``atlas`` holds one gradient step); rounds
@@ -104,6 +107,26 @@ def parts(cfg, batch, rounds: int) -> dict:
             "implied_atlas_over_cheap": 1 + ((every - 1) * f + g) / every}
 
 
+def after(cfg, batch, rounds: int) -> dict:
+    """CPU time of a training step that follows the probe's forward side, over a cheap-tier arm's
+    step, and of a second cheap-tier arm over the first (the floor): medians of ``rounds`` rounds."""
+    cheap, twin = arm(cfg, batch, None), arm(cfg, batch, None)
+    atlas = arm(cfg, batch, dataclasses.replace(BASE, grad_every=10 ** 9))
+    probe, cpu = atlas.probe, {"cheap": [], "twin": [], "after_probe": []}
+    measure, probe.on_step_start = probe.on_step_start, lambda step: None    # the arm's step alone
+    for _ in range(rounds):
+        for name, f in (("cheap", cheap), ("twin", twin)):
+            c = time.process_time()
+            f(1)
+            cpu[name].append(time.process_time() - c)
+        measure(1)
+        c = time.process_time()
+        atlas(1)
+        cpu["after_probe"].append(time.process_time() - c)
+    return {"rounds": rounds, "cpu_s": {n: statistics.median(v) for n, v in cpu.items()},
+            "after_probe_over_cheap": ratio(cpu, "after_probe", "cheap"), "twin_over_cheap": ratio(cpu, "twin", "cheap")}
+
+
 def logged(name: str, run, cpu: dict):
     """``run`` that keeps each call's CPU time per step in ``cpu[name]`` and says on stderr what it
     took (a shared machine may end the bench early: the rounds it finished are still there)."""
@@ -139,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--parts", type=int, default=0, metavar="N",
                     help="also time the probe's two sides call by call against a step (N rounds, CPU time)")
+    ap.add_argument("--after", type=int, default=0, metavar="N",
+                    help="also time the training step right after a probe call against a plain one (N rounds)")
     ap.add_argument("--probe-seqs", type=int, default=AtlasSettings.probe_seqs, help="the probe's WikiText windows")
     ap.add_argument("--rep-seqs", type=int, default=AtlasSettings.rep_seqs, help="its repeated random sequences")
     a = ap.parse_args(argv)
@@ -161,6 +186,8 @@ def main(argv=None) -> int:
         out.update(arms_ratios(cfg, batch, a.reps, a.steps))
     if a.parts:
         out["parts"] = parts(cfg, batch, a.parts)
+    if a.after:
+        out["after"] = after(cfg, batch, a.after)
     print(json.dumps(out, indent=2))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=2))
