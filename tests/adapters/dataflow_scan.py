@@ -1,8 +1,9 @@
 """The scan of all families: every model type of the installed transformers that has a base model
 (``AutoModel``), built offline from its own config shrunk to a tiny size, in float64 and eager,
-recorded by ``Capture`` on one right-padded batch and compared with the float64 autograd truth of
-:mod:`.dataflow_reference` (the model's own softmax and products kept with ``retain_grad``), or
-refused with its reason.  The third generated table of docs/recording.md:
+recorded by ``Capture`` on a right-padded and a left-padded batch (its first rows see no real key)
+and compared with the float64 autograd truth of :mod:`.dataflow_reference` (the model's own softmax
+and products kept with ``retain_grad``) at trained-size logits (max |τ q·k| ≈ 30), or refused with
+its reason.  One verdict per row: the paddings' shared one, or each padding's.  The third generated table of docs/recording.md:
 
     python -m tests.adapters.dataflow_scan                               # prints the table
     python -m tests.adapters.dataflow_scan --write docs/recording.md     # replaces it in the docs
@@ -12,10 +13,12 @@ refused with its reason.  The third generated table of docs/recording.md:
 A row's path is the adapter that took the model (``hf`` the attention registry, ``dataflow``,
 ``sdpa``, ``torch-mha``, ...).  Verdicts: ``exact`` (α, B, advantages, ∂L/∂S, U, dQ, dK, dV to
 1e-8), ``exact to 1e-5`` (a float32 step inside the model), ``differs from the truth`` (a wrong
-recording: never accepted by the test), ``refused: <dyntool's one-line reason>``, or a row the
+recording: accepted by the test only as a known bug), an exact row below max logit 20 saying so
+and why (``exact (max logit 12: QK-norm)``), ``refused: <dyntool's one-line reason>``, or a row the
 scan could not put to the test: ``not built`` (the shrunk config is not valid for the family),
 ``not a text model`` (its forward takes no ``input_ids``), ``model error`` (the model fails on the
-batch without dyntool), ``no truth`` (the reference's swapped functions cannot read the attention:
+batch without dyntool, also once built with :func:`_repair`), ``not scanned`` (over the time or
+memory limit), ``no truth`` (the reference's swapped functions cannot read the attention:
 no softmax·V among them, other shapes, attention sinks), ``scan error`` (this script failed on the
 family).
 ``test_dataflow_scan.py`` re-runs a few rows and checks the table lists today's model types.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import resource
 import signal
 import sys
 import time
@@ -34,7 +38,7 @@ import transformers
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
 
-from dyntool.adapters.dataflow import n_heads
+from dyntool.adapters.dataflow import n_heads, non_dense
 from dyntool.capture import Capture, CaptureError
 
 from . import dataflow_reference as R
@@ -51,7 +55,12 @@ _SMALL = {2: ("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder
           64: ("intermediate_size", "ffn_dim", "d_ff", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim",
                "d_inner", "hidden_dim")}
 _IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "sep_token_id", "cls_token_id")
-_SECONDS = 45                       # per family: a model that hangs is a row, not a stuck scan
+# BigBird turns its block-sparse attention into full attention on a short batch: blocks of 1 and
+# a batch of 8 (> 7 tokens of global, sliding and random blocks) keep it block-sparse
+_CONFIG = {"big_bird": dict(block_size=1, num_random_blocks=1), "bigbird_pegasus": dict(block_size=1, num_random_blocks=1)}
+_T = {"big_bird": 8, "bigbird_pegasus": 8}
+_SECONDS = 60                       # per family: a model that hangs is a row, not a stuck scan
+_MEMORY = 14 << 30                  # the scan's address space: a tiny config still huge (DeepSeek-OCR 2's) is a row
 
 
 class _Timeout(Exception):
@@ -82,14 +91,31 @@ def tiny_config(model_type: str):
             if isinstance(getattr(c, n, None), float):
                 setattr(c, n, 0.0)
         c._attn_implementation = "eager"
+    for k, v in _CONFIG.get(model_type, {}).items():
+        setattr(cfg, k, v)
     return cfg
 
 
-def _batch(model):
+def _repair(cfg) -> None:
+    """The shrunk config's second try, only where the model fails on the batch by itself (the rows
+    that run as they are stay as they were): rotary and MLA widths that fit the shrunk head (a
+    rotary_dim or qk_rope_head_dim of the full size, Qwen2-VL's mrope sections of 64), in
+    :func:`row` also the eager MoE experts (grouped_mm takes no float64) and no cache (hybrid caches
+    fail without one of their layer kinds)."""
+    for c in [cfg] + [v for v in vars(cfg).values() if isinstance(v, transformers.PretrainedConfig)]:
+        for n, value in (("rotary_dim", 8), ("qk_rope_head_dim", 16), ("qk_nope_head_dim", 16), ("v_head_dim", 16),
+                         ("kv_lora_rank", 16), ("q_lora_rank", 16)):
+            if isinstance(getattr(c, n, None), int):
+                setattr(c, n, value)
+        if isinstance(getattr(c, "rope_parameters", None), dict):
+            c.rope_parameters["mrope_section"] = [2, 3, 3]         # sums to head_dim / 2 = 8
+
+
+def _batch(model, padding: str = "right", T: int = 7):
     params = inspect.signature(model.forward).parameters
     if "input_ids" not in params:
         return None
-    x = R.inputs("right", T=7)
+    x = R.inputs(padding, T=T)
     batch = {"input_ids": x["input_ids"].clamp_max(V - 1)}
     if "attention_mask" in params:
         batch["attention_mask"] = x["attention_mask"]
@@ -105,21 +131,41 @@ def _loss(out, w):
     return (y * w[: y.numel()].view_as(y).to(y.dtype)).sum() / y.shape[-1] ** 0.5
 
 
+# more q/k weights by name: fused ones, and MLA's (DeepSeek: q_b_proj gives q, kv_b_proj k's no-rope
+# part, kv_a_proj_with_mqa its rope part; the compressed halves pass a norm that undoes the scale)
+_QK = ("qkv", "qkv_proj", "in_proj", "Wq", "Wk", "q_b_proj", "kv_b_proj", "kv_a_proj_with_mqa")
+# q/k normalisations (QK-norm) by module name: scaling q/k projections before them does nothing
+QK_NORM = ("q_norm", "k_norm", "qk_norm", "q_layernorm", "k_layernorm", "query_layernorm", "key_layernorm",
+           "q_ln", "k_ln", "norm_q", "norm_k", "query_norm", "key_norm")
+
+
 def _scale_qk(model, run, target=30.0) -> dict:
-    """q/k weights (found by name, as in :func:`dataflow_reference.make`) scaled once so that max
+    """q/k weights (found by name, as in :func:`dataflow_reference.make`) scaled so that max
     |τ q·k| ≈ target (logits are bilinear in them): trained-size logits where the names are known.
-    Returns the recording's attributes."""
-    names = [(n.split(".")[-2:], p) for n, p in model.named_parameters()]
-    params = [p for parts, p in names if (len(parts) == 2 and parts[0] in R.QK + ("qkv", "in_proj", "Wq", "Wk")
-                                          and parts[1] == "weight") or parts[-1] in ("q", "k", "in_proj_weight")]
-    with Capture(model) as cap:
-        run(model).backward()
-    model.zero_grad()
-    lm = R.logit_max(cap.compute(torch.float64))
-    if params and lm > 0:
+    Behind a QK-norm the norm's output is scaled instead (a forward hook: the same as scaling its
+    weight, and also for weightless or 1 + w norms; one factor √ratio whether q and k share it),
+    checked again up to twice since a norm with a bias is not bilinear.  Returns the recording's
+    attributes."""
+    def qk_name(parts):
+        return parts[-1] in ("q", "k", "in_proj_weight") or (parts[-1] == "weight" and (
+            parts[-2] in R.QK + _QK
+            or len(parts) > 2 and parts[-3] in R.QK))             # a wrapped linear: q_proj.linear.weight
+    params = [p for n, p in model.named_parameters() if qk_name(n.split("."))]
+    norms = {m: 1.0 for n, m in model.named_modules() if n.split(".")[-1] in QK_NORM}
+    for m in norms:
+        m.register_forward_hook(lambda mod, a, out: out * norms[mod] if torch.is_tensor(out) else out)
+    for _ in range(3 if norms else 1):
+        with Capture(model) as cap:
+            run(model).backward()
+        model.zero_grad()
+        lm = R.logit_max(cap.compute(torch.float64))
+        if not (params or norms) or not lm > 0 or (norms and 20 <= lm <= 45):
+            break
         with torch.no_grad():
             for p in params:
                 p.mul_((target / lm) ** 0.5)
+        for m in norms:
+            norms[m] *= (target / lm) ** 0.5
     return cap.attrs
 
 
@@ -128,33 +174,98 @@ def _short(msg: str) -> str:
     return msg.split("; ")[0].split(", so ")[0].replace("|", "/").replace("\n", " ")[:160]
 
 
-def _verdict(model, run) -> tuple[str, str, str]:
-    """(path, verdict, max logit) of a built model."""
-    try:
-        path = Capture(model).adapter.name
-    except CaptureError as e:
-        return "none", "refused: " + _short(str(e)), ""
-    try:
-        attrs = _scale_qk(model, run)
-    except CaptureError as e:
-        return path, "refused: " + _short(str(e)), ""
-    if "sinks" in attrs.get("score_modifiers", ()):     # α with a sink's share: not the plain softmax's output
-        return path, "no truth (attention sinks: the reference's plain softmax is not the model's α)", ""
+def _compare(model, run, path: str) -> tuple[str, str]:
+    """(verdict, max logit) of one batch: the recording against the truth."""
     classes = {s.label for s in Capture(model).sites}
     for tol, what in ((1e-8, "exact"), (1e-5, "exact to 1e-5 (a float32 step inside the model)")):
         try:
             attrs = R.compare(model, None, classes, n_heads, tol=tol, min_logit=0.0, run=run)
         except CaptureError as e:
-            return path, "refused: " + _short(str(e)), ""
+            return "refused: " + _short(str(e)), ""
         except AssertionError as e:
             why = str(e).splitlines()[0][:120]
             continue
         except (IndexError, StopIteration, KeyError, AttributeError, RuntimeError) as e:
-            return path, f"no truth (the reference cannot read this attention: {type(e).__name__})", ""
+            return f"no truth (the reference cannot read this attention: {type(e).__name__})", ""
         if attrs.get("qk_grads") == "unavailable":
             what += "; dQ/dK unavailable: " + _short(attrs["qk_unavailable"])
-        return path, what, f"{attrs['logit_max']:.0f}"
-    return path, "differs from the truth: " + why.replace("|", "/"), ""
+        return what, f"{attrs['logit_max']:.0f}"
+    return "differs from the truth: " + why.replace("|", "/"), ""
+
+
+def _verdict(model, runs: dict) -> tuple[str, str, str]:
+    """(path, verdict, max logit) of a built model; ``runs``: padding -> loss of that batch (right
+    first; one entry where the model takes no attention_mask)."""
+    try:
+        path = Capture(model).adapter.name
+    except CaptureError as e:
+        return "none", "refused: " + _short(str(e)), ""
+    # a non-dense attention beside recorded dense ones (BigBirdPegasus's block-sparse encoder) must be
+    # refused, not left out: the truth below compares the recorded sites only
+    sites = {s.key for s in Capture(model).sites}
+    missed = [f"{n} ({type(m).__name__})" for n, m in model.named_modules() if non_dense(m) and id(m) not in sites]
+    if missed:
+        return path, f"differs from the truth: non-dense {missed[0]} silently not recorded", ""
+    try:
+        attrs = _scale_qk(model, runs["right"])
+    except CaptureError as e:
+        return path, "refused: " + _short(str(e)), ""
+    if "sinks" in attrs.get("score_modifiers", ()):     # α with a sink's share: not the plain softmax's output
+        return path, "no truth (attention sinks: the reference's plain softmax is not the model's α)", ""
+    got = {pad: _compare(model, run, path) for pad, run in runs.items()}
+    return (path, _join({p: v for p, (v, _) in got.items()}),
+            " / ".join(dict.fromkeys(lm for _, lm in got.values() if lm)))
+
+
+def _join(verdicts: dict) -> str:
+    """One verdict for the paddings run: the shared one, or each padding's."""
+    if len(verdicts) == 1:
+        return verdicts["right"] + " (no attention_mask: one unpadded batch)"
+    if len(set(verdicts.values())) == 1:
+        return verdicts["right"]
+    return "; ".join(f"{p} padding: {v}" for p, v in verdicts.items())
+
+
+def _low_logit(verdict: str, lm: str, model) -> str:
+    """An exact row below trained-size logits (max |τ q·k| < 20) says so and why, as far as known."""
+    if not verdict.startswith("exact") or not lm or min(float(x) for x in lm.split(" / ")) >= 20:
+        return verdict
+    norm = any(n.split(".")[-1] in QK_NORM for n, _ in model.named_modules())
+    return verdict + f" (max logit {lm}: " + ("QK-norm" if norm else "q/k weights not found") + ")"
+
+
+def _runs(model, model_type: str):
+    """(model, padding -> loss of that batch) once the model runs both batches without dyntool; on
+    a failure, once more with :func:`_repair`'s config (the first failure is raised if that fails)."""
+    w = torch.randn(1 << 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    T = _T.get(model_type, 7)
+    for again in (False, True):
+        batches = {pad: _batch(model, pad, T) for pad in ("right", "left")}
+        if "attention_mask" not in batches["right"]:
+            del batches["left"]
+        extra = {"use_cache": False} if again else {}
+        runs = {pad: (lambda m, b=b: _loss(m(**b, **extra), w)) for pad, b in batches.items()}
+        try:
+            with torch.no_grad():
+                for run in runs.values():
+                    run(model)
+            return model, runs
+        except _Timeout:
+            raise
+        except Exception as e:                              # noqa: BLE001
+            if again:
+                raise first from e
+            first = e
+            cfg = tiny_config(model_type)
+            _repair(cfg)
+            torch.manual_seed(0)
+            model = transformers.AutoModel.from_config(cfg, dtype=torch.float64, experts_implementation="eager").eval()
+
+
+def _over_memory(e: Exception) -> str | None:
+    if isinstance(e, MemoryError) or "can't allocate memory" in str(e):
+        return f"not scanned (over {_MEMORY >> 30} GiB)"
+    return None
 
 
 def row(model_type: str) -> str:
@@ -172,25 +283,22 @@ def row(model_type: str) -> str:
         except _Timeout:
             raise
         except Exception as e:                              # noqa: BLE001  (any failure is the row)
-            return cells("", f"not built from a tiny config ({type(e).__name__})", "")
-        batch = _batch(model)
-        if batch is None:
+            return cells("", _over_memory(e) or f"not built from a tiny config ({type(e).__name__})", "")
+        if _batch(model) is None:
             return cells("", "not a text model (no input_ids)", "")
-        w = torch.randn(1 << 16, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-        run = lambda m: _loss(m(**batch), w)                                # noqa: E731
         try:
-            with torch.no_grad():
-                run(model)
+            model, runs = _runs(model, model_type)
         except _Timeout:
             raise
         except Exception as e:                              # noqa: BLE001
-            return cells("", f"model error without dyntool ({type(e).__name__})", "")
+            return cells("", _over_memory(e) or f"model error without dyntool ({type(e).__name__})", "")
         try:
-            return cells(*_verdict(model, run))
+            path, verdict, lm = _verdict(model, runs)
+            return cells(path, _low_logit(verdict, lm, model), lm)
         except _Timeout:
             raise
         except Exception as e:                              # noqa: BLE001  (the scan's own failure: a row)
-            return cells("", f"scan error ({type(e).__name__}: {_short(str(e))[:80]})", "")
+            return cells("", _over_memory(e) or f"scan error ({type(e).__name__}: {_short(str(e))[:80]})", "")
     except _Timeout:
         return cells("", f"not scanned (over {_SECONDS} s)", "")
     finally:
@@ -221,6 +329,7 @@ def main(argv=None) -> int:
     ap.add_argument("types", nargs="*", help="model types (default: all with a base model)")
     ap.add_argument("--write", metavar="DOC", help="replace the generated table in DOC")
     a = ap.parse_args(argv)
+    resource.setrlimit(resource.RLIMIT_AS, (_MEMORY, resource.getrlimit(resource.RLIMIT_AS)[1]))
     t0 = time.perf_counter()
     got = table(a.types or None, log=sys.stderr)
     sys.stderr.write(f"{len(got.splitlines()) - 3} rows in {time.perf_counter() - t0:.0f} s\n")
