@@ -156,8 +156,10 @@ def run_one(cfg: ICLMarkovConfig, out_dir, seed: int, prior: str, name: str, tag
             try:
                 for step in progress(range(start, cfg.steps), desc=f"icl-markov {name}", disable=quiet,
                                      initial=start, total=cfg.steps):
-                    # a stop comes before the step, which the continuation then takes whole (rows too)
-                    if (0 < cfg.stop_at_step == step) or (deadline is not None and time.perf_counter() > deadline):
+                    # a stop comes before the step, which the continuation then takes whole (rows too);
+                    # the time limit lets every run take one step, so each call gets somewhere
+                    if (0 < cfg.stop_at_step == step) or \
+                            (deadline is not None and step > start and time.perf_counter() > deadline):
                         stop_at = step
                         break
                     with critical_section():       # a SIGTERM/SIGINT lands between steps

@@ -74,10 +74,16 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     # the whole call's time limit: every run stops (checkpointed) before a step begun past it
     deadline = time.perf_counter() + 60 * cfg.time_limit_min if cfg.time_limit_min > 0 else None
 
+    trained = []                    # the runs this call trained: past the time limit, no other begins
+
     def one(seed, prior, dense=False, extra=None):
         """A (seed, prior)'s analysis, running or continuing it first; None when it stopped."""
         links = chain(study, run_name(seed, prior, dense))
         if not links or steps_done(links) < cfg.steps:
+            if trained and deadline is not None and time.perf_counter() > deadline:
+                _set_next_step(study, f"stopped at its time limit; continue with: dyntool sim icl-markov --resume {study}")
+                return None
+            trained.append(run_name(seed, prior, dense))
             sd, new, frm = continue_run(links) if links else (None, run_name(seed, prior, dense), None)
             try:
                 run_one(cfg, study, seed, prior, new, tags, quiet, extra_record_steps=extra, study=study.name,
@@ -94,7 +100,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     for seed in cfg.seeds:
         for prior in priors:
             if (got := one(seed, prior)) is None:
-                return _stopped(study, links=chain(study, run_name(seed, prior)))
+                return _stopped(study, chain(study, run_name(seed, prior)), trained)
             per[prior][seed] = got
     dense = None
     if cfg.dense_rerun:
@@ -102,7 +108,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         first = per[cfg.prior][seed]
         bounds = [b for b in (first["unigram_start"], first["bigram_start"]) if b is not None]
         if one(seed, cfg.prior, True, dense_steps(bounds, cfg)) is None:
-            return _stopped(study, links=chain(study, run_name(seed, cfg.prior, True)))
+            return _stopped(study, chain(study, run_name(seed, cfg.prior, True)), trained)
         dense = _dense_info(study, seed, cfg.prior, study / run_name(seed, cfg.prior, dense=True), bounds, first)
     summary = summarise(cfg, per, dense)
     write_json_atomic(study / "summary.json", summary)
@@ -110,11 +116,12 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
     return study
 
 
-def _stopped(study: Path, links: list[Path]) -> Path:
-    """The study stopped in the chain ``links``: study.json says how to go on."""
-    said = _load_json(links[-1] / "meta.json").get("final", {}).get("next_step") or \
-        f"continue with: dyntool sim icl-markov --resume {study}"
-    _set_next_step(study, said)
+def _stopped(study: Path, links: list[Path], trained: list[str]) -> Path:
+    """The study stopped in the chain ``links`` (or, none begun, at its time limit, already said):
+    study.json says how to go on."""
+    said = _load_json(links[-1] / "meta.json").get("final", {}).get("next_step") if links else None
+    if said and links[0].name in trained:              # that run stopped in this call
+        _set_next_step(study, said)
     return study
 
 

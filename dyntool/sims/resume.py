@@ -1,4 +1,6 @@
-"""Checkpoints and ``--resume`` for the simulations: one mechanism, used by every sim that has one.
+"""Checkpoints and ``--resume`` for the simulations: one mechanism, used by every sim (the studies
+too: ``icl-markov`` checkpoints each run, :mod:`.icl_markov_resume`; ``sticky-markov``, one batched
+engine, the study as one, :mod:`.sticky_resume`).
 
 It follows ``dyntool train --resume RUN`` (:mod:`dyntool.train.runner`): the run's ``config.json``
 is the base config (overrides still apply), its ``checkpoint.pt`` (written atomically by

@@ -6,6 +6,7 @@ study directory holds ``summary.json`` (arXiv 2512.22473, sticky Markov-chain ta
 value-LR sweep) next to the runs ``seed{S}-{arm}``.
 
 Arms and the config: :mod:`dyntool.sims.sticky_config`.
+Checkpoints and ``--resume STUDY`` (the study as one, the runs being one batch): :mod:`.sticky_resume`.
 
 Held-out evaluation: seed s is evaluated on a second sequence of the same chain,
 ``generate(s + heldout_offset)`` (10000 as in the authors' deep variant), every
@@ -325,7 +326,7 @@ def train_and_record(plan: _Plan, data: _Data, arms: _EngineArms, study: Path, t
                                   record_steps=log.record_steps(), on_metrics=log.on_metrics,
                                   check_finite=arms.must_be_finite,
                                   on_eval=log.on_eval if cfg.heldout else None, **data.ev,
-                                  start=start, resume=state, stop=sticky_resume.stop_rule(cfg, t0))
+                                  start=start, resume=state, stop=sticky_resume.stop_rule(cfg, t0, start))
         except KeyboardInterrupt as e:           # Ctrl-C / SIGTERM between two steps: a checkpoint
             if getattr(e, "stopped", None) is not None:
                 sticky_resume.save(study, e.stopped, log, e.stopped.stopped_at)
@@ -333,7 +334,7 @@ def train_and_record(plan: _Plan, data: _Data, arms: _EngineArms, study: Path, t
             raise
         finally:
             bar.close()
-        sticky_resume.save(study, result, log, result.stopped_at or cfg.steps)
+        sticky_resume.save(study, result, log, cfg.steps if result.stopped_at is None else result.stopped_at)
         if result.stopped_at is not None:
             sticky_resume.say_stopped(study, writers, result.stopped_at)
             return result, log

@@ -91,9 +91,11 @@ def say_stopped(study: Path, writers: list, step: int) -> str:
     return line
 
 
-def stop_rule(cfg: StickyConfig, t0: float):
-    """stop(step): the time limit (before a step begun past it) or stop_at_step."""
+def stop_rule(cfg: StickyConfig, t0: float, start: int):
+    """stop(step): the time limit (before a step begun past it; a call's first step is always taken,
+    so each call gets somewhere) or stop_at_step."""
     def stop(step: int) -> bool:
-        return (0 < cfg.stop_at_step == step) or (cfg.time_limit_min > 0 and time.perf_counter() - t0 > 60 * cfg.time_limit_min)
+        return (0 < cfg.stop_at_step == step) or \
+            (cfg.time_limit_min > 0 and step > start and time.perf_counter() - t0 > 60 * cfg.time_limit_min)
     return stop
 

@@ -191,3 +191,18 @@ def test_sticky_markov_resume_refusals_are_one_line(whole_sticky, tmp_path, caps
         assert len(err.splitlines()) == 1 and says in err, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["icl"]
     assert sorted(p.name for p in whole_sticky.parent.iterdir()) == ["whole"]
+
+
+def test_a_time_limit_already_past_still_takes_a_step_per_call(tmp_path, capsys):
+    """--time_limit_min stops before a step begun past it, but a call's first step is always taken:
+    a study longer than a call gets further in each one (sticky: a new study; icl-markov: its folder)."""
+    sticky = ["sim", "sticky-markov", "--quiet", "--seeds", "42", "--steps", "3", "--T", "30", "--crop", "8"]
+    assert main(sticky + ["--out", str(tmp_path), "--name", "s", "--time_limit_min=1e-9"]) == 0
+    assert main(["sim", "sticky-markov", "--quiet", "--resume", str(tmp_path / "s")]) == 0
+    assert "stopped at step 2; continue with" in capsys.readouterr().out.splitlines()[-1]
+    assert [r["step"] for r in _rows(tmp_path / "s-resume1" / "seed42-em")] == [1]
+    icl = ICL[:5] + ["--steps", "2", "--eval_every=1", "--control=false"]
+    assert main(icl + ["--out", str(tmp_path), "--name", "i", "--time_limit_min=1e-9"]) == 0
+    assert main(["sim", "icl-markov", "--quiet", "--resume", str(tmp_path / "i")]) == 0
+    assert [r["step"] for r in _rows(tmp_path / "i" / "seed0-dirichlet-resume1")] == [1]
+    assert (tmp_path / "i" / "summary.json").exists()
