@@ -161,12 +161,16 @@ def resummarise(studies: list[str | Path]) -> dict:
             for prior in study_priors(scfg["prior"], scfg["control"], scfg.get("control_prior", CONTROL),
                                       scfg.get("extra_priors", [])):
                 path = study / run_name(seed, prior)
-                if (status := _status(path)) != "finished":
+                links = chain(study, path.name)          # the run and its continuations (--resume)
+                status = _status(links[-1] if links else path)
+                if status == "finished" and steps_done(links) < scfg["steps"]:
+                    status = f"stopped at step {steps_done(links)}"
+                if status != "finished":
                     skipped[f"{study.name}/{path.name}"] = status
                     continue
                 if seed in per.get(prior, {}):
                     raise RunError(f"{run_name(seed, prior)} is in more than one of the studies; summarise each run once")
-                per.setdefault(prior, {})[seed] = _analyse(path, cfg)
+                per.setdefault(prior, {})[seed] = _analyse(links, cfg)
                 seeds += [seed] if seed not in seeds else []
         d = study / run_name(scfg["seeds"][0], scfg["prior"], dense=True)
         if dense is None and d.exists() and scfg["seeds"][0] in per.get(scfg["prior"], {}):

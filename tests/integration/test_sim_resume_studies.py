@@ -65,6 +65,13 @@ def test_icl_markov_stopped_at_a_step_resumes_bitwise(whole, tmp_path, capsys):
     _same_run(study / "seed0-doubly_stochastic", whole / "seed0-doubly_stochastic", 0)
     assert _summary(study) == _summary(whole)
     assert json.loads((study / "study.json").read_text())["next_step"] is None
+    # the summary read back from the folder (dyntool info, figures) joins the chain's rows too
+    from dyntool.sims.icl_markov_study import resummarise
+    again, once = resummarise([study]), resummarise([whole])
+    assert again["skipped"] == {} and again["priors"].keys() == once["priors"].keys()
+    for p in once["priors"]:
+        a, b = (x["priors"][p]["per_seed"]["0"] for x in (again, once))
+        assert {k: v for k, v in a.items() if k != "seconds"} == {k: v for k, v in b.items() if k != "seconds"}
 
 
 def test_icl_markov_sigint_in_the_second_run_resumes_it_and_skips_the_first(whole, tmp_path, monkeypatch, capsys):
