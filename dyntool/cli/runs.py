@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 from ..errors import DyntoolError, RunError
 from ..location import location
 from ..steps import logs_final_state, steps_taken
@@ -167,6 +168,8 @@ def _info_study(path) -> int:
     s = study_summary(path, said)
     for q in said:
         print(f"problem  {q}")
+    if nxt := _study_next_step(path):                  # a stopped sim study (dyntool/sims/*_resume.py)
+        print(f"continue {nxt}")
     table = study_table(s) if s else None
     if table:
         print(f"summary  {path / 'summary.json'}:")
@@ -187,6 +190,16 @@ def _info_study(path) -> int:
     if len(table) > STUDY_RUNS + 1:
         print(f"… {len(table) - STUDY_RUNS - 1} more runs: `dyntool ls {path}` lists them all")
     return 0
+
+
+def _study_next_step(path) -> str | None:
+    """A stopped study's study.json says what continues it (None: it finished, or says nothing)."""
+    try:
+        raw = json.loads((Path(path) / "study.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return None
+    nxt = raw.get("next_step") if isinstance(raw, dict) else None
+    return str(nxt).split("continue with: ", 1)[-1] if nxt else None
 
 
 def cmd_info(args) -> int:

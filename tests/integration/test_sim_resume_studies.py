@@ -150,6 +150,9 @@ def test_sticky_markov_stopped_at_a_step_resumes_bitwise(whole_sticky, tmp_path,
     assert json.loads((study / "study.json").read_text())["next_step"] == hint and not (study / "summary.json").exists()
     assert all(dyntool.open_run(study / r).meta["final"]["next_step"] == hint for r in STICKY_RUNS)
     assert max(dyntool.open_run(study / "seed42-sgd").metrics.step) == 6
+    capsys.readouterr()
+    assert main(["info", str(study)]) == 0                   # `dyntool info` of the study says it too
+    assert f"continue dyntool sim sticky-markov --resume {study}" in capsys.readouterr().out
     assert main(["sim", "sticky-markov", "--quiet", "--resume", str(study)]) == 0
     resumed = tmp_path / "cut-resume7"                       # beside the study it resumes
     _same_study(resumed, whole_sticky, 7)
