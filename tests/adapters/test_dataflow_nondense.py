@@ -37,6 +37,20 @@ def test_non_dense_attention_is_refused_in_one_line(kind, extra, why):
     assert "\n" not in msg and "non-dense attention" in msg and why in msg and "nothing recorded" in msg, msg
 
 
+def test_dense_attention_beside_a_non_dense_one_does_not_hide_it():
+    """BigBird-Pegasus: its decoder's attention goes through the registry, its encoder's is
+    block-sparse; recording the decoder alone would leave the encoder out without a word."""
+    cfg = transformers.BigBirdPegasusConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                            encoder_attention_heads=2, decoder_attention_heads=2,
+                                            encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=64,
+                                            attention_type="block_sparse", block_size=2, num_random_blocks=1)
+    torch.manual_seed(0)
+    model = transformers.BigBirdPegasusModel(cfg)
+    with pytest.raises(AdapterError, match="non-dense attention, block-sparse") as e:
+        find_adapter(model)
+    assert "encoder" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_bigbird_in_its_dense_mode_is_not_refused():
     model = build("BigBird", attention_type="original_full")
     assert find_adapter(model).name in ("dataflow", "hf", "sdpa")

@@ -14,10 +14,9 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "recording.md"
 VERDICTS = ("exact", "right padding: ", "refused: ", "not built from a tiny config", "not a text model", "model error without dyntool",
             "no truth", "not scanned", "scan error")
 REGEN = "regenerate it: python -m tests.adapters.dataflow_scan --write docs/recording.md"
-# rows that differ from the truth, if any were ever accepted as known bugs: a new one fails here.
-# bigbird_pegasus: the registry records its decoder and leaves the encoder's block-sparse attention
-# out without a word (issue 47's scan; to be refused like BigBird's, then this set is empty again)
-KNOWN_WRONG: set[str] = {"bigbird_pegasus"}
+# rows that differ from the truth, if any were ever accepted as known bugs: a new one fails here
+# (bigbird_pegasus was one until dyntool refused a non-dense attention beside dense ones)
+KNOWN_WRONG: set[str] = set()
 
 
 def _rows() -> dict[str, str]:
