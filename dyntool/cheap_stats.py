@@ -178,6 +178,7 @@ def given_maxima(logits, scores, allowed) -> tuple[torch.Tensor, torch.Tensor]:
     return lm, sm
 
 
+@torch.no_grad()
 def accumulate(sums: Sums, q, k, v, o, u, allowed, scale: float, *, bias=None, softcap=None, sinks=None,
                uniform=None, max_block_mib: float = 0.0, grad_scale: float = 1.0, alpha=None,
                maxima=None) -> None:

@@ -32,11 +32,8 @@ def find_adapter(model: torch.nn.Module, attention=None) -> Adapter:
         return _named(model, attention)
     # checked before any adapter: a model mixing dense and non-dense attention (BigBird-Pegasus: a
     # block-sparse encoder, dense decoder attention through the registry) must not be recorded in part
-    sparse = [(n, m) for n, m in model.named_modules() if dataflow.non_dense(m)]
-    if sparse:                         # e.g. Reformer's LSH: no softmax call, a non-dense attention
-        n, m = sparse[0]
-        raise AdapterError(f"{n} ({type(m).__name__}): non-dense attention, {dataflow.non_dense(m)}; dyntool "
-                           "records dense attention only, nothing recorded")
+    # (Reformer's LSH too: it calls no softmax a later adapter could find)
+    dataflow.refuse_non_dense(model.named_modules())
     for mod in (core, tlens, hf, torch_mha):
         ad = mod.detect(model)
         if ad is not None:

@@ -84,6 +84,15 @@ def non_dense(m) -> str | None:
     return next((why for attr, why in _NON_DENSE if hasattr(m, attr)), None)
 
 
+def refuse_non_dense(named) -> None:
+    """One line naming the first non-dense attention among ``(path, module)`` pairs, if any."""
+    for n, m in named:
+        why = non_dense(m)
+        if why is not None:
+            raise AdapterError(f"{n} ({type(m).__name__}): non-dense attention, {why}; dyntool records "
+                               "dense attention only, nothing recorded")
+
+
 def n_heads(m) -> int | None:
     for owner in (m, getattr(m, "config", None)):
         for a in _HEAD_ATTRS:
@@ -113,11 +122,7 @@ class DataflowAdapter(Adapter):
     name = "dataflow"
 
     def __init__(self, model, named, check_every: int = 10):
-        for n, m in named:
-            why = non_dense(m)
-            if why is not None:
-                raise AdapterError(f"{n} ({type(m).__name__}): non-dense attention, {why}; dyntool records "
-                                   "dense attention only, nothing recorded")
+        refuse_non_dense(named)
         self.model = model
         self.names, self.modules = [n for n, _ in named], [m for _, m in named]
         self.check_every = max(1, int(check_every))
