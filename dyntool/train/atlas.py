@@ -6,7 +6,8 @@ both arms of a seed share the initialisation seed and data order.  Each run reco
 tier every step (max|logit|, entropy, ‖∂L/∂S‖, ...), the full tier on a log-spaced schedule, and
 the atlas probe (:mod:`.atlas_probe`) every ``atlas.every`` steps.  Presets of ``atlas.toml``:
 ``ci`` (the tests), ``cpu`` (alias ``small``, 2 cores), ``cpu_small`` (the cpu shape at B = 8 and
-lr 8e-3, stopped at step 1400: one head crosses the sink rule, transiently; docs/results.md), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
+lr 8e-3, stopped at step 1400: one head crosses the sink rule, transiently; docs/results.md),
+``cpu_long`` (T = 128, lr 4e-3, 8000 steps: chosen after ``cpu_small``), ``gpu``.  ``--atlas.KEY=VALUE`` sets the
 probe (:class:`.atlas_probe.AtlasSettings`); every other ``--section.key=value`` goes to the runs.
 
 ``summary.json`` holds per run the chance levels, the per-head start/peak/last of every score, and
@@ -27,7 +28,7 @@ from .runner import load_config
 from .study_runs import new_study_dir, train_arm
 
 CONFIG = "atlas.toml"
-PRESETS = {None: "cpu", "small": "cpu", "cpu": "cpu", "cpu_small": "cpu_small", "ci": "ci", "gpu": "gpu"}
+PRESETS = {None: "cpu", "small": "cpu", "cpu": "cpu", "cpu_small": "cpu_small", "cpu_long": "cpu_long", "ci": "ci", "gpu": "gpu"}
 ARMS = {"mhsa": {"model.attention": "mhsa"}, "qknorm": {"model.attention": "qknorm"}}
 
 
@@ -55,7 +56,7 @@ def configs(study, preset, overrides) -> dict:
     """Every (seed, arm) run's config, validated before anything is made: ``atlas.toml`` ← its
     preset ← the user's overrides ← the arm ← ``--seeds``/``--max-steps``."""
     if preset not in PRESETS:
-        raise ConfigError("--preset", f"atlas presets: ci, cpu (small), cpu_small, gpu; got {preset!r}")
+        raise ConfigError("--preset", f"atlas presets: ci, cpu (small), cpu_small, cpu_long, gpu; got {preset!r}")
     arms = study.pick(ARMS)
     user = parse_overrides(overrides)
     fixed = {"train.max_steps": study.max_steps} if study.max_steps else {}

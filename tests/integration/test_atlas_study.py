@@ -59,7 +59,7 @@ def test_atlas_figures_draw_what_the_run_logged(study, tmp_path):
 @pytest.mark.parametrize("argv, msg", [
     (["--atlas.bogus=1"], "atlas.bogus: not a setting of the atlas probe"),
     (["--atlas.every=0"], "atlas.every: must be >= 1"),
-    (["--preset", "gpu2048"], "atlas presets: ci, cpu (small), cpu_small, gpu"),
+    (["--preset", "gpu2048"], "atlas presets: ci, cpu (small), cpu_small, cpu_long, gpu"),
     (["--arms", "ls"], "ls is not an arm of this study")])
 def test_bad_atlas_input_is_one_line(argv, msg, tmp_path, capsys):
     rc = main(["study", "atlas", "--preset", "ci", "--out", str(tmp_path), *argv] if "--preset" not in argv
