@@ -1,7 +1,7 @@
 """What the atlas probe costs beside the cheap tier alone (one process, interleaved rounds, medians).
 
     python bench/bench_atlas.py [--preset cpu] [--reps 5] [--steps 16] [--parts 30] [--json FILE]
-                                [--probe-seqs 4] [--rep-seqs 4] [--after 60]
+                                [--probe-seqs 4] [--rep-seqs 4] [--after 60] [--fine 12]
 
 dyntool's GPT at the ``atlas.toml`` preset's shape (cpu: 2 layers, 4 heads, C = 64, B = 16, T = 64;
 random tokens over WikiText-2's vocabulary, so no data is read).  Arms, each a training step
@@ -19,6 +19,8 @@ a machine whose other jobs take the cores away at random, where wall-time ratios
 ``--after N``: whether a probe call makes the training step after it costlier (a hidden cost the
 parts would not see): that step's CPU time against a cheap-tier arm's, N interleaved rounds, beside
 the same ratio for two identical cheap-tier arms (the noise floor).
+``--fine N``: ``atlas`` against ``cheap`` interleaved step by step, N periods of ``grad_every`` steps
+(the finest whole-schedule measure: each period holds one gradient step).
 ``--parts N``: each side's CPU time per call against one step, N interleaved rounds, and the
 schedule's cost they imply (finer than whole arms on a loaded machine: a round is one second).  A round runs ``--steps`` steps of each arm (16:
 one period of the gradient side, so every round of ``atlas`` holds one gradient step); rounds
@@ -127,6 +129,31 @@ def after(cfg, batch, rounds: int) -> dict:
             "after_probe_over_cheap": ratio(cpu, "after_probe", "cheap"), "twin_over_cheap": ratio(cpu, "twin", "cheap")}
 
 
+def fine(cfg, batch, periods: int) -> dict:
+    """``atlas`` over ``cheap`` interleaved step by step (the order alternating), CPU time: a period
+    is one gradient-side period (``grad_every`` steps of each arm), its ratio that of the sums; the
+    median over ``periods`` and the pooled ratio.  Whole-arm rounds of 16 steps compare blocks ~10 s
+    apart, whose drift (a few %) is the size of what is measured; a step apart it cancels."""
+    cheap, atlas = arm(cfg, batch, None), arm(cfg, batch, BASE)
+    cheap(2), atlas(BASE.grad_every)                  # warm, and the atlas arm back at a period's start
+    sums = {"cheap": [], "atlas": []}
+    for _ in range(periods):
+        per = {"cheap": 0.0, "atlas": 0.0}
+        pair = [("cheap", cheap), ("atlas", atlas)]
+        for i in range(BASE.grad_every):
+            for name, f in (pair if i % 2 else pair[::-1]):
+                c = time.process_time()
+                f(1)
+                per[name] += time.process_time() - c
+        for n in per:
+            sums[n].append(per[n])
+    return {"periods": periods, "grad_every": BASE.grad_every,
+            "cpu_period_s": {n: statistics.median(v) for n, v in sums.items()},
+            "atlas_over_cheap": ratio(sums, "atlas", "cheap"),
+            "pooled_atlas_over_cheap": sum(sums["atlas"]) / sum(sums["cheap"]),
+            "per_period": [a / c for a, c in zip(sums["atlas"], sums["cheap"])]}
+
+
 def logged(name: str, run, cpu: dict):
     """``run`` that keeps each call's CPU time per step in ``cpu[name]`` and says on stderr what it
     took (a shared machine may end the bench early: the rounds it finished are still there)."""
@@ -164,6 +191,8 @@ def main(argv=None) -> int:
                     help="also time the probe's two sides call by call against a step (N rounds, CPU time)")
     ap.add_argument("--after", type=int, default=0, metavar="N",
                     help="also time the training step right after a probe call against a plain one (N rounds)")
+    ap.add_argument("--fine", type=int, default=0, metavar="N",
+                    help="also atlas vs cheap interleaved step by step, N periods of grad_every steps (CPU time)")
     ap.add_argument("--probe-seqs", type=int, default=AtlasSettings.probe_seqs, help="the probe's WikiText windows")
     ap.add_argument("--rep-seqs", type=int, default=AtlasSettings.rep_seqs, help="its repeated random sequences")
     a = ap.parse_args(argv)
@@ -186,6 +215,8 @@ def main(argv=None) -> int:
         out.update(arms_ratios(cfg, batch, a.reps, a.steps))
     if a.parts:
         out["parts"] = parts(cfg, batch, a.parts)
+    if a.fine:
+        out["fine"] = fine(cfg, batch, a.fine)
     if a.after:
         out["after"] = after(cfg, batch, a.after)
     print(json.dumps(out, indent=2))
