@@ -67,3 +67,18 @@ def test_bad_atlas_input_is_one_line(argv, msg, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and msg in err and len(err.strip().splitlines()) == 1
     assert not any(tmp_path.iterdir())                              # nothing made
+
+
+def test_every_atlas_preset_resolves_to_what_the_docs_say():
+    """Each preset name of ``study atlas`` loads from atlas.toml; the 2-core presets are the shapes
+    and schedules docs/results.md reports runs of (a changed preset would no longer reproduce them)."""
+    from dyntool.train.atlas import CONFIG, PRESETS
+    from dyntool.train.runner import load_config
+    got = {name: load_config(CONFIG, name, ["--device=cpu"]) for name in set(PRESETS.values())}   # gpu: only read
+    assert set(got) == {"ci", "cpu", "cpu_small", "cpu_long", "gpu"}
+    shape = {n: (c.model.n_layer, c.model.n_head, c.model.n_embd, c.data.block_size, c.data.batch_size,
+                 c.optim.lr, c.train.max_steps) for n, c in got.items()}
+    assert shape["cpu"] == (2, 4, 64, 64, 16, 2e-3, 500)
+    assert shape["cpu_small"] == (2, 4, 64, 64, 8, 8e-3, 2400) and got["cpu_small"].train.stop_at == 1400
+    assert shape["cpu_long"] == (2, 4, 64, 128, 8, 4e-3, 8000)
+    assert shape["gpu"] == (4, 8, 256, 256, 32, 1e-3, 10000)
