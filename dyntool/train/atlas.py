@@ -28,8 +28,16 @@ from .runner import load_config
 from .study_runs import new_study_dir, train_arm
 
 CONFIG = "atlas.toml"
-PRESETS = {None: "cpu", "small": "cpu", "cpu": "cpu", "cpu_small": "cpu_small", "cpu_long": "cpu_long", "ci": "ci", "gpu": "gpu"}
+PRESETS = {None: "cpu", "ci": "ci", "small": "cpu", "cpu": "cpu", "cpu_small": "cpu_small",
+           "cpu_long": "cpu_long", "gpu": "gpu"}      # name -> table of atlas.toml (None: no --preset)
 ARMS = {"mhsa": {"model.attention": "mhsa"}, "qknorm": {"model.attention": "qknorm"}}
+
+
+def preset_names() -> str:
+    """"ci, cpu (small), ...": each table once, in PRESETS' order, with its aliases."""
+    tables = dict.fromkeys(PRESETS[k] for k in PRESETS if k is not None)
+    alias = {t: [k for k in PRESETS if k not in (None, t) and PRESETS[k] == t] for t in tables}
+    return ", ".join(t + (f" ({', '.join(alias[t])})" if alias[t] else "") for t in tables)
 
 
 def split_overrides(overrides: list[str]) -> tuple[AtlasSettings, list[str]]:
@@ -56,7 +64,7 @@ def configs(study, preset, overrides) -> dict:
     """Every (seed, arm) run's config, validated before anything is made: ``atlas.toml`` ← its
     preset ← the user's overrides ← the arm ← ``--seeds``/``--max-steps``."""
     if preset not in PRESETS:
-        raise ConfigError("--preset", f"atlas presets: ci, cpu (small), cpu_small, cpu_long, gpu; got {preset!r}")
+        raise ConfigError("--preset", f"atlas presets: {preset_names()}; got {preset!r}")
     arms = study.pick(ARMS)
     user = parse_overrides(overrides)
     fixed = {"train.max_steps": study.max_steps} if study.max_steps else {}
