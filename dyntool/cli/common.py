@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 
 from ..errors import ConfigError, StorageError
 
@@ -75,6 +76,15 @@ def common_output_options(p: argparse.ArgumentParser, out_default: str | None, w
     p.add_argument("--tag", action="append", default=[], metavar="TAG",
                    help="label stored in meta.json (repeatable); the app filters by it")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+
+
+def stopped_study(study) -> bool:
+    """A sim study that stopped before its summary (Ctrl-C, a time limit, ``--stop_at_step``):
+    print the command that continues it (study.json's ``next_step``) and say so."""
+    if (study / "summary.json").is_file():
+        return False
+    print(json.loads((study / "study.json").read_text())["next_step"])
+    return True
 
 
 @contextlib.contextmanager

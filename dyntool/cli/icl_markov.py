@@ -5,7 +5,8 @@ import json
 import os
 
 from ..errors import ConfigError
-from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
+from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint, \
+    stopped_study
 
 SCHEMA = "dyntool.sims.icl_markov_config:ICLMarkovConfig"
 
@@ -26,8 +27,7 @@ def cmd_icl_markov(args) -> int:
         study, cfg = load_study(args.resume, args.overrides, config_values(args))
     with restart_hint(args.out, args.name, resumable=True):
         study = run_study(cfg, args.out, name=args.name, tags=args.tag, quiet=args.quiet, resume=study)
-    if not (study / "summary.json").is_file():          # stopped: how to go on
-        print(json.loads((study / "study.json").read_text())["next_step"])
+    if stopped_study(study):
         return 0
     print(table(json.loads((study / "summary.json").read_text())))
     print(f"study written to {study}")

@@ -130,6 +130,11 @@ SIGNALS = {"signal 15": "SIGTERM (signal 15: kill, a scheduler or torchrun stopp
            "signal 2": "SIGINT (signal 2: Ctrl-C)", "interrupted": "Ctrl-C (SIGINT)"}
 
 
+def _command(next_step) -> str:
+    """The command of a ``next_step`` sentence ("...; continue with: CMD" → CMD)."""
+    return str(next_step).split("continue with: ", 1)[-1]
+
+
 def _stopped_rows(r) -> list[tuple[str, str]]:
     """Why an interrupted or failed run stopped, and the command that continues it: what the
     trainer said when it stopped (meta ``next_step``), else what the run's files allow."""
@@ -140,7 +145,7 @@ def _stopped_rows(r) -> list[tuple[str, str]]:
     rows = [("stopped", f"by {SIGNALS.get(err, err or 'an interrupt')}" if r.status == "interrupted"
              else f"failed: {err or 'no error recorded'}")]
     if m.get("next_step"):
-        rows.append(("continue", str(m["next_step"]).split("continue with: ", 1)[-1]))
+        rows.append(("continue", _command(m["next_step"])))
     elif r.kind == "train" and r.backend.what_is("checkpoint.pt") == "file":
         import shlex
         rows.append(("continue", f"dyntool train --resume {shlex.quote(str(r.path))}"))
@@ -199,7 +204,7 @@ def _study_next_step(path) -> str | None:
     except (OSError, ValueError, TypeError):
         return None
     nxt = raw.get("next_step") if isinstance(raw, dict) else None
-    return str(nxt).split("continue with: ", 1)[-1] if nxt else None
+    return _command(nxt) if nxt else None
 
 
 def cmd_info(args) -> int:

@@ -7,7 +7,8 @@ import warnings
 
 from ..errors import ConfigError
 from ..location import location
-from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint
+from .common import add_n_seeds, common_output_options, config_option, config_values, restart_hint, \
+    stopped_study
 
 CONTROL_ARMS = ["sgd", "em", "readout", "routing", "all", "sgd_tuned"]
 # --controls without --seeds / --n-seeds / a preset / a config file of the user's setting seeds: ten seeds (the README's five first), paired tests
@@ -48,8 +49,7 @@ def cmd_sticky(args) -> int:
     name = args.name or (start or {}).get("name")
     with _guarded(args, out), restart_hint(out, name, resumable=True):
         study = run_study(cfg, out, name=name, tags=args.tag, quiet=args.quiet, start=start)
-    if not (study / "summary.json").is_file():          # stopped: how to go on
-        print(json.loads((study / "study.json").read_text())["next_step"])
+    if stopped_study(study):
         return 0
     summary = json.loads((study / "summary.json").read_text())
     print(table(summary))
