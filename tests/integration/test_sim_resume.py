@@ -43,6 +43,15 @@ def _arrays_from(run, since: int) -> dict:
     return {n: np.asarray(a[:])[keep] for n, a in r.arrays.items() if a.shape[:1] == steps.shape}
 
 
+def refused_in_one_line(cases, capsys) -> None:
+    """Each ``(argv, words)``: the CLI exits 2 with one line on stderr that holds ``words``."""
+    for argv, says in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+
+
 def test_toy_resumed_from_a_smaller_step_budget_equals_the_uninterrupted_run(tmp_path, capsys):
     assert main(TOY + ["10", "--out", str(tmp_path), "--name", "whole"]) == 0
     assert main(TOY + ["4", "--out", str(tmp_path), "--name", "part"]) == 0
@@ -121,11 +130,7 @@ def test_resume_refusals_are_one_line_and_make_nothing(tmp_path, capsys):
              (["sim", "toy", "--resume", str(tmp_path / "bare")], "no checkpoint.pt"),
              (["sim", "toy", "--resume", str(tmp_path / "nowhere")], "no config.json"),
              (["sim", "toy", "--resume", str(tmp_path / "toy"), "--steps", "9", "--model.d_k=3"], "model size")]
-    for argv, says in cases:
-        capsys.readouterr()
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    refused_in_one_line(cases, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bare", "toy"]
 
 

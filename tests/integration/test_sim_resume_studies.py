@@ -14,7 +14,7 @@ import pytest
 import dyntool
 from dyntool.cli import main
 from dyntool.sims import icl_markov
-from tests.integration.test_sim_resume import _arrays_from, _rows, _same_params
+from tests.integration.test_sim_resume import _arrays_from, _rows, _same_params, refused_in_one_line
 
 ICL = ["sim", "icl-markov", "--preset", "ci", "--quiet", "--steps", "12", "--eval_every=2",
        "--record.every=4"]
@@ -111,11 +111,7 @@ def test_icl_markov_resume_refusals_are_one_line(tmp_path, capsys):
              (["sim", "icl-markov", "--resume", str(tmp_path / "nowhere")], "not an icl-markov study folder"),
              (["sim", "icl-markov", "--resume", str(tmp_path / "sticky")], "it is a sticky-markov study, not icl-markov"),
              (["sim", "icl-markov", "--resume", str(tmp_path / "sticky"), "--preset", "ci"], "drop --config")]
-    for argv, says in cases:
-        capsys.readouterr()
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    refused_in_one_line(cases, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["sticky", "toy"]
 
 
@@ -194,11 +190,7 @@ def test_sticky_markov_resume_refusals_are_one_line(whole_sticky, tmp_path, caps
              (["sim", "sticky-markov", "--resume", str(whole_sticky), "--controls"], "drop --config"),
              (["sim", "sticky-markov", "--resume", str(whole_sticky), "--steps", "30", "--seeds", "1"],
               "keeps its seeds, arms and sizes")]
-    for argv, says in cases:
-        capsys.readouterr()
-        assert main(argv) == 2, argv
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and says in err, (argv, err)
+    refused_in_one_line(cases, capsys)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["icl"]
     assert sorted(p.name for p in whole_sticky.parent.iterdir()) == ["whole"]
 
