@@ -49,10 +49,11 @@ from bench_tiers import VOCAB, interleave, ratio             # noqa: E402
 from common import hardware                                  # noqa: E402
 from dyntool.flight import FlightRecorder                    # noqa: E402
 from dyntool.train.atlas_probe import AtlasProbe, AtlasSettings   # noqa: E402
-
-BASE = AtlasSettings()          # the probe's settings every arm starts from (--probe-seqs, --rep-seqs)
 from dyntool.train.gpt import GPT                            # noqa: E402
 from dyntool.train.runner import load_config                 # noqa: E402
+
+BASE = AtlasSettings()          # the probe's settings every arm starts from (--probe-seqs, --rep-seqs)
+NEVER = 10 ** 9                 # a grad_every past any step but 0: the forward side alone
 
 
 class _Corpus:
@@ -113,7 +114,7 @@ def after(cfg, batch, rounds: int) -> dict:
     """CPU time of a training step that follows the probe's forward side, over a cheap-tier arm's
     step, and of a second cheap-tier arm over the first (the floor): medians of ``rounds`` rounds."""
     cheap, twin = arm(cfg, batch, None), arm(cfg, batch, None)
-    atlas = arm(cfg, batch, dataclasses.replace(BASE, grad_every=10 ** 9))
+    atlas = arm(cfg, batch, dataclasses.replace(BASE, grad_every=NEVER))
     probe, cpu = atlas.probe, {"cheap": [], "twin": [], "after_probe": []}
     measure, probe.on_step_start = probe.on_step_start, lambda step: None    # the arm's step alone
     for _ in range(rounds):
@@ -135,7 +136,8 @@ def fine(cfg, batch, periods: int) -> dict:
     median over ``periods`` and the pooled ratio.  Whole-arm rounds of 16 steps compare blocks ~10 s
     apart, whose drift (a few %) is the size of what is measured; a step apart it cancels."""
     cheap, atlas = arm(cfg, batch, None), arm(cfg, batch, BASE)
-    cheap(2), atlas(BASE.grad_every)                  # warm, and the atlas arm back at a period's start
+    cheap(2)                                          # warm-up
+    atlas(BASE.grad_every)                            # warm-up that leaves the atlas arm at a period's start
     sums = {"cheap": [], "atlas": []}
     for _ in range(periods):
         per = {"cheap": 0.0, "atlas": 0.0}
@@ -167,10 +169,9 @@ def logged(name: str, run, cpu: dict):
 
 
 def arms_ratios(cfg, batch, reps: int, steps: int) -> dict:
-    never = 10 ** 9                                     # grad_every past any step but 0
     arms = {"cheap": arm(cfg, batch, None),
             "atlas": arm(cfg, batch, BASE),
-            "atlas_forward": arm(cfg, batch, dataclasses.replace(BASE, grad_every=never)),
+            "atlas_forward": arm(cfg, batch, dataclasses.replace(BASE, grad_every=NEVER)),
             "atlas_grad": arm(cfg, batch, dataclasses.replace(BASE, grad_every=1))}
     cpu: dict = {}
     t = interleave({n: logged(n, run, cpu) for n, run in arms.items()}, reps, steps)
