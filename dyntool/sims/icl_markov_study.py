@@ -30,6 +30,7 @@ from .icl_markov_claims import at_step, claims, fmt, ms, table_lines
 from .icl_markov_config import ICLMarkovConfig
 from .icl_markov_resume import chain, continue_run, metrics as chain_metrics, seconds as chain_seconds, steps_done
 from .icl_markov_task import bigram_payoff
+from .resume import set_next_step
 
 CONTROL = "doubly_stochastic"
 
@@ -81,7 +82,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         links = chain(study, run_name(seed, prior, dense))
         if not links or steps_done(links) < cfg.steps:
             if trained and deadline is not None and time.perf_counter() > deadline:
-                _set_next_step(study, f"stopped at its time limit; continue with: dyntool sim icl-markov --resume {study}")
+                set_next_step(study, f"stopped at its time limit; continue with: dyntool sim icl-markov --resume {study}")
                 return None
             trained.append(run_name(seed, prior, dense))
             sd, new, frm = continue_run(links) if links else (None, run_name(seed, prior, dense), None)
@@ -90,7 +91,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
                         resume=sd, resumed_from=frm, deadline=deadline)
             except KeyboardInterrupt as e:     # Ctrl-C / SIGTERM: the study says how to go on, as the run does
                 if getattr(e, "next_step", None):
-                    _set_next_step(study, e.next_step)
+                    set_next_step(study, e.next_step)
                 raise
             links = chain(study, run_name(seed, prior, dense))
             if steps_done(links) < cfg.steps:
@@ -112,7 +113,7 @@ def run_study(cfg: ICLMarkovConfig, out_dir: str, name: str | None = None, tags=
         dense = _dense_info(study, seed, cfg.prior, study / run_name(seed, cfg.prior, dense=True), bounds, first)
     summary = summarise(cfg, per, dense)
     write_json_atomic(study / "summary.json", summary)
-    _set_next_step(study, None)
+    set_next_step(study, None)
     return study
 
 
@@ -121,14 +122,8 @@ def _stopped(study: Path, links: list[Path], trained: list[str]) -> Path:
     study.json says how to go on."""
     said = _load_json(links[-1] / "meta.json").get("final", {}).get("next_step") if links else None
     if said and links[0].name in trained:              # that run stopped in this call
-        _set_next_step(study, said)
+        set_next_step(study, said)
     return study
-
-
-def _set_next_step(study: Path, line: str | None) -> None:
-    raw = _load_json(study / "study.json")
-    if raw.get("next_step") != line:
-        write_json_atomic(study / "study.json", {**raw, "next_step": line})
 
 
 def _check_budget(cfg: ICLMarkovConfig, n_runs: int, out: Path) -> None:

@@ -21,6 +21,7 @@ so neither command resumes the other's run by mistake.
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 from pathlib import Path
@@ -30,6 +31,7 @@ import torch
 from .. import safeio
 from ..errors import RunError
 from ..location import location
+from ..run_writer import write_json_atomic
 from ..storage import open_backend
 from ..train import checkpoint
 from ..train.checkpoint import capture_rng, restore_rng
@@ -138,6 +140,13 @@ def read(run, where, resume: str, kind: str) -> dict:
 
 def _int(x) -> int:
     return x if isinstance(x, int) and not isinstance(x, bool) else 0
+
+
+def set_next_step(study: Path, line: str | None) -> None:
+    """A sim study's study.json says how to go on (``line``), or nothing once it finished (None)."""
+    raw = json.loads((study / "study.json").read_text())
+    if raw.get("next_step") != line:
+        write_json_atomic(study / "study.json", {**raw, "next_step": line})
 
 
 def continue_command(cli: str, run_path, step: int) -> str:

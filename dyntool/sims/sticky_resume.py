@@ -17,7 +17,6 @@ from pathlib import Path
 
 from .. import config as _config
 from ..errors import RunError
-from ..run_writer import write_json_atomic
 from ..storage import open_backend
 from ..train import checkpoint
 from . import resume as ckpt
@@ -86,8 +85,7 @@ def say_stopped(study: Path, writers: list, step: int) -> str:
     line = ckpt.continue_command(KIND, study, step)
     for w in writers:
         w.update_meta(final={"steps_done": step, "stopped_early": True, "next_step": line})
-    raw = json.loads((study / "study.json").read_text())
-    write_json_atomic(study / "study.json", {**raw, "next_step": line})
+    ckpt.set_next_step(study, line)
     return line
 
 
